@@ -1,0 +1,102 @@
+"""The capture buffer that every hook type writes into during a step.
+
+Hook callbacks only append here (a few list appends and the device-side reductions of
+``hooks.stats``); turning a step's captures into columns happens once, in ``drain``. The
+recorder knows nothing of parquet: the run loop hands what ``drain`` returns to the writer.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hooks.stats import reduce_tensor, summarize
+
+#: Columns that identify one captured tensor, in output order (``step`` is added by the writer).
+ID_COLUMNS = ("call", "hook", "layer", "phase", "kind", "slot", "shape", "dtype", "numel")
+
+
+def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(slot, tensor)`` for every tensor inside a module's inputs or outputs.
+
+    Tuples and lists give their positions (``"0"``, ``"1"``), mappings their keys, nested
+    containers dotted paths (``"0.hidden"``); a bare tensor is slot ``"0"``. Non-tensors are skipped.
+    """
+    if isinstance(obj, torch.Tensor):
+        yield (prefix or "0"), obj
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from walk(item, f"{prefix}.{i}" if prefix else str(i))
+    elif isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__")):
+        for key in obj.keys():
+            yield from walk(obj[key], f"{prefix}.{key}" if prefix else str(key))
+
+
+@dataclass
+class StepCaptures:
+    """One step's captures as columns: identifiers, statistics and the kept tensors."""
+
+    columns: dict[str, list] = field(default_factory=dict)
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    kept_rows: list[int] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.columns.get("hook", ()))
+
+
+class Recorder:
+    """Per-step buffer of captures, with the per-module call counters that fill ``call``."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._calls: dict[tuple, int] = {}
+        self._columns: dict[str, list] = {c: [] for c in ID_COLUMNS}
+        self._raw: list[torch.Tensor] = []
+        self._kept_rows: list[int] = []
+        self._kept: list[torch.Tensor] = []
+
+    def next_call(self, key: tuple) -> int:
+        """Return how many times ``key`` (e.g. ``(hook, layer)``) was seen before in this step."""
+        n = self._calls.get(key, 0)
+        self._calls[key] = n + 1
+        return n
+
+    def record(self, tensor: torch.Tensor, *, hook: str, layer: str, phase: str, kind: str,
+               slot: str, call: int, keep: bool = False) -> None:
+        """Append statistics of ``tensor`` and, when ``keep``, a detached copy of its values.
+
+        The copy is made now because the tensor may be modified in place after the hook returns
+        (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
+        """
+        cols = self._columns
+        if keep:
+            self._kept_rows.append(len(cols["hook"]))
+            self._kept.append(tensor.detach().to("cpu", copy=True))
+        cols["call"].append(call)
+        cols["hook"].append(hook)
+        cols["layer"].append(layer)
+        cols["phase"].append(phase)
+        cols["kind"].append(kind)
+        cols["slot"].append(slot)
+        cols["shape"].append(list(tensor.shape))
+        cols["dtype"].append(str(tensor.dtype).removeprefix("torch."))
+        cols["numel"].append(tensor.numel())
+        self._raw.append(reduce_tensor(tensor))
+
+    def drain(self) -> StepCaptures:
+        """Return this step's captures (one host transfer for all statistics) and start afresh."""
+        raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, 8))
+        out = StepCaptures(
+            columns=self._columns,
+            stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),
+            kept_rows=self._kept_rows,
+            kept=self._kept,
+        )
+        self._reset()
+        return out

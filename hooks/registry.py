@@ -1,0 +1,62 @@
+"""The hook-type registry: YAML entries in, validated ``HookType`` objects out.
+
+Every check that needs no model happens here, before the model is built: unknown hook types,
+unknown or ill-typed keys and meaningless values each fail with one line that names the full
+key, lists what is valid and suggests the closest choice.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hooks.base import HookType
+from hooks.errors import ConfigError, choice_error
+
+HOOK_TYPES: dict[str, type[HookType]] = {}
+
+
+def register(name: str) -> Callable[[type[HookType]], type[HookType]]:
+    """Class decorator registering a hook type under ``name``; a duplicate name is a bug."""
+
+    def deco(cls: type[HookType]) -> type[HookType]:
+        if name in HOOK_TYPES:
+            raise KeyError(f"hook type '{name}' is already registered by {HOOK_TYPES[name].__qualname__}")
+        cls.type_name = name
+        HOOK_TYPES[name] = cls
+        return cls
+
+    return deco
+
+
+def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
+    """Validate one ``hooks.NAME`` entry against its type's schema and build it."""
+    key = f"hooks.{name}"
+    if not isinstance(entry, (Mapping, DictConfig)):
+        raise ConfigError(f"{key}: expected a mapping with at least 'type' and 'layers', got {entry!r}")
+    type_name = entry.get("type")
+    if type_name is None:
+        raise ConfigError(f"{key}.type: missing; valid: {', '.join(sorted(HOOK_TYPES))}")
+    if type_name not in HOOK_TYPES:
+        raise choice_error(f"{key}.type", type_name, HOOK_TYPES, "hook type")
+    cls = HOOK_TYPES[type_name]
+    fields = [f.name for f in dataclasses.fields(cls.spec_class)]
+    for k in entry.keys():
+        if k not in fields:
+            raise choice_error(f"{key}.{k}", k, fields, f"key for hook type '{type_name}'")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls.spec_class), entry)
+        spec = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        sub = getattr(exc, "full_key", "") or ""
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {msg}") from None
+    spec.check(key)
+    return cls(name, spec)
+
+
+def build_hooks(entries: Mapping | DictConfig | None) -> list[HookType]:
+    """Build every entry of the ``hooks:`` mapping, in the order the config lists them."""
+    return [build_hook(str(name), entry) for name, entry in (entries or {}).items()]

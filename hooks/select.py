@@ -1,0 +1,114 @@
+"""Module selection shared by every hook type: names, globs, ``re:``, ``type:`` and ``leaf:``.
+
+A selector is a string or a list of strings; each string is one of
+
+* an exact qualified name (``layer4.0.conv1``; ``""`` is the model itself),
+* a glob where ``*`` stays inside one dotted segment and ``**`` spans any number of them
+  (``layer*.*.conv*``; ``*`` alone is the direct children, ``**`` every module and the model
+  itself; no other glob matches the model itself),
+* ``re:PATTERN``, a regular expression that must match the whole name,
+* ``type:CLASS``, modules whose class name (or ``module.Class`` path) is CLASS,
+* ``leaf:SELECTOR``, the modules matched by SELECTOR that have no children.
+
+The result keeps ``model.named_modules()`` order and lists each module once, even when it is
+reachable under two names or matched by two strings. A string that matches nothing is an error
+that suggests the closest names: a silent no-op would make an experiment measure nothing.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from torch import nn
+
+from hooks.errors import ConfigError, closest
+
+
+def _glob_to_regex(glob: str) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob[i] == "*":
+            out.append(r"[^.]*")
+            i += 1
+        elif glob[i] == "?":
+            out.append(r"[^.]")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def _class_names(module: nn.Module) -> tuple[str, str]:
+    cls = type(module)
+    return cls.__name__, f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _match_one(pattern: str, modules: list[tuple[str, nn.Module]], key: str) -> list[str]:
+    """Names matched by one selector string; raises ConfigError when it matches nothing."""
+    names = [n for n, _ in modules]
+    if pattern.startswith("leaf:"):
+        inner = _match_one(pattern[len("leaf:"):], modules, key)
+        by_name = dict(modules)
+        hits = [n for n in inner if not any(True for _ in by_name[n].children())]
+        if not hits:
+            raise ConfigError(f"{key}: '{pattern}' matched modules but none of them is a leaf "
+                              f"(a module without children); drop 'leaf:' or select deeper")
+        return hits
+    if pattern.startswith("type:"):
+        cls = pattern[len("type:"):]
+        hits = [n for n, m in modules if cls in _class_names(m)]
+        if not hits:
+            present = sorted({_class_names(m)[0] for _, m in modules})
+            hint = closest(cls, present, n=1)
+            raise ConfigError(f"{key}: no module of class '{cls}'; classes in this model: "
+                              f"{', '.join(present)}" + (f"; did you mean 'type:{hint[0]}'?" if hint else ""))
+        return hits
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[len("re:"):])
+        except re.error as exc:
+            raise ConfigError(f"{key}: invalid regular expression '{pattern}': {exc}") from None
+    elif any(ch in pattern for ch in "*?"):
+        rx = _glob_to_regex(pattern)
+    else:
+        rx = None
+    if rx is None:
+        hits = [n for n in names if n == pattern]
+    else:  # the root ("") is matched only by "" and "**"
+        hits = [n for n in names if (n or pattern == "**" or pattern.startswith("re:")) and rx.fullmatch(n)]
+    if not hits:
+        hint = closest(pattern, [n for n in names if n], n=3)
+        shown = ", ".join(repr(n) for n in names[1:9]) + (", ..." if len(names) > 9 else "")
+        raise ConfigError(f"{key}: '{pattern}' matches no module; "
+                          + (f"did you mean {', '.join(repr(h) for h in hint)}? " if hint else "")
+                          + f"(module names: {shown or repr('')})")
+    return hits
+
+
+def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) -> list[tuple[str, nn.Module]]:
+    """Resolve ``selector`` against ``model`` into ``(qualified_name, module)`` pairs.
+
+    Args:
+        model: the model whose modules are searched.
+        selector: one selector string or a list of them (see the module docstring).
+        key: the config path of the selector, used in error messages (``hooks.clip.layers``).
+
+    Example:
+        >>> [n for n, _ in select_modules(resnet, "layer1.*.conv1", "hooks.x.layers")]
+        ['layer1.0.conv1', 'layer1.1.conv1']
+    """
+    patterns = [selector] if isinstance(selector, str) else list(selector)
+    if not patterns:
+        raise ConfigError(f"{key}: empty selector; name at least one module (e.g. '**' for all, "
+                          f"'leaf:**' for every leaf, '*' for the direct children)")
+    modules = list(model.named_modules())
+    wanted: set[str] = set()
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{key}: selector entries must be strings, got {pattern!r}")
+        wanted.update(_match_one(pattern, modules, key))
+    return [(n, m) for n, m in modules if n in wanted]

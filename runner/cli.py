@@ -1,0 +1,24 @@
+"""What ``python -m runner`` does with a composed config: run it, turning user errors into one line."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from hooks.errors import ConfigError
+from runner.run import run
+
+#: Exit status for a configuration error (argparse's convention for usage errors).
+EXIT_CONFIG_ERROR = 2
+
+
+def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> None:
+    """Run the experiment; on a ``ConfigError`` print ``error: ...`` and exit non-zero."""
+    try:
+        run(cfg, out_dir, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+    print(f"wrote {out_dir}")

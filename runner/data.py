@@ -1,0 +1,104 @@
+"""Input batches: constant ``ones``, seeded ``randn``, or real ``image`` files.
+
+The shape follows the model (``model.input_shape``) unless ``data.shape`` is given. ``randn``
+draws from its own generator seeded with the run's seed, so the data do not depend on how many
+random numbers building the model consumed: step k always gets the same batch.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from hooks.errors import ConfigError, choice_error
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass
+class Batch:
+    """One step's model input and (for losses that need them) class targets."""
+
+    x: torch.Tensor
+    targets: torch.Tensor
+
+
+def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device) -> Iterator[Batch]:
+    """Yield one ``Batch`` per step, forever; ``run`` takes ``steps`` of them."""
+    kind = data.get("kind")
+    makers = {"ones": _synthetic, "randn": _synthetic, "image": _images}
+    if kind not in makers:
+        raise choice_error("data.kind", kind, makers, "data kind")
+    gen = torch.Generator().manual_seed(int(seed))
+    source = makers[kind](data, model, gen)
+    for x in source:
+        targets = _targets(data, model, x.shape[0], gen)
+        x = x.to(device)
+        if data.get("requires_grad"):
+            x.requires_grad_(True)
+        yield Batch(x=x, targets=targets.to(device))
+
+
+def _shape(data: DictConfig, model: DictConfig) -> list[int]:
+    shape = data.get("shape") or model.get("input_shape")
+    if not shape:
+        raise ConfigError("data.shape: not set and the model config has no input_shape; "
+                          "give one, e.g. data.shape=[1,3,224,224]")
+    shape = list(shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ConfigError(f"data.shape: {shape} must be a list of positive integers")
+    return shape
+
+
+def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    shape = _shape(data, model)
+    while True:
+        yield torch.ones(shape) if data.kind == "ones" else torch.randn(shape, generator=gen)
+
+
+def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:
+    given = data.get("targets")
+    if given is not None:
+        values = [given] * n if isinstance(given, int) else list(given)
+        if len(values) != n:
+            raise ConfigError(f"data.targets: {len(values)} targets for a batch of {n}")
+        return torch.tensor(values, dtype=torch.long)
+    classes = int(model.get("num_classes") or 1)
+    return torch.randint(0, classes, (n,), generator=gen)
+
+
+def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    """Load one image or a folder of them as the torchvision ImageNet transforms would."""
+    from PIL import Image
+    from torchvision import transforms
+
+    path = Path(str(data.get("path") or ""))
+    if not str(data.get("path") or ""):
+        raise ConfigError("data.path: required for data=image (a file or a folder of images)")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ConfigError(f"data.path: folder '{path}' holds no image ({', '.join(IMAGE_SUFFIXES)})")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ConfigError(f"data.path: no file or folder at '{path}'")
+    transform = transforms.Compose([
+        transforms.Resize(int(data.resize)),
+        transforms.CenterCrop(int(data.crop)),
+        transforms.ToTensor(),
+        transforms.Normalize(list(data.mean), list(data.std)),
+    ])
+    images = []
+    for f in files:
+        try:
+            with Image.open(f) as img:
+                images.append(transform(img.convert("RGB")))
+        except OSError as exc:
+            raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
+    batch = torch.stack(images)
+    while True:
+        yield batch

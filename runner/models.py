@@ -1,0 +1,97 @@
+"""Models by name: the tutorials' small networks, any torchvision classifier, or any ``_target_``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torchvision
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from hooks.errors import ConfigError, choice_error
+
+#: Keys of a model config that describe the run around the model, not the model's constructor.
+RUN_KEYS = ("name", "weights", "checkpoint", "input_shape", "num_classes", "head")
+
+
+class MLP(nn.Module):
+    """Linear(100, 200) -> ReLU -> Linear(200, 5), named ``fc1``, ``relu``, ``fc2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(100, 200)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(200, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class ConvNet(nn.Module):
+    """The tutorials' ``myNet``: Conv2d(3, 10, 2, stride=2) -> ReLU -> flatten -> Linear(160, 5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 10, 2, stride=2)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(160, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+SMALL_MODELS = {"mlp": MLP, "convnet": ConvNet, "linear": lambda: nn.Linear(3, 3)}
+
+
+def build_model(cfg: DictConfig) -> nn.Module:
+    """Build the model a ``model`` config names, then load ``checkpoint`` if one is given.
+
+    ``_target_`` wins over ``name``: every key except ``RUN_KEYS`` goes to Hydra's
+    ``instantiate``. Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision model, built
+    with ``weights`` (``null`` = random init; a weights name such as ``DEFAULT`` downloads).
+    """
+    if cfg.get("_target_"):
+        kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in RUN_KEYS}
+        try:
+            model = instantiate(kwargs)
+        except Exception as exc:  # Hydra wraps import and constructor errors alike
+            raise ConfigError(f"model._target_: cannot build '{cfg._target_}': {str(exc).splitlines()[0]}") from None
+    else:
+        model = _named_model(cfg.get("name"), cfg.get("weights"))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: built a {type(model).__name__}, not a torch.nn.Module")
+    if cfg.get("checkpoint"):
+        _load_checkpoint(model, Path(cfg.checkpoint))
+    return model
+
+
+def _named_model(name: str | None, weights: str | None) -> nn.Module:
+    if name in SMALL_MODELS:
+        if weights:
+            raise ConfigError(f"model.weights: '{name}' has no pretrained weights; use model.checkpoint=PATH")
+        return SMALL_MODELS[name]()
+    known = torchvision.models.list_models()
+    if name not in known:
+        raise choice_error("model.name", name, [*SMALL_MODELS, *known], "model")
+    try:
+        return torchvision.models.get_model(name, weights=weights)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"model.weights: '{weights}' is not a weights name of {name}: {exc}") from None
+    except OSError as exc:  # urllib's URLError is an OSError: no network for the download
+        raise ConfigError(f"model.weights={weights}: download failed ({exc}); "
+                          f"use model.checkpoint=PATH to load a local state_dict") from None
+
+
+def _load_checkpoint(model: nn.Module, path: Path) -> None:
+    if not path.is_file():
+        raise ConfigError(f"model.checkpoint: no file at '{path}'")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"model.checkpoint: '{path}' does not fit the model: {detail[:300]}") from None

@@ -1,0 +1,199 @@
+"""The only code that knows parquet: schemas, atomic file writes and the run manifest.
+
+A run directory holds ``stats.parquet``, ``tensors.parquet``, ``steps.parquet`` and, once all
+three are in place, ``manifest.json``. Each parquet file is streamed into a hidden temporary file
+in the same directory and renamed into place only when the run succeeds, so a failed or
+interrupted run leaves no file that looks complete. The schemas come from the code, not from the
+first batch, so every file of a sweep has the same columns and types.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from hooks.recorder import StepCaptures
+from hooks.stats import STAT_COLUMNS
+
+SCHEMA_VERSION = "1"
+MANIFEST = "manifest.json"
+
+ID_FIELDS = [
+    pa.field("step", pa.int64()),
+    pa.field("call", pa.int64()),
+    pa.field("hook", pa.string()),
+    pa.field("layer", pa.string()),
+    pa.field("phase", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("slot", pa.string()),
+    pa.field("shape", pa.list_(pa.int64())),
+    pa.field("dtype", pa.string()),
+    pa.field("numel", pa.int64()),
+]
+STATS_SCHEMA = pa.schema(ID_FIELDS + [
+    pa.field(c, pa.int64() if c.endswith("_count") else pa.float64()) for c in STAT_COLUMNS
+])
+#: ``values`` holds the flattened tensor (row-major) as float32; ``shape`` restores it.
+TENSORS_SCHEMA = pa.schema(ID_FIELDS + [pa.field("values", pa.large_list(pa.float32()))])
+STEPS_SCHEMA = pa.schema([
+    pa.field("step", pa.int64()),
+    pa.field("loss", pa.float64()),
+    pa.field("wall_time_s", pa.float64()),
+    pa.field("captures", pa.int64()),
+])
+_STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype"]
+#: Tables are buffered up to this many bytes so that short steps do not make tiny row groups.
+ROW_GROUP_BYTES = 64 << 20
+
+
+class ParquetSink:
+    """One parquet file streamed into a temporary sibling and renamed into place on ``commit``."""
+
+    def __init__(self, path: Path, schema: pa.Schema, metadata: dict[str, str]) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.schema = schema.with_metadata(metadata)
+        self.rows = 0
+        self._pending: list[pa.Table] = []
+        self._pending_bytes = 0
+        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="snappy",
+                                        use_dictionary=[c for c in _STRING_COLUMNS if c in schema.names])
+
+    def write(self, table: pa.Table) -> None:
+        """Queue ``table``; full row groups are written as the buffer fills."""
+        self.rows += table.num_rows
+        self._pending.append(table)
+        self._pending_bytes += table.nbytes
+        if self._pending_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending))
+            self._pending, self._pending_bytes = [], 0
+
+    def commit(self) -> None:
+        """Write what is buffered, close, fsync and atomically rename to the final path."""
+        self._flush()
+        self._writer.close()
+        with open(self.tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the temporary file; the final path is never created."""
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+class RunOutputs:
+    """Context manager over one run directory: commits every file and the manifest, or none.
+
+    Example:
+        >>> with RunOutputs(out_dir, config_yaml, overrides) as outputs:
+        ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
+    """
+
+    FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
+
+    def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = ()) -> None:
+        self.out_dir = Path(out_dir)
+        self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
+        self.overrides = list(overrides)
+        self._sinks: dict[str, ParquetSink] = {}
+
+    def __enter__(self) -> RunOutputs:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash}
+        try:
+            for name, schema in self.FILES.items():
+                self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta)
+        except BaseException:
+            self._abort()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._abort()
+            return
+        try:
+            for sink in self._sinks.values():
+                sink.commit()
+            self._write_manifest()
+        except BaseException:
+            self._abort()
+            for name in self._sinks:
+                (self.out_dir / name).unlink(missing_ok=True)
+            raise
+
+    def _abort(self) -> None:
+        for sink in self._sinks.values():
+            sink.abort()
+
+    def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float) -> None:
+        """Append one step: its statistics rows, its kept tensors and its ``steps`` row."""
+        n = len(captures)
+        ids = _id_arrays(step, captures.columns, n)
+        stats = [pa.array(captures.stats[c]) for c in STAT_COLUMNS]
+        self._sinks["stats.parquet"].write(pa.Table.from_arrays(ids + stats, schema=STATS_SCHEMA))
+        if captures.kept:
+            rows = pa.array(captures.kept_rows, pa.int64())
+            kept_ids = [col.take(rows) for col in ids]
+            self._sinks["tensors.parquet"].write(
+                pa.Table.from_arrays(kept_ids + [_values_array(captures.kept)], schema=TENSORS_SCHEMA))
+        self._sinks["steps.parquet"].write(pa.Table.from_arrays(
+            [pa.array([step], pa.int64()), pa.array([float("nan") if loss is None else loss], pa.float64()),
+             pa.array([wall_time_s], pa.float64()), pa.array([n], pa.int64())], schema=STEPS_SCHEMA))
+
+    def _write_manifest(self) -> None:
+        manifest = {
+            "complete": True,
+            "schema_version": SCHEMA_VERSION,
+            "config_hash": self.config_hash,
+            "overrides": self.overrides,
+            "files": {name: {"rows": sink.rows} for name, sink in self._sinks.items()},
+            "versions": _versions(),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        tmp = self.out_dir / f".{MANIFEST}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, self.out_dir / MANIFEST)
+
+
+def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:
+    out = [pa.array(np.full(n, step, dtype=np.int64))]
+    for field in ID_FIELDS[1:]:
+        out.append(pa.array(columns[field.name], field.type))
+    return out
+
+
+def _values_array(tensors: list[torch.Tensor]) -> pa.Array:
+    """Flatten tensors into one float32 buffer plus offsets: no per-element Python work."""
+    flats = [t.reshape(-1).to(torch.float32).numpy() for t in tensors]
+    offsets = np.zeros(len(flats) + 1, dtype=np.int64)
+    np.cumsum([f.size for f in flats], out=offsets[1:])
+    values = np.concatenate(flats) if flats else np.empty(0, np.float32)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for pkg in ("torch", "torchvision", "pyarrow", "hydra-core", "omegaconf", "pandas"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    return versions
