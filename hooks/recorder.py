@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hooks.stats import reduce_tensor, summarize
+from hooks.stats import RAW, reduce_tensor, summarize
 
 #: Columns that identify one captured tensor, in output order (``step`` is added by the writer).
 ID_COLUMNS = ("call", "hook", "layer", "phase", "kind", "slot", "shape", "dtype", "numel")
@@ -91,7 +91,7 @@ class Recorder:
 
     def drain(self) -> StepCaptures:
         """Return this step's captures (one host transfer for all statistics) and start afresh."""
-        raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, 8))
+        raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
         out = StepCaptures(
             columns=self._columns,
             stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),

@@ -82,10 +82,10 @@ def _match_one(pattern: str, modules: list[tuple[str, nn.Module]], key: str) -> 
         hits = [n for n in names if (n or pattern == "**" or pattern.startswith("re:")) and rx.fullmatch(n)]
     if not hits:
         hint = closest(pattern, [n for n in names if n], n=3)
-        shown = ", ".join(repr(n) for n in names[1:9]) + (", ..." if len(names) > 9 else "")
-        raise ConfigError(f"{key}: '{pattern}' matches no module; "
-                          + (f"did you mean {', '.join(repr(h) for h in hint)}? " if hint else "")
-                          + f"(module names: {shown or repr('')})")
+        shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ConfigError(f"{key}: '{pattern}' matches no module"
+                          + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else "")
+                          + f" (module names: {shown}; plan=true lists them all)")
     return hits
 
 
@@ -105,10 +105,17 @@ def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) ->
     if not patterns:
         raise ConfigError(f"{key}: empty selector; name at least one module (e.g. '**' for all, "
                           f"'leaf:**' for every leaf, '*' for the direct children)")
-    modules = list(model.named_modules())
+    modules = list(model.named_modules(remove_duplicate=False))
     wanted: set[str] = set()
     for pattern in patterns:
+        if isinstance(pattern, int):  # Hydra turns layers=[4] into an int: nn.Sequential's "4"
+            pattern = str(pattern)
         if not isinstance(pattern, str):
             raise ConfigError(f"{key}: selector entries must be strings, got {pattern!r}")
         wanted.update(_match_one(pattern, modules, key))
-    return [(n, m) for n, m in modules if n in wanted]
+    wanted_ids = {id(m) for n, m in modules if n in wanted}
+    chosen: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in modules:  # one entry per module object, under its first name
+        if id(module) in wanted_ids and id(module) not in chosen:
+            chosen[id(module)] = (name, module)
+    return list(chosen.values())

@@ -2,7 +2,7 @@
 
 ``reduce_tensor`` returns a small float64 vector that stays on the tensor's device, so a step
 with hundreds of captures costs one host transfer (``summarize`` on the stacked vectors), not
-one per layer or per statistic. Sums accumulate in float64, so fp16/bf16 tensors cannot
+one per layer or per statistic. fp16/bf16 tensors are summed in float32, so they cannot
 overflow; integer and bool tensors are reduced as numbers. NaN propagates into ``mean``,
 ``min`` and ``max`` (a NaN is never hidden) and is counted in ``nan_count``.
 """
@@ -12,35 +12,49 @@ import numpy as np
 import torch
 
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
-RAW = ("sum", "sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count")
+RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count", "shift")
 #: The statistic columns written to ``stats.parquet`` (float64 unless named ``*_count``).
 STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan_count", "inf_count")
 
 
 def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
-    """Raw reductions of ``x`` (see ``RAW``) as a float64 vector on ``x``'s device."""
+    """Raw reductions of ``x`` (see ``RAW``) as a float64 vector on ``x``'s device.
+
+    Sums run in float32 (float64 for float64 input): PyTorch's CPU sum is a cascade sum, accurate
+    to ~1e-7 relative, and 50x faster than accumulating in float64. fp16/bf16/int/bool inputs
+    are widened first, so nothing overflows. Counts use ``count_nonzero``, the one fast boolean
+    reduction: ``x - x`` is non-zero exactly at NaN and ±Inf, ``x != x`` exactly at NaN.
+    Sums are taken around the first element (``shift``), so the variance of a tensor whose
+    mean dwarfs its spread does not cancel to noise.
+    """
     x = x.detach()
     if x.is_complex():
         x = x.abs()
     if x.numel() == 0:
         nan = float("nan")
-        return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
+        return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
     flat = x.reshape(-1)
-    if not flat.is_floating_point():
-        flat = flat.to(torch.float64)
-    wide = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    if flat.dtype != torch.float64:
+        flat = flat.float()
+    n = flat.numel()
     lo, hi = torch.aminmax(flat)
+    nonfinite = torch.count_nonzero(flat - flat)
+    nans = torch.count_nonzero(flat != flat)
+    first = flat[0]
+    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    centered = flat - shift
     parts = (
-        wide.sum(dtype=torch.float64),
-        torch.dot(wide, wide).to(torch.float64),
-        wide.abs().sum(dtype=torch.float64),
-        lo.to(torch.float64),
-        hi.to(torch.float64),
-        (flat == 0).sum().to(torch.float64),
-        torch.isnan(flat).sum().to(torch.float64),
-        torch.isinf(flat).sum().to(torch.float64),
+        centered.sum(),
+        centered.square().sum(),
+        flat.abs().sum(),
+        lo,
+        hi,
+        n - torch.count_nonzero(flat),
+        nans,
+        nonfinite - nans,
+        shift,
     )
-    return torch.stack(parts)
+    return torch.stack([p.to(torch.float64) for p in parts])
 
 
 def summarize(raw: np.ndarray, numel: np.ndarray) -> dict[str, np.ndarray]:
@@ -51,18 +65,19 @@ def summarize(raw: np.ndarray, numel: np.ndarray) -> dict[str, np.ndarray]:
     """
     raw = np.asarray(raw, dtype=np.float64).reshape(-1, len(RAW))
     n = np.asarray(numel, dtype=np.float64)
-    total, sumsq, abs_sum, lo, hi, zeros, nans, infs = raw.T
-    with np.errstate(divide="ignore", invalid="ignore"):
+    deviation, shifted_sumsq, abs_sum, lo, hi, zeros, nans, infs, shift = raw.T
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        total = deviation + n * shift
         mean = total / n
-        var = np.maximum(sumsq - total * mean, 0.0) / (n - 1)
-        var = np.where(np.isfinite(sumsq), var, np.nan)
+        var = np.maximum(shifted_sumsq - deviation * deviation / n, 0.0) / (n - 1)
+        sumsq = np.maximum(shifted_sumsq + shift * (2 * total - n * shift), 0.0)
         return {
             "mean": mean,
             "std": np.where(n > 1, np.sqrt(var), np.nan),
             "min": lo,
             "max": hi,
             "abs_mean": abs_sum / n,
-            "l2": np.sqrt(sumsq),
+            "l2": np.where((infs > 0) & (nans == 0), np.inf, np.sqrt(sumsq)),
             "zero_frac": zeros / n,
             "nan_count": nans.astype(np.int64),
             "inf_count": infs.astype(np.int64),

@@ -6,6 +6,7 @@ random numbers building the model consumed: step k always gets the same batch.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +28,21 @@ class Batch:
 
 
 def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device) -> Iterator[Batch]:
-    """Yield one ``Batch`` per step, forever; ``run`` takes ``steps`` of them."""
+    """One ``Batch`` per step, forever; ``run`` takes ``steps`` of them.
+
+    The config is checked (and images are read) now, not at the first ``next``, so a bad data
+    config fails before the run writes anything.
+    """
     kind = data.get("kind")
     makers = {"ones": _synthetic, "randn": _synthetic, "image": _images}
     if kind not in makers:
         raise choice_error("data.kind", kind, makers, "data kind")
     gen = torch.Generator().manual_seed(int(seed))
-    source = makers[kind](data, model, gen)
+    return _batches(makers[kind](data, model, gen), data, model, gen, device)
+
+
+def _batches(source: Iterator[torch.Tensor], data: DictConfig, model: DictConfig, gen: torch.Generator,
+             device: torch.device) -> Iterator[Batch]:
     for x in source:
         targets = _targets(data, model, x.shape[0], gen)
         x = x.to(device)
@@ -55,8 +64,9 @@ def _shape(data: DictConfig, model: DictConfig) -> list[int]:
 
 def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
     shape = _shape(data, model)
-    while True:
-        yield torch.ones(shape) if data.kind == "ones" else torch.randn(shape, generator=gen)
+    if data.kind == "ones":
+        return (torch.ones(shape) for _ in itertools.count())
+    return (torch.randn(shape, generator=gen) for _ in itertools.count())
 
 
 def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -100,5 +110,4 @@ def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterat
         except OSError as exc:
             raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
     batch = torch.stack(images)
-    while True:
-        yield batch
+    return (batch.clone() for _ in itertools.count())  # a model may change its input in place

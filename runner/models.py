@@ -49,9 +49,11 @@ def build_model(cfg: DictConfig) -> nn.Module:
     """Build the model a ``model`` config names, then load ``checkpoint`` if one is given.
 
     ``_target_`` wins over ``name``: every key except ``RUN_KEYS`` goes to Hydra's
-    ``instantiate``. Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision model, built
+    ``instantiate`` (``model=custom model._target_=pkg.Net +model.width=64``). Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision model, built
     with ``weights`` (``null`` = random init; a weights name such as ``DEFAULT`` downloads).
     """
+    if OmegaConf.is_missing(cfg, "_target_"):
+        raise ConfigError("model._target_: required for model=custom, e.g. model._target_=mypkg.MyNet")
     if cfg.get("_target_"):
         kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in RUN_KEYS}
         try:

@@ -37,7 +37,7 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     Everything that can be checked without running is checked before the first forward pass
     (hook entries, loss, device, selectors), and nothing is written when a check fails.
     """
-    hooks = build_hooks(OmegaConf.to_container(cfg.get("hooks") or {}, resolve=True))
+    hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
     loss_fn = get_loss(cfg.loss.name)
     if loss_fn is None:
         for hook in hooks:
@@ -47,9 +47,11 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     steps = int(cfg.steps)
     if steps < 1:
         raise ConfigError(f"steps: {steps} must be at least 1")
+    if cfg.mode not in ("train", "eval"):
+        raise choice_error("mode", cfg.mode, ("train", "eval"), "mode")
     device = resolve_device(cfg.device)
     torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg.model).to(device)
+    model = build_model(cfg.model).to(device).train(cfg.mode == "train")
     data = batches(cfg.data, cfg.model, int(cfg.seed), device)
     out_dir = Path(out_dir)
     with HookSession(model, hooks) as session:

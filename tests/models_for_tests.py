@@ -1,0 +1,66 @@
+"""Small modules that tests name through ``model._target_``; each remembers its instances."""
+from __future__ import annotations
+
+import torch
+import torchvision
+from torch import nn
+
+
+class Tracked(nn.Module):
+    """Keeps every instance so a test can inspect the model a run built and threw away."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).instances.append(self)
+
+
+class Exploding(Tracked):
+    """Linear(3, 3) whose forward raises after the first layer ran (hooks already fired)."""
+
+    instances: list[nn.Module] = []
+    error: type[BaseException] = RuntimeError
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc(x)
+        raise self.error("boom in forward")
+
+
+class Interrupted(Exploding):
+    """As ``Exploding``, but the user pressed Ctrl-C."""
+
+    instances: list[nn.Module] = []
+    error = KeyboardInterrupt
+
+
+class TrackedResNet18(torchvision.models.ResNet, Tracked):
+    """torchvision's resnet18, remembered."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:  # ResNet's super().__init__() reaches Tracked, which records us
+        super().__init__(torchvision.models.resnet.BasicBlock, [2, 2, 2, 2])
+
+
+class TwoOutputs(Tracked):
+    """Returns a tuple and a dict inside it, to check slot naming."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.split = Splitter()
+
+    def forward(self, x: torch.Tensor):
+        return self.split(self.fc(x))
+
+
+class Splitter(nn.Module):
+    def forward(self, x: torch.Tensor):
+        return x * 2, {"half": x / 2, "none": None}

@@ -1,0 +1,43 @@
+"""Every registered hook type has a preset, runs from it, and leaves the model as it found it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import hook_count, make_config
+from hooks import HOOK_TYPES
+from models_for_tests import Exploding, Interrupted, TrackedResNet18
+from runner.run import run
+
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
+HOOK_PRESETS = [p for p in PRESETS if p != "none"]
+
+
+def test_every_hook_type_has_a_preset():
+    used = {make_config(f"hooks={p}", "model=resnet18").hooks[p].type for p in HOOK_PRESETS}
+    assert used == set(HOOK_TYPES)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
+    TrackedResNet18.instances.clear()
+    cfg = make_config(f"hooks={preset}", "model=resnet18", "+model._target_=models_for_tests.TrackedResNet18",
+                      "data.shape=[2,3,32,32]")
+    out = run(cfg, tmp_path / "out")
+    assert (out / "manifest.json").is_file()
+    (model,) = TrackedResNet18.instances
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("preset", HOOK_PRESETS)
+@pytest.mark.parametrize("model_cls", [Exploding, Interrupted], ids=["exception", "ctrl-c"])
+def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls):
+    model_cls.instances.clear()
+    cfg = make_config(f"hooks={preset}", "model=custom", f"model._target_=models_for_tests.{model_cls.__name__}",
+                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc")
+    with pytest.raises(model_cls.error):
+        run(cfg, tmp_path / "out")
+    (model,) = model_cls.instances
+    assert hook_count(model) == 0
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

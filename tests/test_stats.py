@@ -1,0 +1,102 @@
+"""Statistics: every column against plain PyTorch in float64, on real layers and awkward tensors."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from conftest import seeded_batch, stats_of
+from hooks.stats import reduce_tensor, summarize
+
+
+def expected_stats(t: torch.Tensor) -> dict[str, float]:
+    x = t.detach().double().reshape(-1)
+    return {
+        "mean": x.mean().item(),
+        "std": x.std().item() if x.numel() > 1 else math.nan,
+        "min": x.min().item(),
+        "max": x.max().item(),
+        "abs_mean": x.abs().mean().item(),
+        "l2": x.norm().item(),
+        "zero_frac": (x == 0).double().mean().item(),
+        "nan_count": int(x.isnan().sum()),
+        "inf_count": int(x.isinf().sum()),
+    }
+
+
+def summary_of(t: torch.Tensor) -> dict[str, float]:
+    out = summarize(reduce_tensor(t).cpu().numpy()[None], np.array([t.numel()]))
+    return {k: v[0].item() for k, v in out.items()}
+
+
+def assert_stats_close(got, t: torch.Tensor) -> None:
+    want = expected_stats(t)
+    scale = t.detach().double().abs().mean().item() or 1.0
+    for key, value in want.items():
+        tol = 1e-6 * scale if key == "mean" else 0.0
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=tol, nan_ok=True), key
+
+
+@pytest.mark.parametrize("tensor", [
+    torch.randn(3, 5, 7),
+    torch.randn(1000) * 1e-3 + 1000.0,          # mean dwarfs spread: the variance must not cancel
+    torch.tensor([1.0]),                        # one element: std is NaN, as torch.std gives
+    torch.relu(torch.randn(64, 64)),            # zeros
+    torch.randint(-5, 5, (4, 4)),               # integers
+    torch.rand(10) > 0.5,                       # bools
+    torch.full((4096,), 60000.0, dtype=torch.float16),  # fp16: the sum overflows in fp16
+    torch.randn(8, dtype=torch.bfloat16),
+    torch.randn(8, dtype=torch.float64),
+], ids=["randn", "big-mean", "one", "relu", "int", "bool", "fp16-overflow", "bf16", "f64"])
+def test_statistics_match_float64_torch(tensor):
+    assert_stats_close(summary_of(tensor), tensor)
+
+
+def test_nan_and_inf_are_counted_and_propagate():
+    t = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    got = summary_of(t)
+    assert got["nan_count"] == 1 and got["inf_count"] == 2
+    assert math.isnan(got["mean"]) and math.isnan(got["max"]) and got["zero_frac"] == 0.2
+    for values in ([1.0, float("inf")], [float("inf"), 1.0]):
+        only_inf = summary_of(torch.tensor(values))
+        assert only_inf["nan_count"] == 0 and only_inf["inf_count"] == 1
+        assert only_inf["l2"] == only_inf["max"] == only_inf["mean"] == math.inf
+
+
+def test_empty_tensor_has_nan_stats_and_zero_counts():
+    got = summary_of(torch.empty(0, 3))
+    assert math.isnan(got["mean"]) and math.isnan(got["min"]) and got["nan_count"] == 0
+
+
+def test_stats_preset_matches_hand_written_hooks_on_resnet18(run_with):
+    """Every leaf's output and output gradient, per call (BasicBlock's relu runs twice)."""
+    shape = [2, 3, 32, 32]
+    run_dir = run_with("model=resnet18", f"data.shape=[{','.join(map(str, shape))}]", "hooks=stats")
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18()
+    seen: dict[tuple, torch.Tensor] = {}
+    calls: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if next(module.children(), None) is not None:
+            continue
+
+        def on_forward(_m, _i, out, name=name):
+            call = calls.get(name, 0)
+            calls[name] = call + 1
+            seen[(name, call, "output")] = out.detach().clone()
+            out.register_hook(lambda g: seen.__setitem__((name, call, "grad_output"), g.clone()))
+
+        module.register_forward_hook(on_forward)
+    model(seeded_batch(shape)).sum().backward()
+
+    rows = stats_of(run_dir, hook="stats")
+    assert len(rows) == len(seen)
+    assert set(rows[rows.layer == "layer1.0.relu"].call) == {0, 1}
+    for row in rows.itertuples():
+        t = seen[(row.layer, row.call, row.kind)]
+        assert row.shape.tolist() == list(t.shape) and row.numel == t.numel() and row.dtype == "float32"
+        assert_stats_close(row._asdict(), t)
