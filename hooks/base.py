@@ -56,3 +56,6 @@ class HookType:
 
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
+
+    def close(self) -> None:
+        """Release what ``attach`` holds besides handles (the session calls it on exit)."""

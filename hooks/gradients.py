@@ -5,10 +5,9 @@ One mechanism, three transforms. ``target`` says where the gradient is taken:
 * ``params``: ``Tensor.register_hook`` on each parameter of the selected modules (optionally
   only those named in ``params``, e.g. ``[bias]``), as the tutorials' ``gradient_clipper`` does;
   the accumulated ``.grad`` is recorded again after backward (phase ``after_backward``).
-* ``output``: a tensor hook on each output, registered from a forward hook (the tutorial's
-  "ReLU output gradients >= 0").
-* ``input``: a forward pre-hook passes each grad-requiring positional input through
-  ``view_as`` and hooks that view, so only this module's share of the input gradient changes.
+* ``output``: a tensor hook on each output (kind ``grad_output``; see ``hooks.tap``).
+* ``input``: a tensor hook on this module's view of each positional or keyword input
+  (kind ``grad_input``), so other consumers of the same tensor are not affected.
 
 Each hook records statistics of the gradient it produced, so a run shows what it did.
 """
@@ -21,32 +20,58 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from hooks.base import HookSpec, HookType
 from hooks.errors import ConfigError, choice_error
-from hooks.recorder import walk
 from hooks.registry import register
+from hooks.tap import Tap, TapSpec, checked
 
 TARGETS = ("params", "output", "input")
-_KIND = {"params": "param_grad", "output": "grad_output", "input": "grad_input"}
 
 
 @dataclass
-class GradSpec(HookSpec):
+class GradSpec(TapSpec):
     layers: Any = "**"
     target: str = "params"
     params: Optional[list[str]] = None
 
     def check(self, key: str) -> None:
+        super().check(key)
         if self.target not in TARGETS:
             raise choice_error(f"{key}.target", self.target, TARGETS, "target")
         if self.params is not None and self.target != "params":
             raise ConfigError(f"{key}.params: only meaningful with target=params (got target={self.target})")
         if self.params is not None and not self.params:
             raise ConfigError(f"{key}.params: empty list; use null for every parameter or name some, e.g. [bias]")
+        if self.target == "params" and self.scope == "global":
+            raise ConfigError(f"{key}.scope: global applies to module calls; target=params hooks parameters "
+                              f"directly, so use scope=module")
 
 
-class GradTransform(HookType):
-    """Shared attach logic; subclasses define ``transform(grad) -> new grad``."""
+def select_params(hook: Tap, modules: list[tuple[str, nn.Module]],
+                  wanted: list[str] | None) -> list[tuple[str, str, nn.Parameter]]:
+    """``(layer, name, parameter)`` for the trainable parameters the selected modules own directly.
+
+    Each parameter appears once, under the first module that owns it; a name in ``wanted`` that
+    no selected module has is an error suggesting the names they do have.
+    """
+    seen: set[int] = set()
+    out, names_found = [], set()
+    for layer, module in modules:
+        for pname, p in module.named_parameters(recurse=False):
+            names_found.add(pname)
+            if (wanted is None or pname in wanted) and id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                out.append((layer, pname, p))
+    for pname in wanted or ():
+        if pname not in names_found:
+            raise choice_error(f"{hook.key}.params", pname, names_found or ["(none)"], "parameter")
+    if not out:
+        raise ConfigError(f"{hook.key}.layers: the selected modules have no trainable parameters; "
+                          f"select modules that own parameters")
+    return out
+
+
+class GradTransform(Tap):
+    """Shared logic; subclasses define ``transform(grad) -> new grad``."""
 
     spec_class = GradSpec
     _params: list[tuple[str, str, nn.Parameter]] = []
@@ -58,71 +83,34 @@ class GradTransform(HookType):
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def edit_grad_input(self):
+        return self.transform if self.spec.target == "input" else None
+
+    def edit_grad_output(self):
+        return self.transform if self.spec.target == "output" else None
+
+    def input_slot(self, slot: str) -> bool:
+        return False
+
     def attach(self, model: nn.Module, session) -> None:
-        modules = self.targets(model)
-        recorder, target = session.recorder, self.spec.target
-        if target == "params":
-            self._params = self._select_params(modules)
-            for layer, pname, p in self._params:
-                session.add(p.register_hook(self._grad_hook(recorder, layer, pname, None)))
-            return
-        for layer, module in modules:
-            if target == "output":
-                session.add(module.register_forward_hook(self._output_hook(recorder, layer)))
-            else:
-                session.add(module.register_forward_pre_hook(self._input_hook(recorder, layer)))
+        if self.spec.target != "params":
+            return super().attach(model, session)
+        self._params = select_params(self, self.targets(model), self.spec.params)
+        for layer, pname, p in self._params:
+            handle = session.add(p.register_hook(self._param_hook(session.recorder, layer, pname)))
+            if self.spec.prepend:  # Tensor.register_hook has no prepend: move ours to the front
+                p._backward_hooks.move_to_end(handle.id, last=False)
 
-    def _select_params(self, modules: list[tuple[str, nn.Module]]) -> list[tuple[str, str, nn.Parameter]]:
-        wanted = self.spec.params
-        seen: set[int] = set()
-        out, names_found = [], set()
-        for layer, module in modules:
-            for pname, p in module.named_parameters(recurse=False):
-                names_found.add(pname)
-                if (wanted is None or pname in wanted) and id(p) not in seen and p.requires_grad:
-                    seen.add(id(p))
-                    out.append((layer, pname, p))
-        for pname in wanted or ():
-            if pname not in names_found:
-                raise choice_error(f"{self.key}.params", pname, names_found or ["(none)"],
-                                   "parameter name in the selected modules")
-        if not out:
-            raise ConfigError(f"{self.key}.layers: the selected modules have no trainable parameters; "
-                              f"select modules that own parameters or use target=output")
-        return out
-
-    def _grad_hook(self, recorder, layer: str, slot: str, call: int | None):
-        hook, kind, transform = self.name, _KIND[self.spec.target], self.transform
+    def _param_hook(self, recorder, layer: str, slot: str):
+        where = f"{self.key} on '{layer}' param_grad {slot}"
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
-            new = transform(grad)
-            n = call if call is not None else recorder.next_call((hook, layer, slot))
-            recorder.record(new, hook=hook, layer=layer, phase="backward", kind=kind, slot=slot, call=n)
+            new = checked(self.transform(grad), grad, where)
+            recorder.record(new, hook=self.name, layer=layer, phase="backward", kind="param_grad",
+                            slot=slot, call=recorder.next_call((self.name, layer, slot)))
             return new
 
         return on_grad
-
-    def _output_hook(self, recorder, layer: str):
-        def on_forward(module, args, output) -> None:
-            call = recorder.next_call((self.name, layer))
-            for slot, t in walk(output):
-                if t.requires_grad:
-                    t.register_hook(self._grad_hook(recorder, layer, slot, call))
-
-        return on_forward
-
-    def _input_hook(self, recorder, layer: str):
-        def on_pre_forward(module, args):
-            call = recorder.next_call((self.name, layer))
-            new_args, changed = list(args), False
-            for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor) and a.requires_grad:
-                    view = a.view_as(a)
-                    view.register_hook(self._grad_hook(recorder, layer, str(i), call))
-                    new_args[i], changed = view, True
-            return tuple(new_args) if changed else None
-
-        return on_pre_forward
 
     def after_backward(self, recorder) -> None:
         for layer, pname, p in self._params:
@@ -180,7 +168,7 @@ class ReplaceSpec(GradSpec):
 
 @register("replace")
 class Replace(GradTransform):
-    """Replace every gradient element by ``value`` (zero for the tutorials' ``zero_bias``)."""
+    """Replace every gradient element by ``value`` (zero for ``zero_bias``, 42 in the tutorials)."""
 
     spec_class = ReplaceSpec
 

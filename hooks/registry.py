@@ -45,7 +45,7 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
     fields = [f.name for f in dataclasses.fields(cls.spec_class)]
     for k in entry.keys():
         if k not in fields:
-            raise choice_error(f"{key}.{k}", k, fields, f"key for hook type '{type_name}'")
+            raise choice_error(f"{key}.{k}", k, fields, "key")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(cls.spec_class), entry)
         spec = OmegaConf.to_object(merged)

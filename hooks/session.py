@@ -51,9 +51,11 @@ class HookSession:
         self.close()
 
     def close(self) -> None:
-        """Remove every handle, newest first."""
+        """Remove every handle, newest first, then let each hook release what else it holds."""
         while self._handles:
             self._handles.pop().remove()
+        for hook in reversed(self.hooks):
+            hook.close()
 
     def after_backward(self) -> None:
         """Let each hook record what exists only once backward is done (accumulated ``.grad``)."""

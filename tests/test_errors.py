@@ -13,13 +13,13 @@ from runner.run import run
     (["hooks=clip", "hooks.clip.type=clmap"],
      "hooks.clip.type: unknown hook type 'clmap'; valid: "),
     (["hooks=clip", "+hooks.clip.maxx=1"],
-     "hooks.clip.maxx: unknown key for hook type 'clamp' 'maxx'; valid: layers, max, min, params, target, type; "
-     "did you mean 'max'?"),
+     "hooks.clip.maxx: unknown key 'maxx'; valid: always_call, layers, max, min, params, prepend, scope, target, "
+     "type; did you mean 'max'?"),
     (["hooks=clip", "hooks.clip.max=big"], "hooks.clip.max: "),
     (["hooks=clip", "hooks.clip.min=1", "hooks.clip.max=0"], "hooks.clip: min (1.0) > max (0.0); swap them"),
     (["hooks=clip", "hooks.clip.min=null", "hooks.clip.max=null"], "hooks.clip: set min, max or both"),
     (["hooks=clip", "hooks.clip.target=outputs"], "hooks.clip.target: unknown target 'outputs'; valid: input, output, params; did you mean 'output'?"),
-    (["hooks=zero_bias", "hooks.zero_bias.params=[bais]"], "hooks.zero_bias.params: unknown parameter name in the selected modules 'bais'; valid: bias, weight; did you mean 'bias'?"),
+    (["hooks=zero_bias", "hooks.zero_bias.params=[bais]"], "hooks.zero_bias.params: unknown parameter 'bais'; valid: bias, weight; did you mean 'bias'?"),
     (["hooks=stats", "hooks.stats.kinds=[outputs]"], "did you mean 'output'?"),
     (["hooks=extract", "model=convnet"], "hooks.extract.layers: 'layer4' matches no module"),
     (["model=resnet18", "hooks=extract", "hooks.extract.layers=[layer4,avgpol]"], "'avgpol' matches no module; did you mean 'avgpool'"),

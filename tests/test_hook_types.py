@@ -19,11 +19,15 @@ def test_every_hook_type_has_a_preset():
     assert used == set(HOOK_TYPES)
 
 
+#: Presets whose default layers do not fit a ResNet (the tutorial applies them to model=linear).
+RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"]}
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
     TrackedResNet18.instances.clear()
     cfg = make_config(f"hooks={preset}", "model=resnet18", "+model._target_=models_for_tests.TrackedResNet18",
-                      "data.shape=[2,3,32,32]")
+                      "data.shape=[2,3,32,32]", *RESNET_OVERRIDES.get(preset, []))
     out = run(cfg, tmp_path / "out")
     assert (out / "manifest.json").is_file()
     (model,) = TrackedResNet18.instances

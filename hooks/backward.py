@@ -1,0 +1,204 @@
+"""Module backward hooks and autograd Node hooks.
+
+* ``full_backward``: ``grad_input`` and ``grad_output`` of each call, optionally replacing every
+  ``grad_input`` by ``replace_grad_input`` (the tutorials' 42).
+* ``backward_pre``: ``grad_output`` of each call, optionally replaced by ``replace_grad_output``.
+* ``node``: ``grad_fn.register_prehook`` (kind ``grad_output``: the gradient arriving at the
+  output's autograd Node) and ``grad_fn.register_hook`` (kind ``grad_input``: what the Node
+  passes on to its inputs) on the selected modules' outputs.
+
+``mechanism: tensor`` (the default) takes the gradients with tensor hooks (see ``hooks.tap``),
+which gives the same numbers as ``register_full_backward_hook`` and keeps working when the
+module's output is modified in place afterwards (a stock torchvision ResNet), where PyTorch's
+full backward hooks raise "Output 0 of BackwardHookFunction is a view and is being modified
+inplace". ``mechanism: module`` registers PyTorch's ``register_full_backward_hook`` /
+``register_full_backward_pre_hook`` (``register_module_full_backward_*`` for ``scope: global``)
+exactly; the deprecated ``register_backward_hook`` is never used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from hooks.errors import ConfigError, choice_error
+from hooks.recorder import walk
+from hooks.registry import register
+from hooks.tap import Tap, TapSpec, check_kinds, checked
+
+MECHANISMS = ("tensor", "module")
+
+
+@dataclass
+class BackwardSpec(TapSpec):
+    mechanism: str = "tensor"
+    replace: Optional[float] = None
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.mechanism not in MECHANISMS:
+            raise choice_error(f"{key}.mechanism", self.mechanism, MECHANISMS, "mechanism")
+        if self.replace is not None and math.isnan(self.replace):
+            raise ConfigError(f"{key}.replace: NaN is not a gradient value")
+
+
+class ModuleBackward(Tap):
+    """Shared logic: ``replaced_kind`` is the kind that ``replace`` overwrites."""
+
+    spec_class = BackwardSpec
+    replaced_kind = "grad_input"
+
+    @property
+    def needs_backward(self) -> bool:
+        return True
+
+    def _filler(self):
+        value = self.spec.replace
+        return None if value is None else (lambda g: torch.full_like(g, value))
+
+    def edit_grad_input(self):
+        return self._filler() if self.replaced_kind == "grad_input" else None
+
+    def edit_grad_output(self):
+        return self._filler() if self.replaced_kind == "grad_output" else None
+
+    def input_slot(self, slot: str) -> bool:
+        return False
+
+    def attach(self, model: nn.Module, session) -> None:
+        if self.spec.mechanism == "tensor":
+            return super().attach(model, session)
+        self._recorder = session.recorder
+        targets = self.targets(model)
+        if self.spec.scope == "global":
+            names = {id(m): n for n, m in targets}
+            callback = self._module_hook(lambda module: names.get(id(module)))
+            session.add(self.global_register(callback))
+            return
+        for layer, module in targets:
+            callback = self._module_hook(lambda module, layer=layer: layer)
+            session.add(self.local_register(module, callback))
+
+    def _replace_all(self, grads: tuple, kind: str, layer: str):
+        fill = self._filler()
+        if fill is None:
+            return None
+        where = f"{self.key} on '{layer}' {kind}"
+        return tuple(None if g is None else checked(fill(g), g, where) for g in grads)
+
+    def _record_all(self, grads: tuple, kind: str, layer: str, call: int) -> None:
+        for i, g in enumerate(grads):
+            if isinstance(g, torch.Tensor):
+                self._record(g, layer, "backward", kind, str(i), call)
+
+
+@register("full_backward")
+class FullBackward(ModuleBackward):
+    """``grad_input``/``grad_output`` of each call; ``replace`` overwrites every ``grad_input``."""
+
+    @property
+    def record_kinds(self) -> set[str]:
+        return {"grad_input", "grad_output"}
+
+    def local_register(self, module, callback):
+        return module.register_full_backward_hook(callback, prepend=self.spec.prepend)
+
+    def global_register(self, callback):
+        return nn_module.register_module_full_backward_hook(callback)
+
+    def _module_hook(self, name_of):
+        def on_backward(module, grad_input, grad_output):
+            layer = name_of(module)
+            if layer is None:
+                return None
+            call = self._recorder.next_call((self.name, layer))
+            self._record_all(grad_output, "grad_output", layer, call)
+            new = self._replace_all(grad_input, "grad_input", layer)
+            self._record_all(new if new is not None else grad_input, "grad_input", layer, call)
+            return new
+
+        return on_backward
+
+
+@register("backward_pre")
+class BackwardPre(ModuleBackward):
+    """``grad_output`` of each call before the module's backward; ``replace`` overwrites it."""
+
+    replaced_kind = "grad_output"
+
+    @property
+    def record_kinds(self) -> set[str]:
+        return {"grad_output"}
+
+    def local_register(self, module, callback):
+        return module.register_full_backward_pre_hook(callback, prepend=self.spec.prepend)
+
+    def global_register(self, callback):
+        return nn_module.register_module_full_backward_pre_hook(callback)
+
+    def _module_hook(self, name_of):
+        def on_backward_pre(module, grad_output):
+            layer = name_of(module)
+            if layer is None:
+                return None
+            new = self._replace_all(grad_output, "grad_output", layer)
+            self._record_all(new if new is not None else grad_output, "grad_output", layer,
+                             self._recorder.next_call((self.name, layer)))
+            return new
+
+        return on_backward_pre
+
+
+NODE_KINDS = ("grad_output", "grad_input")
+
+
+@dataclass
+class NodeSpec(TapSpec):
+    kinds: list[str] = field(default_factory=lambda: ["grad_output", "grad_input"])
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check_kinds(key, self.kinds)
+        for kind in self.kinds:
+            if kind not in NODE_KINDS:
+                raise choice_error(f"{key}.kinds", kind, NODE_KINDS, "kind for a Node hook")
+
+
+@register("node")
+class NodeHooks(Tap):
+    """Node pre-hooks (``grad_output``) and post-hooks (``grad_input``) on each output's ``grad_fn``."""
+
+    spec_class = NodeSpec
+
+    @property
+    def needs_backward(self) -> bool:
+        return True
+
+    @property
+    def record_kinds(self) -> set[str]:
+        return {"output"}  # makes Tap register the forward hook; _forward is ours
+
+    def _forward(self, layer: str, args: tuple, output, paired: bool):
+        call = self._recorder.next_call((self.name, layer))
+        kinds = set(self.spec.kinds)
+        for slot, t in walk(output):
+            node = t.grad_fn
+            if node is None:
+                continue
+            if "grad_output" in kinds:
+                node.register_prehook(self._node_hook(layer, slot, call, "grad_output"))
+            if "grad_input" in kinds:
+                node.register_hook(self._node_hook(layer, slot, call, "grad_input"))
+        return None
+
+    def _node_hook(self, layer: str, slot: str, call: int, kind: str):
+        def on_node(*grads) -> None:  # pre-hook: (grad_outputs,); post-hook: (grad_inputs, grad_outputs)
+            for i, g in enumerate(grads[0]):
+                if isinstance(g, torch.Tensor):
+                    self._record(g, layer, "backward", kind, f"{slot}.{i}", call)
+
+        return on_node

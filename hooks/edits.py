@@ -1,0 +1,100 @@
+"""Hook types that change a module's inputs or outputs during forward.
+
+* ``shift``: forward pre-hook replacing one input (positional ``slot``, default 0, or keyword
+  ``kwarg``, read with ``with_kwargs=True``) by ``op(input, value)``; the tutorials' ``input + 1``.
+* ``edit_output``: forward hook replacing the output by ``op(output, value)``; ``op: add_input``
+  is the tutorials' residual ``output + inputs[0]``.
+
+Each records statistics of the tensor it produced (kind ``input`` or ``output``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from hooks.errors import ConfigError, choice_error
+from hooks.registry import register
+from hooks.tap import Tap, TapSpec
+
+OPS = {
+    "add": lambda x, v: x + v,
+    "mul": lambda x, v: x * v,
+    "set": lambda x, v: torch.full_like(x, v),
+}
+
+
+def _check_value(key: str, value: float) -> None:
+    if math.isnan(value):
+        raise ConfigError(f"{key}.value: NaN would poison every activation after this layer")
+
+
+@dataclass
+class ShiftSpec(TapSpec):
+    layers: Any = ""
+    op: str = "add"
+    value: float = 1.0
+    slot: int = 0
+    kwarg: Optional[str] = None
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.op not in OPS:
+            raise choice_error(f"{key}.op", self.op, OPS, "op")
+        _check_value(key, self.value)
+        if self.slot < 0:
+            raise ConfigError(f"{key}.slot: {self.slot} is not a positional index (0 is the first input)")
+        if self.kwarg is not None and self.scope == "global":
+            raise ConfigError(f"{key}.kwarg: global pre-hooks cannot see keyword inputs; use scope=module")
+
+
+@register("shift")
+class Shift(Tap):
+    """Forward pre-hook returning the inputs with one of them replaced by ``op(input, value)``."""
+
+    spec_class = ShiftSpec
+
+    def edit_input(self):
+        op, value = OPS[self.spec.op], self.spec.value
+        return lambda x: op(x, value)
+
+    def input_slot(self, slot: str) -> bool:
+        return slot == (self.spec.kwarg if self.spec.kwarg is not None else str(self.spec.slot))
+
+
+OUTPUT_OPS = ("add_input", *OPS)
+
+
+@dataclass
+class EditOutputSpec(TapSpec):
+    op: str = "add_input"
+    value: float = 0.0
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.op not in OUTPUT_OPS:
+            raise choice_error(f"{key}.op", self.op, OUTPUT_OPS, "op")
+        _check_value(key, self.value)
+
+
+@register("edit_output")
+class EditOutput(Tap):
+    """Forward hook returning ``op(output, value)``, or ``output + inputs[0]`` for ``add_input``."""
+
+    spec_class = EditOutputSpec
+
+    def edit_output(self):
+        value, key = self.spec.value, self.key
+        if self.spec.op != "add_input":
+            op = OPS[self.spec.op]
+            return lambda out, args: op(out, value)
+
+        def add_input(out: torch.Tensor, args: tuple) -> torch.Tensor:
+            if not args or not isinstance(args[0], torch.Tensor):
+                raise ConfigError(f"{key}.op: add_input needs a positional tensor input, and the module "
+                                  f"was called without one")
+            return out + args[0]
+
+        return add_input

@@ -1,0 +1,250 @@
+"""The engine behind every module-level hook type: one forward pre-hook and one forward hook.
+
+A ``Tap`` sees each call of a selected module at four points and, at each, records the tensors
+of the kinds its entry asks for and optionally replaces them:
+
+==============  =========================================================================
+``input``       forward pre-hook (``with_kwargs=True``): before forward, so a module that
+                changes its input in place cannot rewrite what was recorded
+``output``      forward hook
+``grad_output`` ``Tensor.register_hook`` on each output, registered from the forward hook
+``grad_input``  the pre-hook passes each grad-requiring input through ``view_as`` and hooks
+                the view, so the hook sees this module's share of the input gradient only
+==============  =========================================================================
+
+Gradients are taken with tensor hooks rather than ``register_full_backward_hook`` because full
+backward hooks raise on every module whose output is later modified in place (most of a
+torchvision ResNet: ``ReLU(inplace=True)``, ``out += identity``). A tensor hook registered before
+the in-place op stays bound to the value the module produced (PyTorch autograd notes,
+"Behavior of Tensor hooks when Tensor is modified in-place").
+
+``scope: global`` registers the same callbacks with ``register_module_forward_pre_hook`` /
+``register_module_forward_hook`` instead, so modules created inside ``forward`` are seen too.
+
+Observers return ``None`` from every callback: they cannot change a result. Edits are checked:
+a replacement with another shape or dtype is an error naming the entry and the layer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from hooks.base import HookSpec, HookType
+from hooks.errors import ConfigError, choice_error
+from hooks.recorder import walk
+
+KINDS = ("input", "output", "grad_input", "grad_output")
+SCOPES = ("module", "global")
+Edit = Callable[[torch.Tensor], torch.Tensor]
+
+
+class HookReturnError(ConfigError):
+    """A hook produced a tensor that cannot replace the original (shape or dtype differ)."""
+
+
+@dataclass
+class TapSpec(HookSpec):
+    """Keys shared by module-level hook types.
+
+    ``scope``: ``module`` hooks the selected modules; ``global`` uses PyTorch's global module
+    hooks and sees every module call, including modules created inside ``forward`` (recorded
+    under ``<ClassName>``) when ``layers`` is ``"**"``. ``prepend`` registers before the
+    module's existing hooks; ``always_call`` makes the forward hook run even when forward raises.
+    """
+
+    scope: str = "module"
+    prepend: bool = False
+    always_call: bool = False
+
+    def check(self, key: str) -> None:
+        if self.scope not in SCOPES:
+            raise choice_error(f"{key}.scope", self.scope, SCOPES, "scope")
+        if self.scope == "global" and self.prepend:
+            raise ConfigError(f"{key}.prepend: global hooks always run before module hooks and "
+                              f"PyTorch offers no prepend for them; drop prepend or use scope=module")
+
+
+def check_kinds(key: str, kinds: list[str]) -> None:
+    """Reject an empty or unknown ``kinds`` list."""
+    if not kinds:
+        raise ConfigError(f"{key}.kinds: empty; choose from {', '.join(KINDS)}")
+    for kind in kinds:
+        if kind not in KINDS:
+            raise choice_error(f"{key}.kinds", kind, KINDS, "kind")
+
+
+def checked(new: Any, old: torch.Tensor, where: str) -> torch.Tensor:
+    """``new`` if it can stand in for ``old``; otherwise a ``HookReturnError`` naming ``where``."""
+    if not isinstance(new, torch.Tensor):
+        raise HookReturnError(f"{where}: returned {type(new).__name__}, expected a tensor")
+    if new.shape != old.shape or new.dtype != old.dtype:
+        raise HookReturnError(f"{where}: returned {new.dtype} {list(new.shape)} in place of "
+                              f"{old.dtype} {list(old.shape)}")
+    return new
+
+
+class Tap(HookType):
+    """Base of module-level hook types; subclasses choose kinds and edits.
+
+    Override ``record_kinds`` (what to record), ``edit_input`` / ``edit_output`` /
+    ``edit_grad_input`` / ``edit_grad_output`` (return an ``Edit`` or ``None`` to observe only),
+    ``input_slot`` (which input an input edit applies to), ``keep`` and ``on_record``.
+    """
+
+    spec_class = TapSpec
+    keep = False
+
+    @property
+    def record_kinds(self) -> set[str]:
+        return set()
+
+    def edit_input(self) -> Edit | None:
+        return None
+
+    def edit_output(self) -> Callable[[torch.Tensor, tuple], torch.Tensor] | None:
+        return None
+
+    def edit_grad_input(self) -> Edit | None:
+        return None
+
+    def edit_grad_output(self) -> Edit | None:
+        return None
+
+    def input_slot(self, slot: str) -> bool:
+        """Whether the input edit applies to ``slot`` (a position or a keyword name)."""
+        return slot == "0"
+
+    def on_record(self, layer: str, kind: str, slot: str, tensor: torch.Tensor) -> None:
+        """Called for every recorded tensor (``print`` prints here)."""
+
+    @property
+    def needs_backward(self) -> bool:
+        return bool({"grad_input", "grad_output"} & self.record_kinds) or bool(
+            self.edit_grad_input() or self.edit_grad_output())
+
+    # -- registration ----------------------------------------------------------------------
+    def attach(self, model: nn.Module, session) -> None:
+        self._recorder = session.recorder
+        self._open: dict[str, list[int]] = {}
+        kinds = self.record_kinds
+        self._grad_in = "grad_input" in kinds or self.edit_grad_input() is not None
+        self._grad_out = "grad_output" in kinds or self.edit_grad_output() is not None
+        wants_pre = "input" in kinds or self._grad_in or self.edit_input() is not None
+        wants_fwd = "output" in kinds or self._grad_out or self.edit_output() is not None
+        targets = self.targets(model)
+        if self.spec.scope == "global":
+            self._attach_global(model, targets, session, wants_pre, wants_fwd)
+            return
+        for layer, module in targets:
+            if wants_pre:
+                session.add(module.register_forward_pre_hook(
+                    self._pre_hook(layer, wants_fwd), with_kwargs=True, prepend=self.spec.prepend))
+            if wants_fwd:
+                session.add(module.register_forward_hook(
+                    self._forward_hook(layer, wants_pre), prepend=self.spec.prepend,
+                    always_call=self.spec.always_call))
+
+    def _attach_global(self, model, targets, session, wants_pre: bool, wants_fwd: bool) -> None:
+        names = {id(m): n for n, m in targets}
+        everything = self.spec.layers == "**"
+        all_ids = {id(m) for m in model.modules()}
+
+        def name_of(module: nn.Module) -> str | None:
+            name = names.get(id(module))
+            if name is None and everything and id(module) not in all_ids:
+                name = f"<{type(module).__name__}>"
+            return name
+
+        if wants_pre:
+            def on_pre(module, args):
+                layer = name_of(module)
+                if layer is not None:
+                    return self._pre(layer, module, args, None, wants_fwd)
+            session.add(nn_module.register_module_forward_pre_hook(on_pre))
+        if wants_fwd:
+            def on_fwd(module, args, output):
+                layer = name_of(module)
+                if layer is not None:
+                    return self._forward(layer, args, output, wants_pre)
+            session.add(nn_module.register_module_forward_hook(on_fwd, always_call=self.spec.always_call))
+
+    # -- callbacks ----------------------------------------------------------------------
+    def _pre_hook(self, layer: str, pairs_with_forward: bool):
+        def on_pre(module, args, kwargs):
+            return self._pre(layer, module, args, kwargs, pairs_with_forward)
+        return on_pre
+
+    def _forward_hook(self, layer: str, paired: bool):
+        def on_forward(module, args, output):
+            return self._forward(layer, args, output, paired)
+        return on_forward
+
+    def _pre(self, layer: str, module, args: tuple, kwargs: dict | None, pairs_with_forward: bool):
+        call = self._recorder.next_call((self.name, layer))
+        if pairs_with_forward:
+            self._open.setdefault(layer, []).append(call)
+        edit, kinds = self.edit_input(), self.record_kinds
+        new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
+        items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
+        for slot, value in items:
+            if not isinstance(value, torch.Tensor):
+                if "input" in kinds:
+                    for sub, t in walk(value, slot):
+                        self._record(t, layer, "forward", "input", sub, call)
+                continue
+            if edit is not None and self.input_slot(slot):
+                value = checked(edit(value), value, f"{self.key} on '{layer}' input {slot}")
+                changed = True
+            if "input" in kinds or (edit is not None and self.input_slot(slot)):
+                self._record(value, layer, "forward", "input", slot, call)
+            if self._grad_in and value.requires_grad:
+                value = value.view_as(value)
+                value.register_hook(self._grad_hook(layer, "grad_input", slot, call, self.edit_grad_input()))
+                changed = True
+            if slot.isdigit():
+                new_args[int(slot)] = value
+            else:
+                new_kwargs[slot] = value
+        if not changed:
+            return None
+        return (tuple(new_args), new_kwargs) if kwargs is not None else tuple(new_args)
+
+    def _forward(self, layer: str, args: tuple, output: Any, paired: bool):
+        if paired and self._open.get(layer):
+            call = self._open[layer].pop()
+        else:
+            call = self._recorder.next_call((self.name, layer))
+        edit = self.edit_output()
+        new_output = None
+        if edit is not None and isinstance(output, torch.Tensor):
+            new_output = checked(edit(output, args), output, f"{self.key} on '{layer}' output")
+            output = new_output
+        record_output = "output" in self.record_kinds or edit is not None
+        for slot, t in walk(output):
+            if record_output:
+                self._record(t, layer, "forward", "output", slot, call)
+            if self._grad_out and t.requires_grad:
+                t.register_hook(self._grad_hook(layer, "grad_output", slot, call, self.edit_grad_output()))
+        return new_output
+
+    def _grad_hook(self, layer: str, kind: str, slot: str, call: int, edit: Edit | None):
+        record = kind in self.record_kinds or edit is not None
+        where = f"{self.key} on '{layer}' {kind} {slot}"
+
+        def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
+            new = None if edit is None else checked(edit(grad), grad, where)
+            if record:
+                self._record(grad if new is None else new, layer, "backward", kind, slot, call)
+            return new
+
+        return on_grad
+
+    def _record(self, t: torch.Tensor, layer: str, phase: str, kind: str, slot: str, call: int) -> None:
+        self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,
+                              call=call, keep=self.keep)
+        self.on_record(layer, kind, slot, t)
