@@ -6,7 +6,8 @@
   feature extractor).
 * ``print``: prints ``NAME: torch.Size([...])`` per call, in call order (other kinds as
   ``NAME grad_output[0]: torch.Size([...])``; ``values: true`` prints the tensor too), and
-  records statistics of what it printed.
+  records statistics of what it printed; with ``always_call: true`` it also reports a call
+  whose forward raised.
 
 Where each kind is taken, and why gradients use tensor hooks, is explained in ``hooks.tap``.
 """
@@ -82,3 +83,8 @@ class Print(Observe):
         if self.spec.values:
             text += f" {tensor.detach()}"
         print(text, flush=True)
+
+    def _forward(self, layer: str, args: tuple, output, paired: bool):
+        if output is None and self.spec.always_call:  # PyTorch passes None when forward raised
+            print(f"{layer or '(model)'}: no output (forward raised)", flush=True)
+        return super()._forward(layer, args, output, paired)

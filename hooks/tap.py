@@ -83,9 +83,13 @@ def checked(new: Any, old: torch.Tensor, where: str) -> torch.Tensor:
     if not isinstance(new, torch.Tensor):
         raise HookReturnError(f"{where}: returned {type(new).__name__}, expected a tensor")
     if new.shape != old.shape or new.dtype != old.dtype:
-        raise HookReturnError(f"{where}: returned {new.dtype} {list(new.shape)} in place of "
-                              f"{old.dtype} {list(old.shape)}")
+        raise HookReturnError(f"{where}: returned {_dtype(new)} {list(new.shape)} in place of "
+                              f"{_dtype(old)} {list(old.shape)}")
     return new
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class Tap(HookType):

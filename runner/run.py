@@ -59,10 +59,23 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
             for step in range(steps):
                 batch = next(data)
                 start = time.perf_counter()
-                loss = _forward_backward(model, batch, loss_fn, session)
+                loss = _explain_backward_hook_errors(hooks, _forward_backward, model, batch, loss_fn, session)
                 wall = time.perf_counter() - start
                 outputs.write_step(step, session.recorder.drain(), loss, wall)
     return out_dir
+
+
+def _explain_backward_hook_errors(hooks, fn, *args):
+    """Turn PyTorch's in-place error under ``mechanism: module`` into a one-line fix."""
+    try:
+        return fn(*args)
+    except RuntimeError as exc:
+        culprits = [h.key for h in hooks if getattr(h.spec, "mechanism", None) == "module"]
+        if "BackwardHookFunction" not in str(exc) or not culprits:
+            raise
+        raise ConfigError(f"{culprits[0]}.mechanism=module: PyTorch's full backward hook fails on a module "
+                          f"whose output is then modified in place (e.g. by ReLU(inplace=True) or "
+                          f"'out += identity'); use mechanism=tensor, which records the same gradients") from None
 
 
 def _forward_backward(model, batch, loss_fn, session: HookSession) -> float | None:

@@ -41,11 +41,11 @@ def stats_of(run_dir: Path, **where):
 
 
 def hook_count(model: nn.Module) -> int:
-    """Every hook PyTorch keeps for ``model``: per module, per parameter and global."""
+    """Every hook PyTorch keeps for ``model``: per module, per parameter and global (including an
+    open ``saved_tensors_hooks`` context)."""
     from torch.nn.modules import module as M
-    from torch.utils import hooks as H  # noqa: F401
 
-    total = 0
+    total = int(torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
     for m in model.modules():
         for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                      "_state_dict_hooks", "_load_state_dict_pre_hooks"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.utils.parametrize
 import torchvision
 from torch import nn
 
@@ -64,3 +65,57 @@ class TwoOutputs(Tracked):
 class Splitter(nn.Module):
     def forward(self, x: torch.Tensor):
         return x * 2, {"half": x / 2, "none": None}
+
+
+class Scaler(nn.Module):
+    """Takes its input as a keyword, the way Hugging Face blocks are called."""
+
+    def forward(self, *, hidden: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
+        return hidden * factor
+
+
+class KwargsNet(Tracked):
+    """Linear(3, 3) -> Scaler called with keywords only -> Linear(3, 2)."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 3)
+        self.scale = Scaler()
+        self.fc2 = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.scale(hidden=self.fc1(x), factor=3.0))
+
+
+class MakesModules(Tracked):
+    """Builds a fresh ``nn.Tanh`` inside every forward: only global hooks can see it."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Tanh()(self.fc(x))
+
+
+class ParametrizedNet(Tracked):
+    """A Linear whose ``weight`` is computed from a parametrization (not a leaf)."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        torch.nn.utils.parametrize.register_parametrization(self.fc, "weight", Doubler())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class Doubler(nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * 2

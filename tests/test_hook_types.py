@@ -45,3 +45,12 @@ def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls
     (model,) = model_cls.instances
     assert hook_count(model) == 0
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("preset", HOOK_PRESETS)
+def test_every_preset_lists_every_key_so_overrides_need_no_plus(preset):
+    import dataclasses
+
+    entry = make_config(f"hooks={preset}", "model=resnet18").hooks[preset]
+    fields = {f.name for f in dataclasses.fields(HOOK_TYPES[entry.type].spec_class)}
+    assert set(entry.keys()) == fields
