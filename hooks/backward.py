@@ -69,6 +69,12 @@ class ModuleBackward(Tap):
     def input_slot(self, slot: str) -> bool:
         return False
 
+    @property
+    def pytorch_hooks(self) -> str:
+        if self.spec.mechanism == "tensor":
+            return super().pytorch_hooks
+        return self.global_register.__doc__ if self.spec.scope == "global" else self.local_register.__doc__
+
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.mechanism == "tensor":
             return super().attach(model, session)
@@ -105,9 +111,11 @@ class FullBackward(ModuleBackward):
         return {"grad_input", "grad_output"}
 
     def local_register(self, module, callback):
+        """register_full_backward_hook"""
         return module.register_full_backward_hook(callback, prepend=self.spec.prepend)
 
     def global_register(self, callback):
+        """register_module_full_backward_hook"""
         return nn_module.register_module_full_backward_hook(callback)
 
     def _module_hook(self, name_of):
@@ -135,9 +143,11 @@ class BackwardPre(ModuleBackward):
         return {"grad_output"}
 
     def local_register(self, module, callback):
+        """register_full_backward_pre_hook"""
         return module.register_full_backward_pre_hook(callback, prepend=self.spec.prepend)
 
     def global_register(self, callback):
+        """register_module_full_backward_pre_hook"""
         return nn_module.register_module_full_backward_pre_hook(callback)
 
     def _module_hook(self, name_of):
@@ -181,6 +191,11 @@ class NodeHooks(Tap):
     @property
     def record_kinds(self) -> set[str]:
         return {"output"}  # makes Tap register the forward hook; _forward is ours
+
+    @property
+    def pytorch_hooks(self) -> str:
+        prefix = "register_module_" if self.spec.scope == "global" else "register_"
+        return f"{prefix}forward_hook + grad_fn.register_prehook / grad_fn.register_hook on output"
 
     def _forward(self, layer: str, args: tuple, output, paired: bool):
         call = self._recorder.next_call((self.name, layer))

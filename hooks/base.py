@@ -46,6 +46,11 @@ class HookType:
     def needs_backward(self) -> bool:
         return False
 
+    @property
+    def pytorch_hooks(self) -> str:
+        """The PyTorch hooks this entry registers, for ``plan=true``."""
+        raise NotImplementedError
+
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The modules this entry's ``layers`` selector matches in ``model``."""
         return select_modules(model, self.spec.layers, f"{self.key}.layers")

@@ -92,6 +92,10 @@ class GradTransform(Tap):
     def input_slot(self, slot: str) -> bool:
         return False
 
+    @property
+    def pytorch_hooks(self) -> str:
+        return "Tensor.register_hook on parameters" if self.spec.target == "params" else super().pytorch_hooks
+
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.target != "params":
             return super().attach(model, session)

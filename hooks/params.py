@@ -50,6 +50,10 @@ class PostAccumulate(HookType):
     def needs_backward(self) -> bool:
         return True
 
+    @property
+    def pytorch_hooks(self) -> str:
+        return "Tensor.register_post_accumulate_grad_hook on parameters"
+
     def attach(self, model: nn.Module, session) -> None:
         modules = self.targets(model)
         self._reject_non_leaves(modules)

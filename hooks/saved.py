@@ -81,6 +81,10 @@ class SavedTensors(HookType):
     def needs_backward(self) -> bool:
         return True
 
+    @property
+    def pytorch_hooks(self) -> str:
+        return "saved_tensors_hooks, entered by register_forward_pre_hook, left by register_forward_hook(always_call)"
+
     def attach(self, model: nn.Module, session) -> None:
         self._recorder = session.recorder
         if self.spec.mode == "offload_disk":
@@ -120,8 +124,10 @@ class SavedTensors(HookType):
 
     @staticmethod
     def _pack_offload_cpu(x: torch.Tensor):
-        if x.device.type == "cpu":
+        if x.device.type in ("cpu", "meta"):  # already on the host; meta (plan=true) holds no data
             return x.device, x
+        if x.device.type != "cuda":
+            return x.device, x.to("cpu")
         host = torch.empty(x.shape, dtype=x.dtype, layout=x.layout, pin_memory=True)
         host.copy_(x, non_blocking=True)
         return x.device, host

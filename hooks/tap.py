@@ -132,14 +132,30 @@ class Tap(HookType):
             self.edit_grad_input() or self.edit_grad_output())
 
     # -- registration ----------------------------------------------------------------------
+    def _points(self) -> tuple[bool, bool, bool, bool]:
+        """Which callbacks are needed: (pre-hook, forward hook, grad_input, grad_output)."""
+        kinds = self.record_kinds
+        grad_in = "grad_input" in kinds or self.edit_grad_input() is not None
+        grad_out = "grad_output" in kinds or self.edit_grad_output() is not None
+        wants_pre = "input" in kinds or grad_in or self.edit_input() is not None
+        wants_fwd = "output" in kinds or grad_out or self.edit_output() is not None
+        return wants_pre, wants_fwd, grad_in, grad_out
+
+    @property
+    def pytorch_hooks(self) -> str:
+        wants_pre, wants_fwd, grad_in, grad_out = self._points()
+        prefix = "register_module_" if self.spec.scope == "global" else "register_"
+        names = [f"{prefix}forward_pre_hook"] * wants_pre + [f"{prefix}forward_hook"] * wants_fwd
+        if grad_in:
+            names.append("Tensor.register_hook on view_as(input)")
+        if grad_out:
+            names.append("Tensor.register_hook on output")
+        return " + ".join(names)
+
     def attach(self, model: nn.Module, session) -> None:
         self._recorder = session.recorder
         self._open: dict[str, list[int]] = {}
-        kinds = self.record_kinds
-        self._grad_in = "grad_input" in kinds or self.edit_grad_input() is not None
-        self._grad_out = "grad_output" in kinds or self.edit_grad_output() is not None
-        wants_pre = "input" in kinds or self._grad_in or self.edit_input() is not None
-        wants_fwd = "output" in kinds or self._grad_out or self.edit_output() is not None
+        wants_pre, wants_fwd, self._grad_in, self._grad_out = self._points()
         targets = self.targets(model)
         if self.spec.scope == "global":
             self._attach_global(model, targets, session, wants_pre, wants_fwd)

@@ -1,0 +1,40 @@
+"""plan=true: modules, matches, PyTorch hooks and capture sizes, computed on the meta device."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from conftest import make_config
+from runner.cli import execute
+
+
+def test_plan_lists_modules_matches_and_exact_capture_bytes(capsys, tmp_path):
+    execute(make_config("plan=true", "model=resnet18", "data.shape=[2,3,32,32]", "hooks=[stats,extract]"),
+            tmp_path, [])
+    text = capsys.readouterr().out
+    assert "  layer4.1.conv2                   Conv2d               [2, 512, 1, 1]" in text
+    assert "hooks.stats (type stats): register_forward_hook + Tensor.register_hook on output" in text
+    assert "hooks.extract (type capture): register_forward_hook\n  2 module(s): layer4, avgpool" in text
+
+    model = torchvision.models.resnet18()
+    calls, nbytes = 0, 0
+    for m in model.modules():
+        if not list(m.children()):
+            def count(_m, _i, out):
+                nonlocal calls, nbytes
+                calls += 1
+                nbytes += out.numel() * 4
+            m.register_forward_hook(count)
+    with torch.no_grad():
+        model(torch.zeros(2, 3, 32, 32))
+    assert f"hooks.stats: {calls} output tensor(s), {nbytes / 2**20:.1f} MiB seen" in text
+    assert f"hooks.stats: {calls} grad_output tensor(s)" in text
+    assert not list(tmp_path.iterdir())  # a plan writes nothing
+
+
+def test_plan_reports_a_bad_selector_with_suggestions_and_exits_2(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        execute(make_config("plan=true", "model=convnet", "hooks=extract", "hooks.extract.layers=[fcc]"), tmp_path, [])
+    assert exit_info.value.code == 2
+    assert "error: hooks.extract.layers: 'fcc' matches no module; did you mean 'fc'" in capsys.readouterr().out
