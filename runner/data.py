@@ -1,4 +1,4 @@
-"""Input batches: constant ``ones``, seeded ``randn``, or real ``image`` files.
+"""Input batches: constant ``ones``, seeded ``randn``, real ``image`` files, or ``tokens`` ids.
 
 The shape follows the model (``model.input_shape``) unless ``data.shape`` is given. ``randn``
 draws from its own generator seeded with the run's seed, so the data do not depend on how many
@@ -34,9 +34,11 @@ def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device
     config fails before the run writes anything.
     """
     kind = data.get("kind")
-    makers = {"ones": _synthetic, "randn": _synthetic, "image": _images}
+    makers = {"ones": _synthetic, "randn": _synthetic, "image": _images, "tokens": _tokens}
     if kind not in makers:
         raise choice_error("data.kind", kind, makers, "data kind")
+    if model.get("input_kind") == "tokens" and kind != "tokens":
+        raise ConfigError(f"data: this model takes token ids, not data={kind}; add data=tokens")
     gen = torch.Generator().manual_seed(int(seed))
     return _batches(makers[kind](data, model, gen), data, model, gen, device)
 
@@ -67,6 +69,13 @@ def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Ite
     if data.kind == "ones":
         return (torch.ones(shape) for _ in itertools.count())
     return (torch.randn(shape, generator=gen) for _ in itertools.count())
+
+
+def _tokens(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    shape, vocab = _shape(data, model), int(model.get("num_classes") or 0)
+    if vocab < 1:
+        raise ConfigError("data=tokens: model.num_classes (the vocabulary size) must be set")
+    return (torch.randint(0, vocab, shape, generator=gen) for _ in itertools.count())
 
 
 def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:

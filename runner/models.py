@@ -12,7 +12,7 @@ from torch import nn
 from hooks.errors import ConfigError, choice_error
 
 #: Keys of a model config that describe the run around the model, not the model's constructor.
-RUN_KEYS = ("name", "weights", "checkpoint", "input_shape", "num_classes", "head")
+RUN_KEYS = ("name", "weights", "checkpoint", "input_shape", "num_classes", "head", "input_kind")
 
 
 class MLP(nn.Module):
@@ -43,6 +43,22 @@ class ConvNet(nn.Module):
 
 
 SMALL_MODELS = {"mlp": MLP, "convnet": ConvNet, "linear": lambda: nn.Linear(3, 3)}
+
+
+def gpt2_tiny(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: int = 100,
+              n_positions: int = 64) -> nn.Module:
+    """A randomly initialised GPT-2 from ``transformers`` (the optional extra), built offline.
+
+    Its blocks take keyword arguments and it returns a dict-like ``ModelOutput``: the real test of
+    ``with_kwargs``, of walking non-tensor outputs and of pattern selectors.
+    """
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        raise ConfigError("model=gpt2_tiny needs the 'transformers' package: pip install -e '.[transformers]'") from None
+    config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
+                        n_positions=n_positions, use_cache=False, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
 
 
 def build_model(cfg: DictConfig) -> nn.Module:
