@@ -95,6 +95,10 @@ class EditOutput(Tap):
             if not args or not isinstance(args[0], torch.Tensor):
                 raise ConfigError(f"{key}.op: add_input needs a positional tensor input, and the module "
                                   f"was called without one")
+            if args[0].shape != out.shape:
+                raise ConfigError(f"{key}.op: add_input needs input and output of one shape; got input "
+                                  f"{list(args[0].shape)} and output {list(out.shape)}: select a module "
+                                  f"that keeps the shape ({key}.layers)")
             return out + args[0]
 
         return add_input
