@@ -15,9 +15,16 @@ EXIT_CONFIG_ERROR = 2
 
 
 def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> None:
-    """Run the experiment; on a ``ConfigError`` print ``error: ...`` and exit non-zero."""
+    """Run the experiment and draw ``plots``; on a ``ConfigError`` print ``error: ...`` and exit non-zero."""
     try:
+        if cfg.get("plots"):
+            from runner import plots  # matplotlib is imported only when pictures are asked for
+
+            plots.check_plots(cfg)
         run(cfg, out_dir, overrides)
+        if cfg.get("plots"):
+            for path in plots.write_plots(out_dir, cfg):
+                print(f"wrote {path}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from omegaconf import DictConfig
+
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import walk
 
@@ -17,8 +19,33 @@ LOSSES: dict[str, LossFn | None] = {
     "one_minus_mean": lambda out, _: (1 - out).mean(),
     "log_mean": lambda out, _: out.log().mean(),
     "cross_entropy": lambda out, targets: F.cross_entropy(out, targets),
+    "class_score": None,  # built by ``class_score`` from ``loss.target_class``
     "none": None,
 }
+
+
+def class_score(target_class: int | None) -> LossFn:
+    """``out[i, c].sum()`` over the batch: backward starts from one class score, as Grad-CAM needs.
+
+    ``target_class=None`` takes each sample's top-scoring class (the prediction being explained).
+    """
+    if target_class is not None and (isinstance(target_class, bool) or not isinstance(target_class, int)
+                                     or target_class < 0):
+        raise ConfigError(f"loss.target_class: {target_class!r} must be a class index >= 0 or null")
+
+    def loss(out: torch.Tensor, _targets: torch.Tensor) -> torch.Tensor:
+        if out.dim() != 2:
+            raise ConfigError(f"loss=class_score: the model output has shape {list(out.shape)}, "
+                              f"not [batch, classes]")
+        if target_class is None:
+            index = out.detach().argmax(dim=1, keepdim=True)
+        elif target_class >= out.shape[1]:
+            raise ConfigError(f"loss.target_class: {target_class} is out of range for {out.shape[1]} classes")
+        else:
+            index = torch.full((out.shape[0], 1), target_class, dtype=torch.long, device=out.device)
+        return out.gather(1, index).sum()
+
+    return loss
 
 
 def first_tensor(output: object) -> torch.Tensor:
@@ -28,8 +55,11 @@ def first_tensor(output: object) -> torch.Tensor:
     raise ConfigError(f"loss: the model returned {type(output).__name__} with no tensor in it")
 
 
-def get_loss(name: str) -> LossFn | None:
-    """The loss called ``name``; ``None`` for ``none`` (a forward-only run)."""
+def get_loss(cfg: DictConfig) -> LossFn | None:
+    """The loss a ``loss`` config names; ``None`` for ``none`` (a forward-only run)."""
+    name = cfg.name
     if name not in LOSSES:
         raise choice_error("loss.name", name, LOSSES, "loss")
+    if name == "class_score":
+        return class_score(cfg.get("target_class"))
     return LOSSES[name]
