@@ -127,7 +127,8 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
 
     Depth order is forward call order; gradients arrive in backward from the last layer to the
     first, so rows recorded in phase ``backward`` are reversed. ``param_grad`` is read from the
-    accumulated ``.grad`` (phase ``after_backward``) when the run recorded it. ``label`` names the
+    accumulated ``.grad`` (phase ``after_backward``) when the run recorded it. When several hooks
+    record the same layer, the first one's row is kept. ``label`` names the
     layer, with the parameter (``fc.bias``), a non-default slot (``split[1]``) or a repeated call
     (``layer1.0.relu #1``), so each label is one line in a plot.
     """
@@ -138,15 +139,17 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
     rows = rows[rows["step"] == step]
     if kind == "param_grad" and (rows["phase"] == "after_backward").any():
         rows = rows[rows["phase"] == "after_backward"]
+    rows = rows.drop_duplicates(["run_dir", "layer", "slot", "call"])  # several hooks on one layer: the first
     if (rows["phase"] == "backward").all():
         rows = rows.iloc[::-1]
-    labels = [_label(layer, kind, slot, call)
+    labels = [label_of(layer, kind, slot, call)
               for layer, slot, call in zip(rows["layer"], rows["slot"], rows["call"])]
     return rows.assign(label=labels, abs_max=np.maximum(rows["max"].abs(), rows["min"].abs())
                        ).reset_index(drop=True)
 
 
-def _label(layer: str, kind: str, slot: str, call: int) -> str:
+def label_of(layer: str, kind: str, slot: str, call: int) -> str:
+    """A capture's name in plots and exports: ``conv``, ``fc.bias``, ``split[1]``, ``relu #1``."""
     name = layer or "(model)"
     if kind == "param_grad":
         name = f"{name}.{slot}"

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from hooks.errors import ConfigError, choice_error
 from runner.analysis import load_stats, load_tensors, per_layer
 from runner.gradcam import cam_layers, grad_cam
-from runner.outputs import STATS_SCHEMA
+from runner.outputs import STATS_SCHEMA, STEPS_SCHEMA
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
@@ -112,16 +112,28 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
     order = list(dict.fromkeys(rows["label"]))
     fig = Figure(figsize=(10, 5), layout="constrained")
     ax = fig.subplots()
-    for run_dir, run in rows.groupby("run_dir", sort=False):
-        first = run.iloc[0]
-        name = ", ".join(f"{c}={first[c]}" for c in by) if by else Path(run_dir).name
-        ax.plot([order.index(label) for label in run["label"]], run[stat], marker=".", label=name)
+    for _, run in rows.groupby("run_dir", sort=False):
+        ax.plot([order.index(label) for label in run["label"]], run[stat], marker=".", label=_run_label(run, by))
     if (rows[stat] > 0).all():
         ax.set_yscale("log")
     ax.set_ylabel(f"{kind} {stat}")
     ax.set_title(f"{kind} {stat} per layer, one line per run")
     ax.legend(fontsize="small")
     _layer_ticks(ax, order)
+    return fig
+
+
+def loss_curves(steps: pd.DataFrame, by: list[str] | None = None) -> Figure:
+    """The loss per step, one line per run (``load_steps``'s frame); labelled as in ``compare_runs``. 8 x 4 inches."""
+    by = by or _varying_overrides(steps)
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.subplots()
+    for _, run in steps.groupby("run_dir", sort=False):
+        ax.plot(run["step"], run["loss"], marker=".", label=_run_label(run, by))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
     return fig
 
 
@@ -148,8 +160,13 @@ def _layer_ticks(ax, labels) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _run_label(run: pd.DataFrame, by: list[str]) -> str:
+    first = run.iloc[0]
+    return ", ".join(f"{c}={first[c]}" for c in by) if by else Path(first["run_dir"]).name
+
+
 def _varying_overrides(stats: pd.DataFrame) -> list[str]:
-    known = set(STATS_SCHEMA.names) | {"run_dir", "label", "abs_max"}
+    known = set(STATS_SCHEMA.names) | set(STEPS_SCHEMA.names) | {"run_dir", "label", "abs_max", "job"}
     per_run = stats.drop_duplicates("run_dir")
     return [c for c in stats.columns if c not in known and per_run[c].astype(str).nunique() > 1]
 
