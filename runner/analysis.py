@@ -172,11 +172,11 @@ def abnormal(stats: pd.DataFrame) -> pd.DataFrame:
         n = len(group)
         if nan or inf:
             bad = int(((group["nan_count"] > 0) | (group["inf_count"] > 0)).sum())
-            found.append((*key, "non-finite", f"{nan} NaN and {inf} Inf elements in {bad} of {n} captures"))
+            found.append((*key, "non-finite", f"{nan} NaN and {inf} Inf elements in {bad} of {n} capture(s)"))
         elif key[3] in GRADIENT_KINDS and (group["l2"] == 0).all():
-            found.append((*key, "zero gradient", f"exactly 0 in all {n} captures"))
+            found.append((*key, "zero gradient", f"exactly 0 in each of {n} capture(s)"))
         elif key[3] not in GRADIENT_KINDS and (group["zero_frac"] == 1).all():
-            found.append((*key, "all zero", f"0 everywhere in all {n} captures"))
+            found.append((*key, "all zero", f"0 everywhere in each of {n} capture(s)"))
     return pd.DataFrame(found, columns=[*keys, "problem", "detail"])
 
 
