@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,8 @@ from runner.gradcam import grad_cam, grad_cam_of_run
 from runner.models import ConvNet
 from runner.run import run
 
-HOUSE = str(Path(__file__).resolve().parents[1] / "assets" / "house.png")
+ROOT = Path(__file__).resolve().parents[1]
+HOUSE = str(ROOT / "assets" / "house.png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -154,3 +157,11 @@ def test_plots_mistakes_fail_before_the_run(tmp_path, capsys, plot_overrides, me
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {message}")
     assert not (tmp_path / "run").exists()
+
+
+def test_running_does_not_import_the_picture_packages():
+    code = ("import sys, runner.__main__, runner.analysis; "
+            "print(sorted(m for m in ('matplotlib', 'tensorboard') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
