@@ -5,7 +5,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
 from omegaconf import DictConfig
 
 from hooks.errors import ConfigError, choice_error
@@ -19,7 +18,6 @@ LOSSES: dict[str, LossFn | None] = {
     "one_minus_mean": lambda out, _: (1 - out).mean(),
     "log_mean": lambda out, _: out.log().mean(),
     "cross_entropy": lambda out, targets: F.cross_entropy(out, targets),
-    "class_score": None,  # built by ``class_score`` from ``loss.target_class``
     "none": None,
 }
 
@@ -55,11 +53,17 @@ def first_tensor(output: object) -> torch.Tensor:
     raise ConfigError(f"loss: the model returned {type(output).__name__} with no tensor in it")
 
 
+#: Losses built from keys of the ``loss`` config besides ``name``.
+LOSS_FACTORIES: dict[str, Callable[[DictConfig], LossFn]] = {
+    "class_score": lambda cfg: class_score(cfg.get("target_class")),
+}
+
+
 def get_loss(cfg: DictConfig) -> LossFn | None:
     """The loss a ``loss`` config names; ``None`` for ``none`` (a forward-only run)."""
     name = cfg.name
+    if name in LOSS_FACTORIES:
+        return LOSS_FACTORIES[name](cfg)
     if name not in LOSSES:
-        raise choice_error("loss.name", name, LOSSES, "loss")
-    if name == "class_score":
-        return class_score(cfg.get("target_class"))
+        raise choice_error("loss.name", name, [*LOSSES, *LOSS_FACTORIES], "loss")
     return LOSSES[name]

@@ -241,7 +241,11 @@ def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
         elif cfg is None:
             notes.append("grad_cam: the run's config (.hydra/config.yaml) is missing, so its input image is unknown")
         else:
-            images = display_images(cfg, step)
+            try:
+                images = display_images(cfg, step)
+            except ValueError as exc:  # also ConfigError: e.g. the image file is not where the run read it
+                notes.append(f"grad_cam: {exc}")
+                layers = []
             for hook, layer in layers:
                 rows = tensors[(tensors["hook"] == hook) & (tensors["layer"] == layer)].set_index("kind")["tensor"]
                 cams = grad_cam(rows["output"], rows["grad_output"], images.shape[1:3])

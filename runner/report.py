@@ -103,11 +103,11 @@ def _layers(stats: pd.DataFrame) -> str:
 
 def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str:
     found = abnormal(stats)
-    dead = dead_units(outputs)
-    dead = dead[dead["dead"] > 0]
+    units = dead_units(outputs)
+    dead = units[units["dead"] > 0]
     checked = ("Checked: NaN and Inf counts of every capture; gradients that are exactly 0 in every capture; "
                "activations that are 0 everywhere; dead units (channels or features that are 0 for every "
-               f"sample) among the {len(dead_units(outputs))} kept non-negative outputs.")
+               f"sample) among the {len(units)} kept non-negative outputs.")
     if found.empty and dead.empty:
         return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
     parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']

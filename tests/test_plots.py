@@ -165,3 +165,16 @@ def test_running_does_not_import_the_picture_packages():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("target, message", [
+    ("-1", "loss.target_class: -1 must be a class index >= 0 or null"),
+    ("5", "loss.target_class: 5 is out of range for 5 classes"),
+])
+def test_class_score_target_mistakes_are_one_line(tmp_path, capsys, target, message):
+    overrides = ["model=convnet", "loss=class_score", f"loss.target_class={target}", "hooks=stats"]
+    with pytest.raises(SystemExit) as exit_info:
+        execute(make_config(*overrides), tmp_path, overrides)
+    assert exit_info.value.code == EXIT_CONFIG_ERROR
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not list(tmp_path.glob("*.parquet")) and not list(tmp_path.glob(".*tmp*"))
