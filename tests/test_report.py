@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
+import io
 import json
 import re
 import shutil
@@ -22,22 +24,20 @@ HOUSE = ROOT / "assets" / "house.png"
 PICTURES = 2 + 2 * 3
 
 
-def python_m(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-
-
 @pytest.fixture(scope="module")
 def sweep_report(tmp_path_factory):
     """A two-job sweep made by the real CLI on the project's image, and its report."""
     sweep = tmp_path_factory.mktemp("sweep")
-    proc = python_m("runner", "-m", "model=convnet", "data=image", f"data.path={HOUSE}", "data.resize=8",
-                    "data.crop=8", "loss=class_score", "hooks=[gradcam,stats,clip]", "hooks.gradcam.layers=conv",
-                    "hooks.clip.max=1,0.001", "hooks.clip.min=null", "steps=2", f"hydra.sweep.dir={sweep}")
+    args = ["-m", "model=convnet", "data=image", f"data.path={HOUSE}", "data.resize=8", "data.crop=8",
+            "loss=class_score", "hooks=[gradcam,stats,clip]", "hooks.gradcam.layers=conv",
+            "hooks.clip.max=1,0.001", "hooks.clip.min=null", "steps=2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run([sys.executable, "-m", "runner", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
-    proc = python_m("runner.report", str(sweep))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(sweep / "report.html")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        report.main([str(sweep)])  # what python -m runner.report runs
+    assert printed.getvalue() == f"{sweep / 'report.html'}\n"
     return sweep / "report.html"
 
 
