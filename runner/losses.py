@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import walk
@@ -59,8 +59,13 @@ LOSS_FACTORIES: dict[str, Callable[[DictConfig], LossFn]] = {
 }
 
 
-def get_loss(cfg: DictConfig) -> LossFn | None:
-    """The loss a ``loss`` config names; ``None`` for ``none`` (a forward-only run)."""
+def get_loss(loss: str | DictConfig) -> LossFn | None:
+    """The loss a ``loss`` config (or a bare name) names; ``None`` for ``none`` (a forward-only run).
+
+    The config also carries the options of losses that have some (``class_score``'s
+    ``target_class``); a bare name takes their defaults.
+    """
+    cfg = OmegaConf.create({"name": loss}) if isinstance(loss, str) else loss
     name = cfg.name
     if name in LOSS_FACTORIES:
         return LOSS_FACTORIES[name](cfg)
