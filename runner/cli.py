@@ -16,7 +16,8 @@ EXIT_CONFIG_ERROR = 2
 
 
 def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> None:
-    """Run the experiment (or print its plan); on a ``ConfigError`` print ``error: ...``, exit 2."""
+    """Run the experiment (or print its plan) and draw ``plots``; on a ``ConfigError`` print
+    ``error: ...`` and exit 2."""
     try:
         if cfg.get("plan"):
             text, ok = plan(cfg)
@@ -24,7 +25,14 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> N
             if not ok:
                 sys.exit(EXIT_CONFIG_ERROR)
             return
+        if cfg.get("plots"):
+            from runner import plots  # matplotlib is imported only when pictures are asked for
+
+            plots.check_plots(cfg)
         run(cfg, out_dir, overrides)
+        if cfg.get("plots"):
+            for path in plots.write_plots(out_dir, cfg):
+                print(f"wrote {path}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)

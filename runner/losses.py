@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
 
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import walk
@@ -21,6 +22,30 @@ LOSSES: dict[str, LossFn | None] = {
 }
 
 
+def class_score(target_class: int | None) -> LossFn:
+    """``out[i, c].sum()`` over the batch: backward starts from one class score, as Grad-CAM needs.
+
+    ``target_class=None`` takes each sample's top-scoring class (the prediction being explained).
+    """
+    if target_class is not None and (isinstance(target_class, bool) or not isinstance(target_class, int)
+                                     or target_class < 0):
+        raise ConfigError(f"loss.target_class: {target_class!r} must be a class index >= 0 or null")
+
+    def loss(out: torch.Tensor, _targets: torch.Tensor) -> torch.Tensor:
+        if out.dim() != 2:
+            raise ConfigError(f"loss=class_score: the model output has shape {list(out.shape)}, "
+                              f"not [batch, classes]")
+        if target_class is None:
+            index = out.detach().argmax(dim=1, keepdim=True)
+        elif target_class >= out.shape[1]:
+            raise ConfigError(f"loss.target_class: {target_class} is out of range for {out.shape[1]} classes")
+        else:
+            index = torch.full((out.shape[0], 1), target_class, dtype=torch.long, device=out.device)
+        return out.gather(1, index).sum()
+
+    return loss
+
+
 def first_tensor(output: object) -> torch.Tensor:
     """The tensor a loss is computed on: the output itself, or the first tensor inside it."""
     for _, t in walk(output):
@@ -28,8 +53,22 @@ def first_tensor(output: object) -> torch.Tensor:
     raise ConfigError(f"loss: the model returned {type(output).__name__} with no tensor in it")
 
 
-def get_loss(name: str) -> LossFn | None:
-    """The loss called ``name``; ``None`` for ``none`` (a forward-only run)."""
+#: Losses built from keys of the ``loss`` config besides ``name``.
+LOSS_FACTORIES: dict[str, Callable[[DictConfig], LossFn]] = {
+    "class_score": lambda cfg: class_score(cfg.get("target_class")),
+}
+
+
+def get_loss(loss: str | DictConfig) -> LossFn | None:
+    """The loss a ``loss`` config (or a bare name) names; ``None`` for ``none`` (a forward-only run).
+
+    The config also carries the options of losses that have some (``class_score``'s
+    ``target_class``); a bare name takes their defaults.
+    """
+    cfg = OmegaConf.create({"name": loss}) if isinstance(loss, str) else loss
+    name = cfg.name
+    if name in LOSS_FACTORIES:
+        return LOSS_FACTORIES[name](cfg)
     if name not in LOSSES:
-        raise choice_error("loss.name", name, LOSSES, "loss")
+        raise choice_error("loss.name", name, [*LOSSES, *LOSS_FACTORIES], "loss")
     return LOSSES[name]

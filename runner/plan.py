@@ -40,7 +40,7 @@ class PlanRecorder(Recorder):
 def plan(cfg: DictConfig) -> tuple[str, bool]:
     """Return the plan as text and whether every entry resolved."""
     hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
-    loss_fn = get_loss(cfg.loss.name)
+    loss_fn = get_loss(cfg.loss)
     with torch.device("meta"):
         model = build_model(OmegaConf.merge(cfg.model, {"checkpoint": None}))
     model.train(cfg.mode == "train")

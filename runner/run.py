@@ -38,7 +38,7 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     (hook entries, loss, device, selectors), and nothing is written when a check fails.
     """
     hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
-    loss_fn = get_loss(cfg.loss.name)
+    loss_fn = get_loss(cfg.loss)
     if loss_fn is None:
         for hook in hooks:
             if hook.needs_backward:

@@ -1,0 +1,64 @@
+"""Grad-CAM from what a run captured: a layer's output and the gradient of one class score.
+
+Grad-CAM (Selvaraju et al., 2017) weighs each channel of a conv layer's output ``A`` by the mean
+of its gradient ``dy_c/dA`` over the spatial positions, sums the weighted channels, keeps the
+positive part and upsamples it to the input size. The runner collects both tensors with one
+``capture`` entry (``kinds: [output, grad_output]``: a forward hook, and a tensor hook on the
+output for the gradient; preset ``hooks=gradcam``) while ``loss=class_score`` backpropagates
+the chosen class score.
+
+Example:
+    python -m runner model=resnet18 data=image data.path=assets/shapes.png \\
+        loss=class_score hooks=gradcam plots=[grad_cam]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runner.analysis import load_tensors
+
+
+def grad_cam(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Class activation maps ``[N, H, W]`` in ``[0, 1]`` from an output and its gradient ``[N, C, h, w]``.
+
+    Each map is scaled by its own minimum and maximum; a map that is constant (no positive
+    evidence anywhere) is all 0.
+    """
+    a, g = torch.as_tensor(activation, dtype=torch.float32), torch.as_tensor(gradient, dtype=torch.float32)
+    if a.dim() != 4 or a.shape != g.shape:
+        raise ValueError(f"grad_cam needs an output and a gradient of the same [N, C, h, w] shape, "
+                         f"got {list(a.shape)} and {list(g.shape)}")
+    weights = g.mean(dim=(2, 3), keepdim=True)
+    cam = F.relu((weights * a).sum(dim=1, keepdim=True))
+    cam = F.interpolate(cam, size=tuple(size), mode="bilinear", align_corners=False)[:, 0]
+    lo = cam.amin(dim=(1, 2), keepdim=True)
+    span = cam.amax(dim=(1, 2), keepdim=True) - lo
+    return torch.where(span > 0, (cam - lo) / span.clamp_min(1e-12), torch.zeros_like(cam)).numpy()
+
+
+def cam_layers(tensors) -> list[tuple[str, str]]:
+    """``(hook, layer)`` pairs whose kept tensors allow Grad-CAM: a 4-D output and its gradient."""
+    four_d = tensors[[len(s) == 4 for s in tensors["shape"]]]
+    kinds = four_d.groupby(["hook", "layer"], sort=False)["kind"].agg(set)
+    return [key for key, got in kinds.items() if {"output", "grad_output"} <= got]
+
+
+def grad_cam_of_run(run_dir: str | Path, layer: str, size: tuple[int, int], step: int = 0,
+                    tensors=None) -> np.ndarray:
+    """Grad-CAM maps ``[N, H, W]`` for ``layer`` at ``step`` (first call) of one run.
+
+    ``tensors`` may be a frame already loaded with ``load_tensors`` (it is read otherwise).
+    """
+    if tensors is None:
+        tensors = load_tensors(run_dir, filters=[("layer", "=", layer), ("step", "=", step), ("call", "=", 0)])
+    rows = tensors[(tensors["layer"] == layer) & (tensors["step"] == step) & (tensors["call"] == 0)]
+    found = {kind: rows[rows["kind"] == kind]["tensor"] for kind in ("output", "grad_output")}
+    missing = [kind for kind, col in found.items() if col.empty]
+    if missing:
+        raise ValueError(f"grad_cam: no kept {' or '.join(missing)} of layer '{layer}' at step {step} in "
+                         f"{run_dir}; capture it with hooks=gradcam hooks.gradcam.layers={layer}")
+    return grad_cam(found["output"].iloc[0], found["grad_output"].iloc[0], size)

@@ -1,0 +1,143 @@
+"""Loaders over one run and a sweep, parquet projection, depth order and the abnormality checks."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+
+import runner.analysis as analysis
+from conftest import make_config, seeded_batch
+from runner.run import run
+
+CLIP_MAXES = (1.0, 0.01, 0.0001)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Three convnet jobs that differ only in the clip bound, laid out as Hydra's multirun does."""
+    for i, bound in enumerate(CLIP_MAXES):
+        overrides = ["model=convnet", "hooks=[clip,stats]", f"hooks.clip.max={bound}", "steps=2"]
+        run(make_config(*overrides), tmp_path / "sweep" / str(i), overrides)
+    return tmp_path / "sweep"
+
+
+class DeadReLU(nn.Module):
+    """Linear(3, 4) -> ReLU -> Linear(4, 2) whose first ``dead`` hidden units can never fire."""
+
+    def __init__(self, dead: int = 2) -> None:
+        super().__init__()
+        self.fc1, self.relu, self.fc2 = nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)
+        with torch.no_grad():
+            self.fc1.weight.mul_(0.1)
+            self.fc1.bias.fill_(10.0)
+            self.fc1.bias[:dead] = -10.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sqrt()
+
+
+class SqrtNet(nn.Module):
+    """Linear(3, 3) then a square root: NaN wherever the linear output is negative."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.sqrt = nn.Linear(3, 3), Sqrt()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sqrt(self.fc(x))
+
+
+def test_one_run_has_run_dir_and_override_columns(run_with):
+    run_dir = run_with("model=convnet", "hooks=stats")
+    df = analysis.load_stats(run_dir)
+    assert set(df.run_dir) == {str(run_dir)}
+    assert (df.model == "convnet").all() and (df.hooks == "stats").all()
+    assert set(df.layer) == {"conv", "relu", "flatten", "fc"}
+
+
+def test_sweep_is_one_table_with_each_jobs_overrides(sweep):
+    df = analysis.load_stats(sweep)
+    assert df.groupby("hooks.clip.max").run_dir.nunique().to_dict() == dict.fromkeys(CLIP_MAXES, 1)
+    assert df["hooks.clip.max"].dtype == np.float64  # override values are parsed, so they sort as numbers
+    final = df[df.phase == "after_backward"]
+    for bound, rows in final.groupby("hooks.clip.max"):
+        assert (rows["max"] <= bound * (1 + 1e-7)).all()
+    steps = analysis.load_steps(sweep)
+    assert len(steps) == 6 and sorted(steps.groupby("run_dir").step.apply(list).tolist()) == [[0, 1]] * 3
+
+
+def test_projection_and_filters_are_passed_to_parquet(sweep, monkeypatch):
+    calls = []
+    real = pq.read_table
+
+    def spy(path, columns=None, filters=None, **kw):
+        calls.append((path.name, columns, filters))
+        return real(path, columns=columns, filters=filters, **kw)
+
+    monkeypatch.setattr(analysis.pq, "read_table", spy)
+    full = analysis.load_stats(sweep)
+    df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
+    assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "run_dir"}
+    assert len(df) == (full.kind == "param_grad").sum()
+    assert calls[-3:] == [("stats.parquet", ["layer", "l2"], [("kind", "=", "param_grad")])] * 3
+    steps = analysis.load_steps(sweep, columns=["loss"], filters=[("step", "=", 1)])
+    assert len(steps) == 3 and "wall_time_s" not in steps.columns
+
+
+def test_load_tensors_projection_keeps_what_restores_the_tensor(run_with):
+    run_dir = run_with("model=convnet", "hooks=extract", "hooks.extract.layers=[conv,fc]")
+    df = analysis.load_tensors(run_dir, columns=["layer"], filters=[("layer", "=", "conv")])
+    assert df.layer.tolist() == ["conv"] and df.tensor.iloc[0].shape == (1, 10, 4, 4)
+    assert "step" not in df.columns and "values" not in df.columns
+
+
+def test_per_layer_is_in_depth_order_for_activations_and_gradients(run_with):
+    run_dir = run_with("model=resnet18", "data.shape=[2,3,32,32]", "hooks=[stats,clip]",
+                       "hooks.stats.layers=[conv1,layer1.0.relu,layer4,fc]")
+    df = analysis.load_stats(run_dir)
+    forward = ["conv1", "layer1.0.relu", "layer1.0.relu #1", "layer4", "fc"]
+    assert analysis.per_layer(df, "output").label.tolist() == forward
+    assert analysis.per_layer(df, "grad_output").label.tolist() == forward
+    params = analysis.per_layer(df, "param_grad")
+    assert set(params.phase) == {"after_backward"}
+    assert params.label.tolist()[:2] == ["conv1.weight", "bn1.weight"] and params.label.iloc[-1] == "fc.bias"
+    row = params.iloc[0]
+    assert row.abs_max == max(abs(row["min"]), abs(row["max"]))
+
+
+def test_abnormal_finds_zero_gradients_and_dead_layers(run_with):
+    run_dir = run_with("model=custom", "model._target_=test_analysis.DeadReLU", "+model.dead=4",
+                       "data.shape=[8,3]", "hooks=stats")
+    found = analysis.abnormal(analysis.load_stats(run_dir))
+    got = set(zip(found.layer, found.kind, found.problem))
+    # every hidden unit is off: the ReLU outputs 0, and no gradient reaches fc1 through it
+    assert got == {("relu", "output", "all zero"), ("fc1", "grad_output", "zero gradient")}
+    assert found.detail.str.endswith("in each of 1 capture(s)").all()
+
+
+def test_abnormal_counts_nan(run_with):
+    run_dir = run_with("model=custom", "model._target_=test_analysis.SqrtNet", "data.shape=[4,3]", "hooks=stats")
+    found = analysis.abnormal(analysis.load_stats(run_dir)).set_index(["layer", "kind"])
+    torch.manual_seed(0)
+    out = SqrtNet()(seeded_batch([4, 3]))
+    expected = out.isnan().sum().item()
+    assert expected > 0
+    assert found.loc[("sqrt", "output"), "problem"] == "non-finite"
+    assert found.loc[("sqrt", "output"), "detail"] == f"{expected} NaN and 0 Inf elements in 1 of 1 capture(s)"
+    assert found.loc[("fc", "grad_output"), "problem"] == "non-finite"  # d sqrt(x)/dx is NaN for x < 0
+    assert ("fc", "output") not in found.index
+
+
+def test_dead_units_counts_units_that_never_fire(run_with):
+    run_dir = run_with("model=custom", "model._target_=test_analysis.DeadReLU", "+model.dead=2",
+                       "data.shape=[8,3]", "steps=2", "hooks=extract", "hooks.extract.layers=[relu,fc1]")
+    dead = analysis.dead_units(analysis.load_tensors(run_dir))
+    assert dead[["layer", "units", "dead"]].values.tolist() == [["relu", 4, 2]]  # fc1 has negative outputs
+    assert dead.dead_frac.iloc[0] == 0.5

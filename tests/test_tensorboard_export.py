@@ -1,0 +1,55 @@
+"""TensorBoard export, read back with TensorBoard's own event reader."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import runner.analysis as analysis
+from conftest import make_config
+from runner import tensorboard_export
+from runner.run import run
+
+
+def read_events(directory):
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    return events
+
+
+def test_scalars_and_histograms_per_step_read_back(run_with, capsys):
+    run_dir = run_with("model=convnet", "steps=2", "hooks=[stats,extract]", "hooks.extract.layers=[conv,relu]",
+                       "hooks.extract.kinds=[output,grad_output]")
+    tensorboard_export.main([str(run_dir)])
+    assert capsys.readouterr().out.strip() == f"wrote {run_dir / 'tensorboard'}"
+    events = read_events(run_dir / "tensorboard")
+    stats = analysis.load_stats(run_dir)
+    tags = events.Tags()
+    assert len(tags["scalars"]) == len(stats[stats.step == 0]) * len(tensorboard_export.SCALAR_STATS) + 1
+    loss = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert loss == [(s, pytest.approx(v, rel=1e-6)) for s, v in analysis.load_steps(run_dir)[["step", "loss"]].values]
+    fc_grad = stats[(stats.hook == "stats") & (stats.layer == "fc") & (stats.kind == "grad_output")]
+    assert [e.value for e in events.Scalars("stats/grad_output/fc/l2")] == pytest.approx(fc_grad.l2.tolist(), rel=1e-6)
+
+    tensors = analysis.load_tensors(run_dir)
+    assert sorted(tags["histograms"]) == ["extract/grad_output/conv", "extract/grad_output/relu",
+                                          "extract/output/conv", "extract/output/relu"]
+    for event in events.Histograms("extract/output/conv"):
+        t = tensors[(tensors.layer == "conv") & (tensors.kind == "output") & (tensors.step == event.step)].tensor.iloc[0]
+        h = event.histogram_value
+        assert (h.num, h.min, h.max) == (t.size, pytest.approx(t.min()), pytest.approx(t.max()))
+        assert h.sum == pytest.approx(float(t.sum(dtype=np.float64)), rel=1e-5, abs=1e-6)
+        assert sum(h.bucket) == t.size
+    assert [e.step for e in events.Histograms("extract/output/conv")] == [0, 1]
+
+
+def test_sweep_export_writes_one_directory_per_run_and_replaces_old_events(tmp_path):
+    for i in range(2):
+        overrides = ["model=linear", "hooks=stats", f"seed={i}"]
+        run(make_config(*overrides), tmp_path / str(i), overrides)
+    first = tensorboard_export.export(tmp_path)
+    again = tensorboard_export.export(tmp_path)
+    assert first == again == [tmp_path / "0" / "tensorboard", tmp_path / "1" / "tensorboard"]
+    for out in again:
+        assert len(list(out.glob("events.out.tfevents.*"))) == 1
+        assert "stats/output/(model)/mean" in read_events(out).Tags()["scalars"]
