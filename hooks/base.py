@@ -46,6 +46,16 @@ class HookType:
     def needs_backward(self) -> bool:
         return False
 
+    @property
+    def compile_problem(self) -> str | None:
+        """Why this entry cannot run under ``compile=true``, or ``None`` when it can.
+
+        Refused by default when the entry needs backward: tensor and module backward hooks on
+        activations break the compiled graph or are silently ignored (pytorch#117265). Hook
+        types that were checked under compilation override this.
+        """
+        return "hooks the backward pass" if self.needs_backward else None
+
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The modules this entry's ``layers`` selector matches in ``model``."""
         return select_modules(model, self.spec.layers, f"{self.key}.layers")

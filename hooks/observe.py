@@ -51,6 +51,11 @@ class Observe(HookType):
     def needs_backward(self) -> bool:
         return "grad_output" in self.spec.kinds
 
+    @property
+    def compile_problem(self) -> str | None:
+        # Measured on torch 2.14: the output tensor hook breaks the compiled graph on every call.
+        return "records grad_output through tensor hooks on activations" if self.needs_backward else None
+
     def attach(self, model: nn.Module, session) -> None:
         for name, module in self.targets(model):
             session.add(module.register_forward_hook(self._forward_hook(name, session.recorder)))

@@ -17,6 +17,8 @@ from hooks.stats import RAW, reduce_tensor, summarize
 
 #: Columns that identify one captured tensor, in output order (``step`` is added by the writer).
 ID_COLUMNS = ("call", "hook", "layer", "phase", "kind", "slot", "shape", "dtype", "numel")
+#: Kinds whose first dimension is the batch (``sample.batch`` narrows them; parameter gradients have none).
+BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
 
 
 def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -48,10 +50,45 @@ class StepCaptures:
         return len(self.columns.get("hook", ()))
 
 
-class Recorder:
-    """Per-step buffer of captures, with the per-module call counters that fill ``call``."""
+class HostCopies:
+    """Host copies of kept tensors that do not stall the device.
+
+    A CPU tensor is cloned (it may be changed in place after the hook returns). A CUDA tensor is
+    copied with ``non_blocking=True`` into pinned host memory: the hook returns at once and the
+    copy overlaps the rest of the step; ``wait``, called once per step by ``Recorder.drain``,
+    synchronises each device that has copies in flight before anyone reads them.
+    """
 
     def __init__(self) -> None:
+        self.in_flight: set[torch.device] = set()
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        if not tensor.is_cuda:
+            return tensor.to("cpu", copy=True)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        self.in_flight.add(tensor.device)
+        return host
+
+    def wait(self) -> None:
+        """Block until every copy made since the last ``wait`` has landed."""
+        for device in self.in_flight:
+            torch.cuda.current_stream(device).synchronize()
+        self.in_flight.clear()
+
+
+class Recorder:
+    """Per-step buffer of captures, with the per-module call counters that fill ``call``.
+
+    ``enabled = False`` makes ``record`` a no-op (steps left out by ``sample.every``; hooks that
+    change tensors still do); ``sample_batch`` keeps only the first n samples of activations.
+    """
+
+    def __init__(self, sample_batch: int | None = None) -> None:
+        self.enabled = True
+        self.sample_batch = sample_batch
+        self.host = HostCopies()
         self._reset()
 
     def _reset(self) -> None:
@@ -74,10 +111,14 @@ class Recorder:
         The copy is made now because the tensor may be modified in place after the hook returns
         (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
         """
+        if not self.enabled:
+            return
+        if self.sample_batch is not None and kind in BATCH_KINDS and tensor.dim() > 0:
+            tensor = tensor[: self.sample_batch]
         cols = self._columns
         if keep:
             self._kept_rows.append(len(cols["hook"]))
-            self._kept.append(tensor.detach().to("cpu", copy=True))
+            self._kept.append(self.host.copy(tensor))
         cols["call"].append(call)
         cols["hook"].append(hook)
         cols["layer"].append(layer)
@@ -92,6 +133,7 @@ class Recorder:
     def drain(self) -> StepCaptures:
         """Return this step's captures (one host transfer for all statistics) and start afresh."""
         raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
+        self.host.wait()
         out = StepCaptures(
             columns=self._columns,
             stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),
