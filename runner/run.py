@@ -60,7 +60,8 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     schedule = EvalSchedule.from_config(cfg)
     sample = sample_config(cfg)
     budget = row_group_bytes(cfg)
-    if cfg.get("compile"):
+    compile_model, show_progress = _flag(cfg, "compile", False), _flag(cfg, "progress", True)
+    if compile_model:
         check_compilable(hooks)
     device = resolve_device(cfg.device)
     torch.manual_seed(int(cfg.seed))
@@ -70,10 +71,10 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
     out_dir = Path(out_dir)
     with HookSession(model, hooks, Recorder(sample_batch=sample.batch)) as session:
-        forward = compiled(model) if cfg.get("compile") else model
+        forward = compiled(model) if compile_model else model
         recorder = session.recorder
         with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides, budget) as outputs, \
-                progress_bar(steps, bool(cfg.get("progress", True))) as bar:
+                progress_bar(steps, show_progress) as bar:
             for step in range(steps):
                 recorder.enabled = sample.records(step)
                 batch = next(data)
@@ -81,9 +82,17 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
                 loss = train_step(forward, model, batch, loss_fn, session, optimizer)
                 outputs.write_step(step, recorder.drain(), loss, time.perf_counter() - start)
                 if schedule.due(step):
+                    recorder.enabled = True  # eval passes are rare: always recorded
                     start = time.perf_counter()
                     captures, eval_loss = eval_passes(forward, model, held_out, loss_fn, recorder)
                     outputs.write_step(step, captures, eval_loss, time.perf_counter() - start, split="eval")
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
     return out_dir
+
+
+def _flag(cfg: DictConfig, key: str, default: bool) -> bool:
+    value = cfg.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} must be true or false")
+    return value
