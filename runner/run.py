@@ -70,7 +70,7 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     data = batches(cfg.data, cfg.model, int(cfg.seed), device)
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
     out_dir = Path(out_dir)
-    with HookSession(model, hooks, Recorder(sample_batch=sample.batch)) as session:
+    with HookSession(model, hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
         forward = compiled(model) if compile_model else model
         recorder = session.recorder
         with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides, budget) as outputs, \

@@ -20,16 +20,20 @@ from hooks.registry import typed_config
 
 @dataclass
 class SampleConfig:
-    """``every``: record every k-th step (from step 0); ``batch``: first n samples of activations."""
+    """``every``: record every k-th step (from step 0); of activations, ``batch``: the first n
+    samples, ``channels``: n random channels (dim 1, ``hooks.recorder.sampled_channels``)."""
 
     every: int = 1
     batch: Optional[int] = None
+    channels: Optional[int] = None
 
     def check(self) -> None:
         if self.every < 1:
             raise ConfigError(f"sample.every: {self.every} must be at least 1 (1 = every step)")
-        if self.batch is not None and self.batch < 1:
-            raise ConfigError(f"sample.batch: {self.batch} must be at least 1, or null for the whole batch")
+        for key in ("batch", "channels"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
 
     def records(self, step: int) -> bool:
         """Whether hooks record at training step ``step``."""

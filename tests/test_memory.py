@@ -19,7 +19,8 @@ import torch
 import runner.analysis as analysis
 from conftest import CONF_DIR, make_config, seeded_batch
 from hooks.errors import ConfigError
-from runner.models import MLP
+from hooks.recorder import sampled_channels
+from runner.models import MLP, ConvNet
 from runner.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,10 +127,29 @@ def test_sample_batch_keeps_the_first_samples_of_activations_only(run_with):
     assert sorted(weight_grads) == [[5, 200], [5, 200], [200, 100], [200, 100]]  # whole: no batch dimension
 
 
+def test_sample_channels_keeps_the_same_random_channels_every_step(run_with):
+    run_dir = run_with("model=convnet", "data.shape=[2,3,8,8]", "hooks=extract", "hooks.extract.layers=conv",
+                       "hooks.extract.kinds=[input,output]", "sample.channels=4", "steps=2", "seed=5")
+    tensors = analysis.load_tensors(run_dir).sort_values(["step", "kind"])
+    index = sampled_channels(10, 4, 5)
+    assert len(index.unique()) == 4
+    torch.manual_seed(5)
+    conv = ConvNet().conv
+    gen = torch.Generator().manual_seed(5)
+    for step in (0, 1):
+        x = torch.randn((2, 3, 8, 8), generator=gen)
+        torch.randint(0, 5, (2,), generator=gen)  # the step's targets, drawn after its batch
+        got = tensors[tensors.step == step].set_index("kind").tensor
+        np.testing.assert_array_equal(got["input"], x.numpy())  # 3 channels: fewer than 4, all kept
+        np.testing.assert_allclose(got["output"], conv(x)[:, index].detach().numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("overrides,message", [
     (("sample.every=0",), "sample.every: 0 must be at least 1 (1 = every step)"),
-    (("sample.batch=0",), "sample.batch: 0 must be at least 1, or null for the whole batch"),
-    (("+sample.chanels=4",), "sample.chanels: unknown sampling key 'chanels'; valid: batch, every"),
+    (("sample.batch=0",), "sample.batch: 0 must be at least 1, or null for all of them"),
+    (("sample.channels=-2",), "sample.channels: -2 must be at least 1, or null for all of them"),
+    (("+sample.chanels=4",), "sample.chanels: unknown sampling key 'chanels'; valid: batch, channels, every; "
+                             "did you mean 'channels'?"),
 ])
 def test_sampling_keys_are_validated(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):

@@ -178,7 +178,7 @@ def test_cli_draws_a_progress_bar_on_a_terminal(tmp_path):
 
 def test_compiled_model_records_what_eager_records(run_with):
     common = ("model=convnet", "data.shape=[2,3,8,8]", "steps=3", "optimizer=sgd", "optimizer.lr=0.1",
-              "hooks=[clip,stats]", "hooks.stats.kinds=[output,input]")
+              "hooks=[clip,shift,stats]", "hooks.shift.layers=fc", "hooks.stats.kinds=[output,input]")
     key = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
     eager_dir = run_with(*common)
     eager = analysis.load_stats(eager_dir).sort_values(key).reset_index(drop=True)
