@@ -47,6 +47,14 @@ class HookType:
         return False
 
     @property
+    def compile_problem(self) -> str | None:
+        """Why this entry cannot run under ``compile=true``, or ``None`` when it can.
+
+        Refused by default when the entry needs backward: tensor and module backward hooks on
+        activations break the compiled graph or are silently ignored (pytorch#117265). Hook
+        types that were checked under compilation override this.
+        """
+        return "hooks the backward pass" if self.needs_backward else None
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError

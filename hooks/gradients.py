@@ -80,6 +80,14 @@ class GradTransform(Tap):
     def needs_backward(self) -> bool:
         return True
 
+    @property
+    def compile_problem(self) -> str | None:
+        # Parameter hooks run in the eager autograd engine, after the compiled backward; hooks on
+        # activations (output/input) break the compiled graph on every call (measured, torch 2.14).
+        if self.spec.target == "params":
+            return None
+        return f"changes activation gradients through tensor hooks (target={self.spec.target})"
+
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

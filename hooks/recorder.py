@@ -17,6 +17,19 @@ from hooks.stats import RAW, reduce_tensor, summarize
 
 #: Columns that identify one captured tensor, in output order (``step`` is added by the writer).
 ID_COLUMNS = ("call", "hook", "layer", "phase", "kind", "slot", "shape", "dtype", "numel")
+#: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
+#: ``sample.channels`` narrow them; parameter gradients have neither).
+BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
+
+
+def sampled_channels(width: int, n: int, seed: int) -> torch.Tensor:
+    """The ``n`` channel indices (sorted) that ``sample.channels=n`` keeps of ``width`` channels.
+
+    They depend only on ``(width, n, seed)``: the same channels at every step, in every layer of
+    that width, and in every run with that seed.
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + width)
+    return torch.randperm(width, generator=gen)[:n].sort().values
 
 
 def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -48,10 +61,50 @@ class StepCaptures:
         return len(self.columns.get("hook", ()))
 
 
-class Recorder:
-    """Per-step buffer of captures, with the per-module call counters that fill ``call``."""
+class HostCopies:
+    """Host copies of kept tensors that do not stall the device.
+
+    A CPU tensor is cloned (it may be changed in place after the hook returns). A CUDA tensor is
+    copied with ``non_blocking=True`` into pinned host memory: the hook returns at once and the
+    copy overlaps the rest of the step; ``wait``, called once per step by ``Recorder.drain``,
+    synchronises each device that has copies in flight before anyone reads them.
+    """
 
     def __init__(self) -> None:
+        self.in_flight: set[torch.device] = set()
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        if not tensor.is_cuda:
+            return tensor.to("cpu", copy=True)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        self.in_flight.add(tensor.device)
+        return host
+
+    def wait(self) -> None:
+        """Block until every copy made since the last ``wait`` has landed."""
+        for device in self.in_flight:
+            torch.cuda.current_stream(device).synchronize()
+        self.in_flight.clear()
+
+
+class Recorder:
+    """Per-step buffer of captures, with the per-module call counters that fill ``call``.
+
+    ``enabled = False`` makes ``record`` a no-op (steps left out by ``sample.every``; hooks that
+    change tensors still do); ``sample_batch`` keeps only the first n samples of activations and
+    ``sample_channels`` a random subset of their channels (dim 1, see ``sampled_channels``).
+    """
+
+    def __init__(self, sample_batch: int | None = None, sample_channels: int | None = None,
+                 seed: int = 0) -> None:
+        self.enabled = True
+        self.sample_batch = sample_batch
+        self.sample_channels = sample_channels
+        self.seed = seed
+        self.host = HostCopies()
+        self._channel_index: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -74,10 +127,14 @@ class Recorder:
         The copy is made now because the tensor may be modified in place after the hook returns
         (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
         """
+        if not self.enabled:
+            return
+        if kind in BATCH_KINDS:
+            tensor = self._sample(tensor)
         cols = self._columns
         if keep:
             self._kept_rows.append(len(cols["hook"]))
-            self._kept.append(tensor.detach().to("cpu", copy=True))
+            self._kept.append(self.host.copy(tensor))
         cols["call"].append(call)
         cols["hook"].append(hook)
         cols["layer"].append(layer)
@@ -89,9 +146,21 @@ class Recorder:
         cols["numel"].append(tensor.numel())
         self._raw.append(reduce_tensor(tensor))
 
+    def _sample(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.sample_batch is not None and tensor.dim() > 0:
+            tensor = tensor[: self.sample_batch]
+        n = self.sample_channels
+        if n is not None and tensor.dim() > 1 and tensor.shape[1] > n:
+            key = (tensor.shape[1], tensor.device)
+            if key not in self._channel_index:
+                self._channel_index[key] = sampled_channels(tensor.shape[1], n, self.seed).to(tensor.device)
+            tensor = tensor.index_select(1, self._channel_index[key])
+        return tensor
+
     def drain(self) -> StepCaptures:
         """Return this step's captures (one host transfer for all statistics) and start afresh."""
         raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
+        self.host.wait()
         out = StepCaptures(
             columns=self._columns,
             stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),

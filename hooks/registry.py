@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -42,19 +43,27 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
     if type_name not in HOOK_TYPES:
         raise choice_error(f"{key}.type", type_name, HOOK_TYPES, "hook type")
     cls = HOOK_TYPES[type_name]
-    fields = [f.name for f in dataclasses.fields(cls.spec_class)]
+    spec = typed_config(key, cls.spec_class, entry)
+    spec.check(key)
+    return cls(name, spec)
+
+
+def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: str = "key") -> Any:
+    """Merge ``entry`` into the dataclass ``spec_class``: unknown keys and ill-typed values fail here.
+
+    The error names the full key (``key`` is the config path of ``entry``) and, for an unknown
+    key, lists the valid ones and suggests the closest.
+    """
+    fields = [f.name for f in dataclasses.fields(spec_class)]
     for k in entry.keys():
         if k not in fields:
-            raise choice_error(f"{key}.{k}", k, fields, "key")
+            raise choice_error(f"{key}.{k}", k, fields, what)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls.spec_class), entry)
-        spec = OmegaConf.to_object(merged)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(spec_class), entry))
     except OmegaConfBaseException as exc:
         sub = getattr(exc, "full_key", "") or ""
         msg = str(exc).splitlines()[0]
         raise ConfigError(f"{key}{'.' + sub if sub else ''}: {msg}") from None
-    spec.check(key)
-    return cls(name, spec)
 
 
 def build_hooks(entries: Mapping | DictConfig | None) -> list[HookType]:

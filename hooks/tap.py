@@ -131,6 +131,16 @@ class Tap(HookType):
         return bool({"grad_input", "grad_output"} & self.record_kinds) or bool(
             self.edit_grad_input() or self.edit_grad_output())
 
+    @property
+    def compile_problem(self) -> str | None:
+        # Measured on torch 2.14: a tensor hook on an activation breaks the compiled graph on every call.
+        if self.needs_backward:
+            kinds = sorted({"grad_input", "grad_output"} & self.record_kinds) or ["edits"]
+            return f"hooks activation gradients ({', '.join(kinds)}) through tensor hooks"
+        if self.spec.scope == "global":
+            return "uses global module hooks (scope=global), which were not checked under compilation"
+        return None
+
     # -- registration ----------------------------------------------------------------------
     def _points(self) -> tuple[bool, bool, bool, bool]:
         """Which callbacks are needed: (pre-hook, forward hook, grad_input, grad_output)."""

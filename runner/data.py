@@ -1,8 +1,11 @@
-"""Input batches: constant ``ones``, seeded ``randn``, real ``image`` files, or ``tokens`` ids.
+"""Input batches: constant ``ones``, seeded ``randn``, torchvision's ``fake`` images, ``image`` files, or ``tokens`` ids.
 
 The shape follows the model (``model.input_shape``) unless ``data.shape`` is given. ``randn``
 draws from its own generator seeded with the run's seed, so the data do not depend on how many
-random numbers building the model consumed: step k always gets the same batch.
+random numbers building the model consumed: step k always gets the same batch. ``fake`` reads
+torchvision's ``FakeData`` in order (``random_offset = seed * size``, so runs with different seeds
+see different images) and uses its labels as targets: a training run sees a new labelled batch
+each step.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device
     config fails before the run writes anything.
     """
     kind = data.get("kind")
-    makers = {"ones": _synthetic, "randn": _synthetic, "image": _images, "tokens": _tokens}
+    makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens}
     if kind not in makers:
         raise choice_error("data.kind", kind, makers, "data kind")
     if model.get("input_kind") == "tokens" and kind != "tokens":
@@ -43,14 +46,15 @@ def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device
     return _batches(makers[kind](data, model, gen), data, model, gen, device)
 
 
-def _batches(source: Iterator[torch.Tensor], data: DictConfig, model: DictConfig, gen: torch.Generator,
-             device: torch.device) -> Iterator[Batch]:
-    for x in source:
-        targets = _targets(data, model, x.shape[0], gen)
+def _batches(source: Iterator[tuple[torch.Tensor, torch.Tensor | None]], data: DictConfig, model: DictConfig,
+             gen: torch.Generator, device: torch.device) -> Iterator[Batch]:
+    for x, labels in source:
+        if labels is None or data.get("targets") is not None:
+            labels = _targets(data, model, x.shape[0], gen)
         x = x.to(device)
         if data.get("requires_grad"):
             x.requires_grad_(True)
-        yield Batch(x=x, targets=targets.to(device))
+        yield Batch(x=x, targets=labels.to(device))
 
 
 def _shape(data: DictConfig, model: DictConfig) -> list[int]:
@@ -64,18 +68,36 @@ def _shape(data: DictConfig, model: DictConfig) -> list[int]:
     return shape
 
 
-def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
     shape = _shape(data, model)
     if data.kind == "ones":
-        return (torch.ones(shape) for _ in itertools.count())
-    return (torch.randn(shape, generator=gen) for _ in itertools.count())
+        return ((torch.ones(shape), None) for _ in itertools.count())
+    return ((torch.randn(shape, generator=gen), None) for _ in itertools.count())
 
 
-def _tokens(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+def _fake(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of ``FakeData`` images and labels, in dataset order, cycling when it is used up."""
+    from torch.utils.data import DataLoader
+    from torchvision import datasets, transforms
+
+    shape = _shape(data, model)
+    if len(shape) != 4 or shape[1] not in (1, 3, 4):
+        raise ConfigError(f"data.shape: {shape}: fake images need [N, C, H, W] with C in 1, 3, 4")
+    size = int(data.size)
+    if size < shape[0]:
+        raise ConfigError(f"data.size: {size} images cannot fill a batch of {shape[0]}")
+    classes = int(data.get("num_classes") or model.get("num_classes") or 1)
+    dataset = datasets.FakeData(size=size, image_size=tuple(shape[1:]), num_classes=classes,
+                                transform=transforms.ToTensor(), random_offset=gen.initial_seed() * size)
+    loader = DataLoader(dataset, batch_size=shape[0], drop_last=True)
+    return ((x, y) for _ in itertools.count() for x, y in loader)
+
+
+def _tokens(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
     shape, vocab = _shape(data, model), int(model.get("num_classes") or 0)
     if vocab < 1:
         raise ConfigError("data=tokens: model.num_classes (the vocabulary size) must be set")
-    return (torch.randint(0, vocab, shape, generator=gen) for _ in itertools.count())
+    return ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count())
 
 
 def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -89,7 +111,7 @@ def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) 
     return torch.randint(0, classes, (n,), generator=gen)
 
 
-def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[torch.Tensor]:
+def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
     """Load one image or a folder of them as the torchvision ImageNet transforms would."""
     from PIL import Image
     from torchvision import transforms
@@ -119,4 +141,4 @@ def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterat
         except OSError as exc:
             raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
     batch = torch.stack(images)
-    return (batch.clone() for _ in itertools.count())  # a model may change its input in place
+    return ((batch.clone(), None) for _ in itertools.count())  # a model may change its input in place

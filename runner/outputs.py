@@ -47,20 +47,28 @@ STATS_SCHEMA = pa.schema(ID_FIELDS + [
 TENSORS_SCHEMA = pa.schema(ID_FIELDS + [pa.field("values", pa.large_list(pa.float32()))])
 STEPS_SCHEMA = pa.schema([
     pa.field("step", pa.int64()),
+    pa.field("split", pa.string()),
     pa.field("loss", pa.float64()),
     pa.field("wall_time_s", pa.float64()),
     pa.field("captures", pa.int64()),
 ])
-_STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype"]
-#: Tables are buffered up to this many bytes so that short steps do not make tiny row groups.
+_STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
+#: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
+#: this many bytes so that short steps do not make tiny row groups, then written as one row group.
 ROW_GROUP_BYTES = 64 << 20
 
 
 class ParquetSink:
-    """One parquet file streamed into a temporary sibling and renamed into place on ``commit``."""
+    """One parquet file streamed into a temporary sibling and renamed into place on ``commit``.
 
-    def __init__(self, path: Path, schema: pa.Schema, metadata: dict[str, str]) -> None:
+    At most ``row_group_bytes`` of rows wait in memory: a run's memory does not grow with its
+    number of steps, whatever it captures.
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema, metadata: dict[str, str],
+                 row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.path = path
+        self.row_group_bytes = row_group_bytes
         self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         self.schema = schema.with_metadata(metadata)
         self.rows = 0
@@ -74,7 +82,7 @@ class ParquetSink:
         self.rows += table.num_rows
         self._pending.append(table)
         self._pending_bytes += table.nbytes
-        if self._pending_bytes >= ROW_GROUP_BYTES:
+        if self._pending_bytes >= self.row_group_bytes:
             self._flush()
 
     def _flush(self) -> None:
@@ -108,8 +116,10 @@ class RunOutputs:
 
     FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
 
-    def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = ()) -> None:
+    def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = (),
+                 row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.out_dir = Path(out_dir)
+        self.row_group_bytes = row_group_bytes
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
         self._sinks: dict[str, ParquetSink] = {}
@@ -119,7 +129,7 @@ class RunOutputs:
         meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash}
         try:
             for name, schema in self.FILES.items():
-                self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta)
+                self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta, self.row_group_bytes)
         except BaseException:
             self._abort()
             raise
@@ -143,8 +153,13 @@ class RunOutputs:
         for sink in self._sinks.values():
             sink.abort()
 
-    def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float) -> None:
-        """Append one step: its statistics rows, its kept tensors and its ``steps`` row."""
+    def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
+                   split: str = "train") -> None:
+        """Append one step: its statistics rows, its kept tensors and its ``steps`` row.
+
+        ``split`` is ``train`` for a training (or measurement) step, ``eval`` for the eval passes
+        run after training step ``step``.
+        """
         n = len(captures)
         ids = _id_arrays(step, captures.columns, n)
         stats = [pa.array(captures.stats[c]) for c in STAT_COLUMNS]
@@ -155,7 +170,8 @@ class RunOutputs:
             self._sinks["tensors.parquet"].write(
                 pa.Table.from_arrays(kept_ids + [_values_array(captures.kept)], schema=TENSORS_SCHEMA))
         self._sinks["steps.parquet"].write(pa.Table.from_arrays(
-            [pa.array([step], pa.int64()), pa.array([float("nan") if loss is None else loss], pa.float64()),
+            [pa.array([step], pa.int64()), pa.array([split], pa.string()),
+             pa.array([float("nan") if loss is None else loss], pa.float64()),
              pa.array([wall_time_s], pa.float64()), pa.array([n], pa.int64())], schema=STEPS_SCHEMA))
 
     def _write_manifest(self) -> None:

@@ -1,0 +1,171 @@
+"""Training runs: the optimizer a config names, one training step, and eval passes without gradients.
+
+With ``optimizer=none`` (the default) every step is a measurement pass on the same weights: the
+gradients are computed, changed by the hooks and recorded, never applied. With ``sgd`` or ``adam``
+the optimizer steps after the hooks have done their work, so a gradient hook (``clip``) changes
+what the model learns and ``steps.parquet`` shows it in the loss curve.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from hooks import HookSession
+from hooks.errors import ConfigError, choice_error
+from hooks.recorder import Recorder, StepCaptures
+from hooks.registry import typed_config
+from runner.data import Batch
+from runner.losses import LossFn, first_tensor
+
+#: Data of eval passes come from the run's seed plus this, a stream disjoint from the training batches.
+EVAL_SEED_OFFSET = 1 << 20
+
+
+@dataclass
+class NoOptimizer:
+    name: str = "none"
+
+    def check(self) -> None:
+        """Nothing to check: no optimizer, no settings."""
+
+
+@dataclass
+class SGDConfig:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def check(self) -> None:
+        _non_negative(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if self.nesterov and self.momentum <= 0:
+            raise ConfigError(f"optimizer.nesterov: needs momentum > 0 (got optimizer.momentum={self.momentum})")
+
+
+@dataclass
+class AdamConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def check(self) -> None:
+        _non_negative(lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optimizer.betas: {list(self.betas)} must be two numbers in [0, 1)")
+
+
+OPTIMIZERS: dict[str, tuple[type, type[torch.optim.Optimizer] | None]] = {
+    "none": (NoOptimizer, None),
+    "sgd": (SGDConfig, torch.optim.SGD),
+    "adam": (AdamConfig, torch.optim.Adam),
+}
+
+
+def _non_negative(**values: float) -> None:
+    for key, value in values.items():
+        if not value >= 0:  # also rejects NaN
+            raise ConfigError(f"optimizer.{key}: {value} must be >= 0")
+    if "lr" in values and values["lr"] == 0:
+        raise ConfigError("optimizer.lr: 0 would train nothing; use optimizer=none for measurement passes")
+
+
+def optimizer_config(cfg: DictConfig | None) -> NoOptimizer | SGDConfig | AdamConfig:
+    """Validate the ``optimizer`` group (unknown name, unknown key, bad value) without a model."""
+    cfg = cfg if cfg is not None else DictConfig({"name": "none"})
+    name = cfg.get("name")
+    if name not in OPTIMIZERS:
+        raise choice_error("optimizer.name", name, OPTIMIZERS, "optimizer")
+    spec = typed_config("optimizer", OPTIMIZERS[name][0], cfg, f"key for optimizer '{name}'")
+    spec.check()
+    return spec
+
+
+def build_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig, model: nn.Module) -> torch.optim.Optimizer | None:
+    """The torch optimizer over ``model``'s trainable parameters; ``None`` for ``optimizer=none``."""
+    cls = OPTIMIZERS[spec.name][1]
+    if cls is None:
+        return None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError(f"optimizer: '{spec.name}' but the model has no trainable parameters")
+    kwargs = {k: v for k, v in asdict(spec).items() if k != "name"}
+    return cls(params, **kwargs)
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    """After every ``every`` training steps (0 = never), the same ``steps`` held-out batches without gradients."""
+
+    every: int = 0
+    steps: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> EvalSchedule:
+        every, steps = int(cfg.get("eval_every", 0)), int(cfg.get("eval_steps", 1))
+        if every < 0:
+            raise ConfigError(f"eval_every: {every} must be >= 0 (0 = no eval passes)")
+        if steps < 1:
+            raise ConfigError(f"eval_steps: {steps} must be at least 1")
+        return cls(every, steps)
+
+    def held_out(self, data: Iterator[Batch]) -> list[Batch]:
+        """The eval set: the first ``steps`` batches of ``data``, the same at every eval."""
+        return list(itertools.islice(data, self.steps)) if self.every else []
+
+    def due(self, step: int) -> bool:
+        """Whether eval passes follow training step ``step`` (steps count from 0)."""
+        return self.every > 0 and (step + 1) % self.every == 0
+
+
+Forward = Callable[[torch.Tensor], object]
+
+
+def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn | None,
+               session: HookSession, optimizer: torch.optim.Optimizer | None) -> float | None:
+    """One forward (and, with a loss, backward) pass; the optimizer steps after the hooks ran.
+
+    ``forward`` is the model or its compiled wrapper; ``model`` owns the parameters.
+    """
+    model.zero_grad(set_to_none=True)
+    if loss_fn is None:
+        with torch.no_grad():
+            forward(batch.x)
+        return None
+    loss = loss_fn(first_tensor(forward(batch.x)), batch.targets)
+    loss.backward()
+    session.after_backward()
+    if optimizer is not None:
+        optimizer.step()
+    return float(loss.detach())
+
+
+def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_fn: LossFn | None,
+                recorder: Recorder) -> tuple[StepCaptures, float | None]:
+    """Run the held-out batches in eval mode without gradients; return their captures and mean loss.
+
+    The captures are labelled phase ``eval`` (``call`` counts on across the batches), so they
+    never mix with the training step's forward rows.
+    """
+    was_training = model.training
+    model.eval()
+    losses = []
+    try:
+        with torch.no_grad():
+            for batch in held_out:
+                out = forward(batch.x)
+                if loss_fn is not None:
+                    losses.append(float(loss_fn(first_tensor(out), batch.targets)))
+    finally:
+        model.train(was_training)
+    captures = recorder.drain()
+    captures.columns["phase"] = ["eval"] * len(captures)
+    return captures, statistics.fmean(losses) if losses else None
