@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from hooks.base import HookSpec, HookType
+from hooks.base import HookSpec, HookType, observer
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import walk
 from hooks.registry import register
@@ -53,7 +53,7 @@ class Observe(HookType):
 
     def attach(self, model: nn.Module, session) -> None:
         for name, module in self.targets(model):
-            session.add(module.register_forward_hook(self._forward_hook(name, session.recorder)))
+            session.add(module.register_forward_hook(observer(self._forward_hook(name, session.recorder))))
 
     def _forward_hook(self, layer: str, recorder):
         hook, keep, kinds = self.name, self.keep, set(self.spec.kinds)
@@ -69,17 +69,18 @@ class Observe(HookType):
                     recorder.record(t, hook=hook, layer=layer, phase="forward", kind="output",
                                     slot=slot, call=call, keep=keep)
                 if "grad_output" in kinds and t.requires_grad:
-                    t.register_hook(_grad_recorder(recorder, hook, layer, slot, call, keep))
+                    t.register_hook(observer(self._grad_hook(recorder, layer, slot, call)))
 
         return on_forward
 
+    def _grad_hook(self, recorder, layer: str, slot: str, call: int):
+        hook, keep = self.name, self.keep
 
-def _grad_recorder(recorder, hook: str, layer: str, slot: str, call: int, keep: bool):
-    def on_grad(grad) -> None:
-        recorder.record(grad, hook=hook, layer=layer, phase="backward", kind="grad_output",
-                        slot=slot, call=call, keep=keep)
+        def on_grad(grad) -> None:
+            recorder.record(grad, hook=hook, layer=layer, phase="backward", kind="grad_output",
+                            slot=slot, call=call, keep=keep)
 
-    return on_grad
+        return on_grad
 
 
 @register("stats")
@@ -122,4 +123,4 @@ class Print(HookType):
                     recorder.record(t, hook=hook, layer=layer, phase="forward", kind="output",
                                     slot=slot, call=call)
 
-            session.add(module.register_forward_hook(on_forward))
+            session.add(module.register_forward_hook(observer(on_forward)))

@@ -1,6 +1,13 @@
-"""What ``python -m runner`` does with a composed config: run it, turning user errors into one line."""
+"""What ``python -m runner`` does with a composed config: run it, turning failures into one line.
+
+Exit status: 0 when every file and the manifest were written; 2 for a configuration error
+(nothing written); 1 for a run that failed (output not writable, ``on_nonfinite=error``);
+130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep a
+failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.sweep``).
+"""
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -8,17 +15,51 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hooks.errors import ConfigError
+from runner.nonfinite import NonFiniteError
+from runner.outputs import OutputError
 from runner.run import run
+from runner.signals import Terminated, sigterm_raises
+from runner.sweep import write_status
 
+EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
 EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+log = logging.getLogger(__name__)
 
 
-def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> None:
-    """Run the experiment; on a ``ConfigError`` print ``error: ...`` and exit non-zero."""
+def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], multirun: bool = False) -> None:
+    """Run the experiment; report a failure as ``error: ...`` on stderr and exit non-zero.
+
+    With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
+    """
     try:
-        run(cfg, out_dir, overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+        with sigterm_raises():
+            run(cfg, out_dir, overrides)
+    except (ConfigError, OutputError, NonFiniteError) as exc:
+        code = EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
+        _fail(str(exc), out_dir, overrides, multirun, code)
+        return
+    except KeyboardInterrupt:
+        print(f"error: interrupted; nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        print(f"error: terminated (SIGTERM); nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        raise
+    except Exception as exc:
+        if not multirun:
+            raise  # a bug in the model or the runner: Hydra prints the traceback and exits 1
+        log.exception("job failed")
+        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR)
+        return
+    if multirun:
+        write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+
+
+def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if not multirun:
+        sys.exit(code)
+    write_status(out_dir, overrides, message)

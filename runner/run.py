@@ -13,11 +13,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hooks import HookSession, build_hooks
+from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
 from runner.data import batches
-from runner.losses import first_tensor, get_loss
+from runner.losses import LossFn, first_tensor, get_loss
 from runner.models import build_model
-from runner.outputs import RunOutputs
+from runner.nonfinite import NonFiniteGuard
+from runner.outputs import RunOutputs, check_output_dir
+from runner.validate import check_config
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,12 +34,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> Path:
-    """Run ``cfg.steps`` forward/backward passes with the configured hooks; return ``out_dir``.
-
-    Everything that can be checked without running is checked before the first forward pass
-    (hook entries, loss, device, selectors), and nothing is written when a check fails.
-    """
+def check_hooks(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[list[HookType], LossFn | None]:
+    """Validate everything ``cfg`` says without a model; return the built hooks and the loss."""
+    check_config(cfg, overrides)
     hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
     loss_fn = get_loss(cfg.loss.name)
     if loss_fn is None:
@@ -44,24 +44,34 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
             if hook.needs_backward:
                 raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass but loss=none; "
                                   f"choose a loss (e.g. loss=sum) or drop the entry")
-    steps = int(cfg.steps)
-    if steps < 1:
-        raise ConfigError(f"steps: {steps} must be at least 1")
-    if cfg.mode not in ("train", "eval"):
-        raise choice_error("mode", cfg.mode, ("train", "eval"), "mode")
+    return hooks, loss_fn
+
+
+def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> Path:
+    """Run ``cfg.steps`` forward/backward passes with the configured hooks; return ``out_dir``.
+
+    Everything that can be checked without running is checked before the first forward pass
+    (keys, hook entries, loss, device, data, the output directory, selectors), and nothing is
+    written when a check fails. ``cfg.on_nonfinite`` decides what NaN/Inf in a step does.
+    """
+    hooks, loss_fn = check_hooks(cfg, overrides)
     device = resolve_device(cfg.device)
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, cfg.overwrite)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model).to(device).train(cfg.mode == "train")
     data = batches(cfg.data, cfg.model, int(cfg.seed), device)
-    out_dir = Path(out_dir)
+    guard = NonFiniteGuard(cfg.on_nonfinite)
     with HookSession(model, hooks) as session:
-        with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides) as outputs:
-            for step in range(steps):
+        with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides, cfg.overwrite) as outputs:
+            for step in range(int(cfg.steps)):
                 batch = next(data)
                 start = time.perf_counter()
                 loss = _forward_backward(model, batch, loss_fn, session)
                 wall = time.perf_counter() - start
-                outputs.write_step(step, session.recorder.drain(), loss, wall)
+                captures = session.recorder.drain()
+                guard.check(step, captures, loss)
+                outputs.write_step(step, captures, loss, wall)
     return out_dir
 
 

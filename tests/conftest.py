@@ -7,6 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
+from torch.nn.modules import module as module_globals
 
 import runner.analysis as analysis
 from runner.run import run
@@ -40,22 +41,89 @@ def stats_of(run_dir: Path, **where):
     return df.reset_index(drop=True)
 
 
-def hook_count(model: nn.Module) -> int:
-    """Every hook PyTorch keeps for ``model``: per module, per parameter and global."""
-    from torch.nn.modules import module as M
-    from torch.utils import hooks as H  # noqa: F401
+def _entries(hooks: dict | None) -> tuple:
+    return tuple((key, id(fn)) for key, fn in (hooks or {}).items())
 
-    total = 0
-    for m in model.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_state_dict_hooks", "_load_state_dict_pre_hooks"):
-            total += len(getattr(m, attr, {}) or {})
-    for p in model.parameters():
-        total += len(p._backward_hooks or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks"):
-        total += len(getattr(M, name))
-    return total
+
+def hook_snapshot(model: nn.Module | None = None) -> dict[str, tuple]:
+    """Every hook dict PyTorch keeps, as ``{where: ((handle id, id(fn)), ...)}``.
+
+    Covers each module's dicts (every attribute with ``hook`` in its name: forward, pre,
+    kwargs, always-called, backward, state-dict ...), each parameter's tensor and
+    post-accumulate-grad hooks, and the global dicts of ``torch.nn.modules.module``. Found by
+    name, so dicts a later PyTorch adds are covered too. Comparing two snapshots tells whether
+    anything was added, removed or replaced, also among hooks the runner does not own.
+    """
+    snap: dict[str, tuple] = {}
+    if model is not None:
+        for name, module in model.named_modules(remove_duplicate=False):
+            for attr, value in vars(module).items():
+                if "hook" in attr and isinstance(value, dict):
+                    snap[f"module '{name}'.{attr}"] = _entries(value)
+        for name, param in model.named_parameters(remove_duplicate=False):
+            for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                snap[f"parameter '{name}'.{attr}"] = _entries(getattr(param, attr, None))
+    for attr, value in vars(module_globals).items():
+        if attr.startswith("_global") and "hook" in attr and isinstance(value, dict):
+            snap[f"torch.nn.modules.module.{attr}"] = _entries(value)
+    return snap
+
+
+def hook_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """Where two snapshots differ, as ``where: before -> after`` lines (empty when equal)."""
+    return [f"{k}: {before.get(k, ())} -> {after.get(k, ())}" for k in sorted(before.keys() | after.keys())
+            if before.get(k, ()) != after.get(k, ())]
+
+
+def hook_count(model: nn.Module) -> int:
+    """How many hooks PyTorch keeps for ``model``: per module, per parameter and global."""
+    return sum(len(v) for v in hook_snapshot(model).values())
+
+
+class Watch:
+    """The models the runner built during a test, each with the hooks it had when built."""
+
+    def __init__(self) -> None:
+        self.models: list[tuple[nn.Module, dict[str, tuple]]] = []
+        self.globals = hook_snapshot()
+        self.forwards = 0
+
+    def assert_untouched(self) -> None:
+        """Every hook dict of every built model, and the global ones, are exactly as before."""
+        for model, before in self.models:
+            assert not hook_changes(before, hook_snapshot(model)), hook_changes(before, hook_snapshot(model))
+        assert not hook_changes(self.globals, hook_snapshot())
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    """Wrap ``runner.run.build_model``: each model gets a hook of its own (a user's hook that must
+    survive the run; it counts forward passes) and a snapshot of its hook dicts. At teardown,
+    every model and the global dicts must be exactly as they were."""
+    import runner.run
+
+    watched, build = Watch(), runner.run.build_model
+
+    def count_forward(module, args) -> None:
+        watched.forwards += 1
+
+    def build_and_watch(cfg):
+        model = build(cfg)
+        model.register_forward_pre_hook(count_forward)
+        watched.models.append((model, hook_snapshot(model)))
+        return model
+
+    monkeypatch.setattr(runner.run, "build_model", build_and_watch)
+    yield watched
+    watched.assert_untouched()
+
+
+def assert_no_partial_output(out: Path) -> None:
+    """``out`` holds no parquet file, no manifest and no temporary file (or does not exist)."""
+    if out.exists():
+        left = sorted(p.name for p in out.iterdir()
+                      if p.suffix == ".parquet" or p.name == "manifest.json" or ".tmp-" in p.name)
+        assert not left, f"partial output left in {out}: {left}"
 
 
 def seeded_batch(shape, seed: int = 0) -> torch.Tensor:

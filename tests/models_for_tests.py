@@ -64,3 +64,28 @@ class TwoOutputs(Tracked):
 class Splitter(nn.Module):
     def forward(self, x: torch.Tensor):
         return x * 2, {"half": x / 2, "none": None}
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.log()
+
+
+class PoisonedAtStep2(Tracked):
+    """fc1 -> log -> fc2; from the third forward on, ``log`` gets negative input and yields NaN."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 3)
+        self.log = Log()
+        self.fc2 = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x).abs() + 1
+        if self.calls >= 2:
+            h = -h
+        self.calls += 1
+        return self.fc2(self.log(h))

@@ -1,0 +1,109 @@
+"""Sweeps that fail early and report every failed job: a Hydra callback and per-job status files.
+
+Hydra's basic sweeper only checks that each job's config composes. ``SweepCheck`` composes every
+job's config before the first one runs and applies the runner's own checks to each (keys, hook
+entries, loss, selectors against the model built on the meta device, so no weights are
+allocated): a sweep with one bad job is rejected, listing every bad job, before it wastes the
+night. What can only fail at run time (a NaN with ``on_nonfinite=error``, a full disk) is written
+to the job's ``status.json``; the other jobs run on and the sweep ends with a list of the failed
+jobs' overrides and a non-zero exit. (Hydra would stop at the first failed job's batch and skip
+``on_multirun_end``, so jobs report through files instead of exceptions.)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from hooks import HookSession
+from hooks.errors import ConfigError
+from runner.data import batches
+from runner.models import build_model
+from runner.run import check_hooks, resolve_device
+
+STATUS = "status.json"
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def check_job(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """Every check a job would make before its first forward pass, without running it.
+
+    The model is built on the meta device (shapes only) to resolve selectors; a model that
+    cannot be built that way (a checkpoint, downloaded weights) is checked by the job itself.
+    """
+    hooks, _ = check_hooks(cfg, overrides)
+    resolve_device(cfg.device)
+    batches(cfg.data, cfg.model, int(cfg.seed), torch.device("cpu"))
+    if cfg.model.get("checkpoint") or cfg.model.get("weights"):
+        return
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg.model)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - a model that needs real tensors to build: the job reports it
+        return
+    with HookSession(model, hooks):
+        pass
+
+
+def job_overrides(config: DictConfig) -> list[list[str]] | None:
+    """The overrides of every job of this multirun, as the basic sweeper will expand them."""
+    if config.hydra.sweeper.get("_target_") != _BASIC_SWEEPER:
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    params = config.hydra.sweeper.get("params") or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None) -> None:
+    """Record how one job of a sweep ended (``error`` is ``None`` on success)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    status = {"status": "failed" if error else "ok", "overrides": list(overrides), "error": error}
+    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+
+
+class SweepCheck(Callback):
+    """Rejects a multirun with a bad job before any job runs; reports failed jobs at the end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        jobs = job_overrides(config)
+        if jobs is None:
+            return
+        loader = GlobalHydra.instance().config_loader()
+        bad = []
+        for num, overrides in enumerate(jobs):
+            try:
+                check_job(loader.load_sweep_config(config, overrides), overrides)
+            except ConfigError as exc:
+                bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
+            except HydraException:
+                continue  # Hydra reports composition errors itself, before launching
+        if bad:
+            print(f"error: sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid",
+                  file=sys.stderr)
+            for line in bad:
+                print(f"error: {line}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        statuses = [json.loads(p.read_text()) for p in sorted(Path(config.hydra.sweep.dir).rglob(STATUS))]
+        failed = [s for s in statuses if s["status"] != "ok"]
+        if failed:
+            print(f"error: {len(failed)} of {len(statuses)} jobs failed:", file=sys.stderr)
+            for s in failed:
+                print(f"error: {' '.join(s['overrides'])}: {s['error']}", file=sys.stderr)
+            sys.exit(1)
