@@ -1,6 +1,7 @@
 """Shared fixtures: configs composed with Hydra's compose API, runs into tmp_path, leak checks."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,8 @@ class Watch:
         self.models: list[tuple[nn.Module, dict[str, tuple]]] = []
         self.globals = hook_snapshot()
         self.forwards = 0
+        #: Called on each model right after it is built (e.g. to make a layer fail).
+        self.prepare: Callable[[nn.Module], None] = lambda model: None
 
     def assert_untouched(self) -> None:
         """Every hook dict of every built model, and the global ones, are exactly as before."""
@@ -109,6 +112,7 @@ def watch(monkeypatch):
 
     def build_and_watch(cfg):
         model = build(cfg)
+        watched.prepare(model)
         model.register_forward_pre_hook(count_forward)
         watched.models.append((model, hook_snapshot(model)))
         return model

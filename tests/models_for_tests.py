@@ -89,3 +89,24 @@ class PoisonedAtStep2(Tracked):
             h = -h
         self.calls += 1
         return self.fc2(self.log(h))
+
+
+class MiniResNet(Tracked):
+    """A resnet's names and traps at toy size: ``conv1``, ``bn1``, one in-place ``relu`` called
+    twice, a residual ``layer4``, ``avgpool`` and the ``fc`` head, so every hook preset applies."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer4 = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.layer4(x) + x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))

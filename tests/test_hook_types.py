@@ -1,4 +1,4 @@
-"""Every registered hook type has a preset, runs from it, and leaves the model as it found it."""
+"""Every registered hook type has a preset and runs from it on resnet18 (faults: test_isolation.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import hook_count, make_config
 from hooks import HOOK_TYPES
-from models_for_tests import Exploding, Interrupted, TrackedResNet18
+from models_for_tests import TrackedResNet18
 from runner.run import run
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
@@ -28,16 +28,3 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
     assert (out / "manifest.json").is_file()
     (model,) = TrackedResNet18.instances
     assert hook_count(model) == 0
-
-
-@pytest.mark.parametrize("preset", HOOK_PRESETS)
-@pytest.mark.parametrize("model_cls", [Exploding, Interrupted], ids=["exception", "ctrl-c"])
-def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls):
-    model_cls.instances.clear()
-    cfg = make_config(f"hooks={preset}", "model=custom", f"model._target_=models_for_tests.{model_cls.__name__}",
-                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc")
-    with pytest.raises(model_cls.error):
-        run(cfg, tmp_path / "out")
-    (model,) = model_cls.instances
-    assert hook_count(model) == 0
-    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

@@ -1,0 +1,157 @@
+"""A run leaves the model as it found it, and what it captured cannot be changed or leak memory.
+
+The leak matrix runs every hook preset (and so every registered hook type, see
+``test_every_hook_type_has_a_preset``) on success, an exception in the model, an exception inside
+a hook and Ctrl-C; the ``watch`` fixture then compares every hook dict of every module and
+parameter, and the global ones, with a snapshot taken when the model was built.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from conftest import assert_no_partial_output, make_config, seeded_batch
+from hooks import HOOK_TYPES, HookSession, build_hooks, register
+from hooks.observe import Stats
+from hooks.recorder import Recorder
+from runner import analysis
+from runner.run import run
+
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
+SMALL_RESNET = ("model=resnet18", "data.shape=[2,3,32,32]")
+MINI_RESNET = ("model=custom", "model._target_=models_for_tests.MiniResNet", "model.head=fc", "data.shape=[2,3,8,8]")
+
+
+def _raise(error: type[BaseException]):
+    def fail(*args, **kwargs):
+        raise error("injected fault")
+
+    return fail
+
+
+def _fail_in_model(error: type[BaseException]):
+    def prepare(model: nn.Module) -> None:
+        model.fc.forward = _raise(error)  # the last layer: every earlier hook has fired
+
+    return prepare
+
+
+SCENARIOS = {
+    "success": None,
+    "exception-in-model": (RuntimeError, _fail_in_model(RuntimeError), None),
+    "exception-in-hook": (RuntimeError, None, _raise(RuntimeError)),
+    "ctrl-c": (KeyboardInterrupt, _fail_in_model(KeyboardInterrupt), None),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypatch, preset, scenario):
+    cfg = make_config(f"hooks={preset}", *MINI_RESNET)
+    out = tmp_path / "out"
+    if SCENARIOS[scenario] is None:
+        run(cfg, out)
+        assert (out / "manifest.json").is_file()
+    else:
+        if preset == "none" and scenario == "exception-in-hook":
+            pytest.skip("hooks=none has no hook to fail")
+        error, prepare, record = SCENARIOS[scenario]
+        if prepare:
+            watch.prepare = prepare
+        if record:
+            monkeypatch.setattr(Recorder, "record", record)
+        with pytest.raises(error, match="injected fault"):
+            run(cfg, out)
+        assert_no_partial_output(out)
+    (model, _), = watch.models
+    watch.assert_untouched()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.fixture
+def meddling():
+    """A ``stats`` hook type whose callbacks return values, as careless observer code might."""
+
+    class Meddling(Stats):
+        def _forward_hook(self, layer, recorder):
+            record = super()._forward_hook(layer, recorder)
+
+            def on_forward(module, args, output):
+                record(module, args, output)
+                return torch.zeros_like(output)
+
+            return on_forward
+
+        def _grad_hook(self, recorder, layer, slot, call):
+            record = super()._grad_hook(recorder, layer, slot, call)
+
+            def on_grad(grad):
+                record(grad)
+                return grad * 1000
+
+            return on_grad
+
+    register("meddling")(Meddling)
+    yield "meddling"
+    del HOOK_TYPES["meddling"]
+
+
+def test_observer_return_values_change_neither_outputs_nor_gradients(meddling):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    reference = model(x)
+    reference.sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    hooks = build_hooks({"m": {"type": meddling, "layers": "**", "kinds": ["output", "grad_output"]}})
+    with HookSession(model, hooks) as session:
+        out = model(x)
+        out.sum().backward()
+        captures = session.recorder.drain()
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    for p, want in zip(model.parameters(), want_grads):
+        torch.testing.assert_close(p.grad, want, rtol=0, atol=0)
+    assert len(captures) == 8  # 4 modules (with the Sequential) x output and output gradient: it did record
+
+
+def test_capture_is_not_changed_by_a_later_inplace_relu(run_with, watch):
+    """torchvision's resnet applies ReLU(inplace=True) to bn1's output right after it is captured."""
+    out = run_with(*SMALL_RESNET, "hooks=extract", "hooks.extract.layers=[bn1]")
+    (model, _), = watch.models
+    assert model.relu.inplace
+    want = []
+    oracle = model.bn1.register_forward_hook(lambda m, a, o: want.append(o.detach().clone()))
+    model.train()  # as the run: batch statistics
+    model(seeded_batch([2, 3, 32, 32]))
+    oracle.remove()
+    (got,) = analysis.load_tensors(out).tensor
+    assert got.min() < 0  # a capture that aliased the output would have been ReLU'd to >= 0
+    torch.testing.assert_close(torch.from_numpy(got), want[0])
+
+
+def test_captures_hold_no_graph_and_own_their_memory():
+    """Nothing captured keeps a grad_fn: the activations saved for backward are freed with the graph."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+    saved = []
+    model[1].register_forward_hook(lambda m, a, o: saved.append(weakref.ref(o)))
+    hooks = build_hooks({"keep": {"type": "capture", "layers": "**", "kinds": ["input", "output"]}})
+    gc.disable()
+    try:
+        with HookSession(model, hooks) as session:
+            out = model(torch.randn(32, 64, requires_grad=True))
+            captures = session.recorder.drain()
+        assert saved[0]() is not None  # alive while the graph is
+        del out
+        assert saved[0]() is None  # freed by reference counting alone: no capture holds the graph
+    finally:
+        gc.enable()
+    assert captures.kept and all(t.grad_fn is None and not t.requires_grad for t in captures.kept)
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in captures.kept)
+    assert len(model._forward_hooks) == 0 and len(model[1]._forward_hooks) == 1
