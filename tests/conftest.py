@@ -1,7 +1,8 @@
 """Shared fixtures: configs composed with Hydra's compose API, runs into tmp_path, leak checks."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -98,11 +99,11 @@ class Watch:
         assert not hook_changes(self.globals, hook_snapshot())
 
 
-@pytest.fixture
-def watch(monkeypatch):
-    """Wrap ``runner.run.build_model``: each model gets a hook of its own (a user's hook that must
-    survive the run; it counts forward passes) and a snapshot of its hook dicts. At teardown,
-    every model and the global dicts must be exactly as they were."""
+@contextlib.contextmanager
+def watching() -> Iterator[Watch]:
+    """Within the block, ``runner.run.build_model`` gives each model a hook of its own (a user's
+    hook that must survive the run; it counts forward passes) and records a snapshot of its hook
+    dicts in the ``Watch`` it yields."""
     import runner.run
 
     watched, build = Watch(), runner.run.build_model
@@ -117,8 +118,19 @@ def watch(monkeypatch):
         watched.models.append((model, hook_snapshot(model)))
         return model
 
-    monkeypatch.setattr(runner.run, "build_model", build_and_watch)
-    yield watched
+    runner.run.build_model = build_and_watch
+    try:
+        yield watched
+    finally:
+        runner.run.build_model = build
+
+
+@pytest.fixture
+def watch():
+    """``watching()`` for one test; at teardown every built model and the global hook dicts
+    must be exactly as they were."""
+    with watching() as watched:
+        yield watched
     watched.assert_untouched()
 
 
