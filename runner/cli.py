@@ -7,6 +7,7 @@ failed job is recorded in its ``status.json`` and the sweep goes on (see ``runne
 """
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -19,12 +20,13 @@ from runner.nonfinite import NonFiniteError
 from runner.outputs import OutputError
 from runner.run import run
 from runner.signals import Terminated, sigterm_raises
-from runner.sweep import write_status
 
 EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: Per-job status file of a sweep: how the job ended (see ``runner.sweep``).
+STATUS = "status.json"
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
         with sigterm_raises():
             run(cfg, out_dir, overrides)
     except (ConfigError, OutputError, NonFiniteError) as exc:
-        code = EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
-        _fail(str(exc), out_dir, overrides, multirun, code)
+        _fail(str(exc), out_dir, overrides, multirun, failure_code(exc))
         return
     except KeyboardInterrupt:
         print(f"error: interrupted; nothing of this run was written to '{out_dir}'", file=sys.stderr)
@@ -56,6 +57,19 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     if multirun:
         write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+
+
+def failure_code(exc: Exception) -> int:
+    """The exit status for a failure the runner reports in one line."""
+    return EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
+
+
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None) -> None:
+    """Record how one job of a sweep ended (``error`` is ``None`` on success)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    status = {"status": "failed" if error else "ok", "overrides": list(overrides), "error": error}
+    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
 
 
 def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int) -> None:

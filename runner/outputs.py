@@ -105,7 +105,8 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> None:
     """
     if (out_dir / MANIFEST).exists() and not overwrite:
         raise ConfigError(f"overwrite: '{out_dir}' already holds a complete run ({MANIFEST}); "
-                          f"pass overwrite=true to replace it, or choose another hydra.run.dir")
+                          f"pass overwrite=true to replace it, or choose another directory "
+                          f"(hydra.run.dir, hydra.sweep.dir)")
     existing = out_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

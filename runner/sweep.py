@@ -1,6 +1,6 @@
-"""Sweeps that fail early and report every failed job: a Hydra callback and per-job status files.
+"""Runs and sweeps that fail early and report every failed job: a Hydra callback and status files.
 
-Hydra's basic sweeper only checks that each job's config composes. ``SweepCheck`` composes every
+Hydra's basic sweeper only checks that each job's config composes. ``EarlyChecks`` composes every
 job's config before the first one runs and applies the runner's own checks to each (keys, hook
 entries, loss, selectors against the model built on the meta device, so no weights are
 allocated): a sweep with one bad job is rejected, listing every bad job, before it wastes the
@@ -22,15 +22,15 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from hooks import HookSession
 from hooks.errors import ConfigError
+from runner.cli import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code
 from runner.data import batches
 from runner.models import build_model
+from runner.outputs import OutputError, check_output_dir
 from runner.run import check_hooks, resolve_device
-
-STATUS = "status.json"
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
@@ -68,42 +68,53 @@ def job_overrides(config: DictConfig) -> list[list[str]] | None:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None) -> None:
-    """Record how one job of a sweep ended (``error`` is ``None`` on success)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    status = {"status": "failed" if error else "ok", "overrides": list(overrides), "error": error}
-    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+def _report(problems: list[str], headline: str | None, code: int) -> None:
+    if headline:
+        print(f"error: {headline}", file=sys.stderr)
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    sys.exit(code)
 
 
-class SweepCheck(Callback):
-    """Rejects a multirun with a bad job before any job runs; reports failed jobs at the end."""
+class EarlyChecks(Callback):
+    """Checks that run before Hydra creates any directory, and the end-of-sweep report.
+
+    A single run is checked (config, selectors, output directory) before Hydra writes ``.hydra/``
+    into its directory, so a rejected run, or one refused because the directory holds a complete
+    run, leaves that directory as it was. A sweep is rejected when any of its jobs would be.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_job(config, list(config.hydra.overrides.task))
+            check_output_dir(Path(config.hydra.run.dir), bool(config.overwrite))
+        except (ConfigError, OutputError) as exc:
+            _report([str(exc)], None, failure_code(exc))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = job_overrides(config)
         if jobs is None:
             return
         loader = GlobalHydra.instance().config_loader()
-        bad = []
+        bad, code = [], EXIT_CONFIG_ERROR
         for num, overrides in enumerate(jobs):
             try:
-                check_job(loader.load_sweep_config(config, overrides), overrides)
-            except ConfigError as exc:
+                job = loader.load_sweep_config(config, overrides)
+                with open_dict(job):
+                    job.hydra.job.num = job.hydra.job.id = num
+                check_job(job, overrides)
+                check_output_dir(Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir), bool(job.overwrite))
+            except (ConfigError, OutputError) as exc:
                 bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
+                code = max(code, failure_code(exc))
             except HydraException:
                 continue  # Hydra reports composition errors itself, before launching
         if bad:
-            print(f"error: sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid",
-                  file=sys.stderr)
-            for line in bad:
-                print(f"error: {line}", file=sys.stderr)
-            sys.exit(2)
+            _report(bad, f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         statuses = [json.loads(p.read_text()) for p in sorted(Path(config.hydra.sweep.dir).rglob(STATUS))]
         failed = [s for s in statuses if s["status"] != "ok"]
         if failed:
-            print(f"error: {len(failed)} of {len(statuses)} jobs failed:", file=sys.stderr)
-            for s in failed:
-                print(f"error: {' '.join(s['overrides'])}: {s['error']}", file=sys.stderr)
-            sys.exit(1)
+            _report([f"{' '.join(s['overrides'])}: {s['error']}" for s in failed],
+                    f"{len(failed)} of {len(statuses)} jobs failed:", EXIT_RUN_ERROR)

@@ -110,3 +110,17 @@ class MiniResNet(Tracked):
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.relu(self.layer4(x) + x)
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class SelfTerminated(Exploding):
+    """As ``Exploding``, but the process receives SIGTERM in the middle of the forward pass."""
+
+    instances: list[nn.Module] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+        import signal
+
+        self.fc(x)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt the forward pass")

@@ -136,6 +136,15 @@ def test_ctrl_c_in_the_model_exits_130(fault):
     assert outcome.stderr.startswith("error: interrupted; nothing of this run was written to ")
 
 
+def test_sigterm_in_the_model_exits_143_and_restores_the_default_handler(fault):
+    before = signal.getsignal(signal.SIGTERM)
+    outcome = fault("model=custom", "model._target_=models_for_tests.SelfTerminated", "data.shape=[2,3]",
+                    "hooks=[stats,clip]", "hooks.stats.layers=**", "hooks.clip.layers=fc", forwards=1)
+    assert outcome.code == 143
+    assert outcome.stderr.startswith("error: terminated (SIGTERM); nothing of this run was written to ")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
 def test_fault_inside_a_hook_removes_every_hook_and_writes_nothing(fault, tmp_path, monkeypatch, raised):
     def broken(*args, **kwargs):
@@ -196,7 +205,7 @@ def test_complete_run_is_not_overwritten_unless_asked(capsys, tmp_path, watch):
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == (
         f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
-        f"replace it, or choose another hydra.run.dir")
+        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert watch.forwards == 1  # the first run's only
     run(make_config("model=convnet", "hooks=stats", "overwrite=true"), out)
@@ -325,3 +334,19 @@ def test_sweep_job_failing_at_run_time_is_reported_and_the_others_complete(tmp_p
     assert (sweep / "0" / "manifest.json").exists() and (sweep / "2" / "manifest.json").exists()
     assert_no_partial_output(sweep / "1")
     assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_complete_run_before_hydra_touches_its_directory(tmp_path):
+    out = tmp_path / "done"
+    run(make_config("model=convnet"), out)
+    (out / ".hydra").mkdir()
+    (out / ".hydra" / "config.yaml").write_text("the finished run's config\n")
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    proc = subprocess.run([sys.executable, "-m", "runner", "model=convnet", "hooks=stats", f"hydra.run.dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
+        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
