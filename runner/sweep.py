@@ -85,6 +85,8 @@ class EarlyChecks(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("plan"):
+            return  # a plan reports bad selectors itself, next to the module table
         try:
             check_job(config, list(config.hydra.overrides.task))
             check_output_dir(Path(config.hydra.run.dir), bool(config.overwrite))

@@ -26,28 +26,25 @@ _NOT_SETTINGS = ("defaults", "hydra")
 
 
 @lru_cache(maxsize=None)
-def _yaml_keys(path: Path) -> frozenset[str]:
-    return frozenset(OmegaConf.load(path).keys())
-
-
-def top_level_keys() -> set[str]:
+def top_level_keys() -> frozenset[str]:
     """Keys ``conf/config.yaml`` defines or composes (its settings and its default groups)."""
     main = OmegaConf.load(CONF_DIR / "config.yaml")
     keys = {str(k) for k in main.keys() if k not in _NOT_SETTINGS}
     for entry in main.get("defaults", []):
         if isinstance(entry, (Mapping, DictConfig)):
             keys.update(str(k) for k in entry.keys())
-    return keys
+    return frozenset(keys)
 
 
-def _group_keys(group: str, **where: object) -> set[str]:
-    """Union of the keys of the ``conf/GROUP/*.yaml`` options whose values match ``where``."""
+@lru_cache(maxsize=None)
+def _group_keys(group: str, kind: str | None = None) -> frozenset[str]:
+    """Union of the keys of the ``conf/GROUP/*.yaml`` options (only those of ``kind`` if given)."""
     keys: set[str] = set()
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         option = OmegaConf.load(path)
-        if all(option.get(k) == v for k, v in where.items()):
-            keys |= _yaml_keys(path)
-    return keys
+        if kind is None or option.get("kind") == kind:
+            keys.update(str(k) for k in option.keys())
+    return frozenset(keys)
 
 
 def _unknown_keys(keys: Iterable, prefix: str, known: Iterable[str], what: str) -> None:
@@ -84,7 +81,7 @@ def check_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     if "_target_" not in cfg.model.keys():  # a constructor takes any key; a named model only these
         _unknown_keys(cfg.model.keys(), "model.", RUN_KEYS, f"key for model '{cfg.model.get('name')}'")
     kind = cfg.data.get("kind")
-    data_keys = _group_keys("data", kind=kind)
+    data_keys = _group_keys("data", str(kind))
     if data_keys:  # an unknown kind is reported by runner.data with the valid kinds
         _unknown_keys(cfg.data.keys(), "data.", data_keys, f"key for data kind '{kind}'")
     _unknown_keys(cfg.loss.keys(), "loss.", _group_keys("loss"), "key for losses")

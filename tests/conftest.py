@@ -52,7 +52,8 @@ def hook_snapshot(model: nn.Module | None = None) -> dict[str, tuple]:
 
     Covers each module's dicts (every attribute with ``hook`` in its name: forward, pre,
     kwargs, always-called, backward, state-dict ...), each parameter's tensor and
-    post-accumulate-grad hooks, and the global dicts of ``torch.nn.modules.module``. Found by
+    post-accumulate-grad hooks, the global dicts of ``torch.nn.modules.module`` and the
+    innermost open ``saved_tensors_hooks`` pair. Found by
     name, so dicts a later PyTorch adds are covered too. Comparing two snapshots tells whether
     anything was added, removed or replaced, also among hooks the runner does not own.
     """
@@ -68,6 +69,8 @@ def hook_snapshot(model: nn.Module | None = None) -> dict[str, tuple]:
     for attr, value in vars(module_globals).items():
         if attr.startswith("_global") and "hook" in attr and isinstance(value, dict):
             snap[f"torch.nn.modules.module.{attr}"] = _entries(value)
+    saved = torch._C._autograd._top_saved_tensors_default_hooks(False)  # an open saved_tensors_hooks
+    snap["torch.autograd.graph.saved_tensors_hooks"] = () if saved is None else tuple(map(id, saved))
     return snap
 
 
