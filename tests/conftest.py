@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 import runner.analysis as analysis
+from runner.cli import execute
 from runner.run import run
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -148,3 +150,33 @@ def assert_no_partial_output(out: Path) -> None:
 def seeded_batch(shape, seed: int = 0) -> torch.Tensor:
     """The first ``randn`` batch the runner draws for ``seed``."""
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+@dataclass
+class Outcome:
+    code: int
+    stderr: str
+
+
+@pytest.fixture
+def fault(tmp_path, watch, capsys):
+    """Run the CLI's ``execute`` on overrides (model=convnet unless a model is given) expecting it to
+    exit; check the one-line message, the hook dicts, the forward count and that no partial output
+    is left; return the exit status and the message."""
+
+    def _run(*overrides: str, out: Path | None = None, forwards: int | None = 0) -> Outcome:
+        overrides = overrides if any(o.startswith(("model=", "model.name=")) for o in overrides) \
+            else ("model=convnet", *overrides)
+        out = out or tmp_path / "out"
+        with pytest.raises(SystemExit) as exit_:
+            execute(make_config(*overrides), out, overrides)
+        stderr = capsys.readouterr().err.strip()
+        assert len(stderr.splitlines()) == 1, stderr
+        assert "Traceback" not in stderr
+        watch.assert_untouched()
+        if forwards is not None:
+            assert watch.forwards == forwards
+        assert_no_partial_output(out)
+        return Outcome(exit_.value.code, stderr)
+
+    return _run

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -25,34 +24,6 @@ from runner.cli import execute
 from runner.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Outcome:
-    code: int
-    stderr: str
-
-
-@pytest.fixture
-def fault(tmp_path, watch, capsys):
-    """Run ``execute`` on overrides (model=convnet unless a model is given); return how it ended."""
-
-    def _run(*overrides: str, out: Path | None = None, forwards: int | None = 0) -> Outcome:
-        overrides = overrides if any(o.startswith(("model=", "model.name=")) for o in overrides) \
-            else ("model=convnet", *overrides)
-        out = out or tmp_path / "out"
-        with pytest.raises(SystemExit) as exit_:
-            execute(make_config(*overrides), out, overrides)
-        stderr = capsys.readouterr().err.strip()
-        assert len(stderr.splitlines()) == 1, stderr
-        assert "Traceback" not in stderr
-        watch.assert_untouched()
-        if forwards is not None:
-            assert watch.forwards == forwards
-        assert_no_partial_output(out)
-        return Outcome(exit_.value.code, stderr)
-
-    return _run
 
 
 CONFIG_ERRORS = [
