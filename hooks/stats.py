@@ -20,10 +20,11 @@ STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan
 def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     """Raw reductions of ``x`` (see ``RAW``) as a float64 vector on ``x``'s device.
 
-    Sums run in float32 (float64 for float64 input): PyTorch's CPU sum is a cascade sum, accurate
-    to ~1e-7 relative, and 50x faster than accumulating in float64. fp16/bf16/int/bool inputs
-    are widened first, so nothing overflows. Counts use ``count_nonzero``, the one fast boolean
-    reduction: ``x - x`` is non-zero exactly at NaN and ±Inf, ``x != x`` exactly at NaN.
+    Sums run in float32 (float64 for float64, int32 and int64 input, which float32 would round
+    past 2**24): PyTorch's CPU sum is a cascade sum, accurate to ~1e-7 relative, and 50x faster
+    than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
+    so nothing overflows. Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x``
+    is non-zero exactly at NaN and ±Inf, ``x != x`` exactly at NaN.
     Sums are taken around the first element (``shift``), so the variance of a tensor whose
     mean dwarfs its spread does not cancel to noise.
     """
@@ -34,8 +35,8 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         nan = float("nan")
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
     flat = x.reshape(-1)
-    if flat.dtype != torch.float64:
-        flat = flat.float()
+    if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
+        flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
     n = flat.numel()
     lo, hi = torch.aminmax(flat)
     nonfinite = torch.count_nonzero(flat - flat)

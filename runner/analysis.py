@@ -3,7 +3,10 @@
 A run directory is one that holds ``manifest.json`` (written last, so only complete runs are
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
-``hooks.clip.max``), so a sweep is one table to group by.
+``hooks.clip.max``), so a sweep is one table to group by. Each file is read on its own and the
+frames are concatenated, so a column that only some jobs wrote is kept (NaN in the rows of the
+others); pyarrow's dataset readers would take the first file's schema and drop it. Values are
+converted from Arrow to numpy directly, so a NaN stays a NaN.
 
 Example:
     >>> df = load_stats("outputs/multirun/2026-11-22/10-00-00")
@@ -74,7 +77,8 @@ def overrides_of(run_dir: Path) -> dict[str, Any]:
 def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any) -> pd.DataFrame:
     frames = []
     for run_dir in run_dirs(path):
-        table = pq.read_table(run_dir / name, columns=list(columns) if columns else None, filters=filters)
+        present = [c for c in columns if c in pq.read_schema(run_dir / name).names] if columns else None
+        table = pq.read_table(run_dir / name, columns=present, filters=filters)
         df = table.to_pandas()
         for key, value in overrides_of(run_dir).items():
             if key not in df.columns:

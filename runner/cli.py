@@ -1,6 +1,14 @@
-"""What ``python -m runner`` does with a composed config: run it, turning user errors into one line."""
+"""What ``python -m runner`` does with a composed config: run it, turning failures into one line.
+
+Exit status: 0 when every file and the manifest were written; 2 for a configuration error
+(nothing written); 1 for a run that failed (output not writable, ``on_nonfinite=error``);
+130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep a
+failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.sweep``).
+"""
 from __future__ import annotations
 
+import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -8,32 +16,78 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hooks.errors import ConfigError
+from runner.nonfinite import NonFiniteError
+from runner.outputs import OutputError
 from runner.plan import plan
 from runner.run import run
+from runner.signals import Terminated, sigterm_raises
 
+EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
 EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130
+#: Per-job status file of a sweep: how the job ended (see ``runner.sweep``).
+STATUS = "status.json"
+
+log = logging.getLogger(__name__)
 
 
-def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str]) -> None:
-    """Run the experiment (or print its plan) and draw ``plots``; on a ``ConfigError`` print
-    ``error: ...`` and exit 2."""
+def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], multirun: bool = False) -> None:
+    """Run the experiment; report a failure as ``error: ...`` on stderr and exit non-zero.
+
+    With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
+    """
     try:
-        if cfg.get("plan"):
-            text, ok = plan(cfg)
-            print(text)
-            if not ok:
-                sys.exit(EXIT_CONFIG_ERROR)
-            return
-        if cfg.get("plots"):
-            from runner import plots  # matplotlib is imported only when pictures are asked for
+        with sigterm_raises():
+            if cfg.get("plan"):
+                text, ok = plan(cfg)
+                print(text)
+                if not ok:
+                    sys.exit(EXIT_CONFIG_ERROR)
+                return
+            if cfg.get("plots"):
+                from runner import plots  # matplotlib is imported only when pictures are asked for
 
-            plots.check_plots(cfg)
-        run(cfg, out_dir, overrides)
-        if cfg.get("plots"):
-            for path in plots.write_plots(out_dir, cfg):
-                print(f"wrote {path}")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+                plots.check_plots(cfg)
+            run(cfg, out_dir, overrides)
+            if cfg.get("plots"):
+                for path in plots.write_plots(out_dir, cfg):
+                    print(f"wrote {path}")
+    except (ConfigError, OutputError, NonFiniteError) as exc:
+        _fail(str(exc), out_dir, overrides, multirun, failure_code(exc))
+        return
+    except KeyboardInterrupt:
+        print(f"error: interrupted; nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        print(f"error: terminated (SIGTERM); nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        raise
+    except Exception as exc:
+        if not multirun:
+            raise  # a bug in the model or the runner: Hydra prints the traceback and exits 1
+        log.exception("job failed")
+        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR)
+        return
+    if multirun:
+        write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+
+
+def failure_code(exc: Exception) -> int:
+    """The exit status for a failure the runner reports in one line."""
+    return EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
+
+
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None) -> None:
+    """Record how one job of a sweep ended (``error`` is ``None`` on success)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    status = {"status": "failed" if error else "ok", "overrides": list(overrides), "error": error}
+    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+
+
+def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if not multirun:
+        sys.exit(code)
+    write_status(out_dir, overrides, message)

@@ -3,16 +3,21 @@
 A run directory holds ``stats.parquet``, ``tensors.parquet``, ``steps.parquet`` and, once all
 three are in place, ``manifest.json``. Each parquet file is streamed into a hidden temporary file
 in the same directory and renamed into place only when the run succeeds, so a failed or
-interrupted run leaves no file that looks complete. The schemas come from the code, not from the
+interrupted run leaves no file that looks complete. A run killed outright (SIGKILL) leaves only
+its temporary files; the next run into that directory removes them. Writing into a directory that
+holds a complete run needs ``overwrite=true``. Every ``OSError`` (disk full, read-only) becomes
+an ``OutputError`` naming the path, after the temporary files are gone. The schemas come from the code, not from the
 first batch, so every file of a sweep has the same columns and types.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from hooks.errors import ConfigError
 from hooks.recorder import StepCaptures
 from hooks.stats import STAT_COLUMNS
 
@@ -53,9 +59,88 @@ STEPS_SCHEMA = pa.schema([
     pa.field("captures", pa.int64()),
 ])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
+TMP_MARK = ".tmp-"
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
 ROW_GROUP_BYTES = 64 << 20
+
+
+class OutputError(OSError):
+    """The run directory cannot be written (read-only, disk full, busy); nothing was left half-written."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` from pyarrow or the OS into an ``OutputError`` naming ``path``."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        detail = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+        raise OutputError(exc.errno or errno.EIO, f"cannot write '{path}': {detail}") from exc
+
+
+def _tmp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_output_dir(out_dir: Path, overwrite: bool) -> None:
+    """Fail before any work if ``out_dir`` holds a complete run or cannot be written; create nothing.
+
+    Raises:
+        ConfigError: ``out_dir`` holds a complete run and ``overwrite`` is false.
+        OutputError: neither ``out_dir`` nor its nearest existing parent is writable.
+    """
+    if (out_dir / MANIFEST).exists() and not overwrite:
+        raise ConfigError(f"overwrite: '{out_dir}' already holds a complete run ({MANIFEST}); "
+                          f"pass overwrite=true to replace it, or choose another directory "
+                          f"(hydra.run.dir, hydra.sweep.dir)")
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(errno.EACCES, f"cannot write '{out_dir}': '{existing}' is not a writable directory")
+
+
+def _prepare(out_dir: Path, overwrite: bool) -> None:
+    """Create ``out_dir``, remove orphaned temporary files and, with ``overwrite``, the old run."""
+    check_output_dir(out_dir, overwrite)
+    with _naming(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for tmp in out_dir.glob(f".*{TMP_MARK}*"):
+            pid = tmp.name.rpartition(TMP_MARK)[2]
+            if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+                raise OutputError(errno.EBUSY, f"cannot write '{out_dir}': process {pid} is writing "
+                                               f"'{tmp.name}' there; wait for it or choose another directory")
+            tmp.unlink()  # left by a run that was killed (SIGKILL, OOM) before it could clean up
+        manifest = out_dir / MANIFEST
+        if manifest.exists():  # overwrite=true: the directory is incomplete from here on
+            old = json.loads(manifest.read_text()).get("files", {})
+            manifest.unlink()
+            for name in old:
+                (out_dir / name).unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class ParquetSink:
@@ -69,13 +154,19 @@ class ParquetSink:
                  row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.path = path
         self.row_group_bytes = row_group_bytes
-        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.tmp = _tmp_path(path)
         self.schema = schema.with_metadata(metadata)
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
-        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="snappy",
-                                        use_dictionary=[c for c in _STRING_COLUMNS if c in schema.names])
+        self._writer: pq.ParquetWriter | None = None
+        try:
+            with _naming(self.tmp):
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="snappy",
+                                                use_dictionary=[c for c in _STRING_COLUMNS if c in schema.names])
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def write(self, table: pa.Table) -> None:
         """Queue ``table``; full row groups are written as the buffer fills."""
@@ -87,21 +178,32 @@ class ParquetSink:
 
     def _flush(self) -> None:
         if self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending))
+            with _naming(self.path):
+                self._writer.write_table(pa.concat_tables(self._pending))
             self._pending, self._pending_bytes = [], 0
 
     def commit(self) -> None:
         """Write what is buffered, close, fsync and atomically rename to the final path."""
         self._flush()
-        self._writer.close()
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp, self.path)
+        with _naming(self.path):
+            writer, self._writer = self._writer, None
+            writer.close()
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
-        """Drop the temporary file; the final path is never created."""
+        """Drop the temporary file; the final path is never created.
+
+        Closing may fail again (a full disk fails the footer too): that error is dropped, the
+        one that made the run abort is the one to report.
+        """
+        writer, self._writer = self._writer, None
         try:
-            self._writer.close()
+            if writer is not None:
+                writer.close()
+        except OSError:
+            pass
         finally:
             self.tmp.unlink(missing_ok=True)
 
@@ -117,15 +219,16 @@ class RunOutputs:
     FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
 
     def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = (),
-                 row_group_bytes: int = ROW_GROUP_BYTES) -> None:
+                 row_group_bytes: int = ROW_GROUP_BYTES, overwrite: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.row_group_bytes = row_group_bytes
+        self.overwrite = overwrite
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
         self._sinks: dict[str, ParquetSink] = {}
 
     def __enter__(self) -> RunOutputs:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _prepare(self.out_dir, self.overwrite)
         meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash}
         try:
             for name, schema in self.FILES.items():
@@ -147,6 +250,7 @@ class RunOutputs:
             self._abort()
             for name in self._sinks:
                 (self.out_dir / name).unlink(missing_ok=True)
+            _tmp_path(self.out_dir / MANIFEST).unlink(missing_ok=True)
             raise
 
     def _abort(self) -> None:
@@ -184,9 +288,14 @@ class RunOutputs:
             "versions": _versions(),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        tmp = self.out_dir / f".{MANIFEST}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp, self.out_dir / MANIFEST)
+        tmp = _tmp_path(self.out_dir / MANIFEST)
+        with _naming(self.out_dir / MANIFEST):
+            with open(tmp, "w") as f:
+                f.write(json.dumps(manifest, indent=2) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.out_dir / MANIFEST)
+            _fsync_dir(self.out_dir)
 
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:

@@ -15,12 +15,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.modules import module as nn_module
 
-from hooks import HookSession, build_hooks
+from hooks import build_hooks
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
-from runner.data import batches
-from runner.losses import first_tensor, get_loss
-from runner.models import build_model
+from runner.losses import get_loss
+from runner.preflight import explain_backward_hook_errors, meta_inputs, meta_step
 
 
 class PlanRecorder(Recorder):
@@ -41,10 +40,7 @@ def plan(cfg: DictConfig) -> tuple[str, bool]:
     """Return the plan as text and whether every entry resolved."""
     hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
     loss_fn = get_loss(cfg.loss)
-    with torch.device("meta"):
-        model = build_model(OmegaConf.merge(cfg.model, {"checkpoint": None}))
-    model.train(cfg.mode == "train")
-    x = next(batches(cfg.data, cfg.model, int(cfg.seed), torch.device("cpu"))).x.to("meta")
+    model, x = meta_inputs(cfg)
     lines, ok = [], True
     shapes = _output_shapes(model, x)
     lines.append(f"model: {type(model).__name__}, {len(shapes)} modules "
@@ -87,13 +83,7 @@ def _output_shapes(model, x) -> dict[str, str]:
 
 def _captures(model, x, hooks, loss_fn) -> list[str]:
     recorder = PlanRecorder()
-    with HookSession(model, hooks, recorder) as session:
-        if loss_fn is None:
-            with torch.no_grad():
-                model(x)
-        else:
-            loss_fn(first_tensor(model(x)), torch.zeros(x.shape[0], dtype=torch.long, device="meta")).backward()
-            session.after_backward()
+    explain_backward_hook_errors(hooks, meta_step, model, x, hooks, loss_fn, recorder)
     lines = ["per step:"]
     for (hook, kind), (count, nbytes, kept) in sorted(recorder.counts.items()):
         lines.append(f"  hooks.{hook}: {count} {kind} tensor(s), {_size(nbytes)} seen"

@@ -7,21 +7,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hooks import HookSession, build_hooks
+from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder
 from runner.data import batches
-from runner.losses import get_loss
+from runner.losses import LossFn, get_loss
 from runner.models import build_model
-from runner.outputs import RunOutputs
+from runner.nonfinite import NonFiniteGuard
+from runner.outputs import RunOutputs, check_output_dir
+from runner.preflight import explain_backward_hook_errors, rehearse
 from runner.progress import progress_bar
-from runner.scale import check_compilable, compiled, row_group_bytes, sample_config
-from runner.train import EVAL_SEED_OFFSET, EvalSchedule, build_optimizer, eval_passes, optimizer_config, train_step
+from runner.scale import SampleConfig, check_compilable, compiled, row_group_bytes, sample_config
+from runner.validate import check_config
+from runner.train import (EVAL_SEED_OFFSET, AdamConfig, EvalSchedule, NoOptimizer, SGDConfig, build_optimizer,
+                          eval_passes, optimizer_config, train_step)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -35,13 +41,24 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> Path:
-    """Run ``cfg.steps`` training or measurement steps with the configured hooks; return ``out_dir``.
+@dataclass(frozen=True)
+class RunSettings:
+    """What ``check_run`` validated, ready for ``run`` (and for the sweep's early checks)."""
 
-    Everything that can be checked without running is checked before the first forward pass
-    (hook entries, loss, optimizer, sampling, device, selectors), and nothing is written when a
-    check fails.
-    """
+    hooks: list[HookType]
+    loss_fn: LossFn | None
+    optimizer: NoOptimizer | SGDConfig | AdamConfig
+    schedule: EvalSchedule
+    sample: SampleConfig
+    row_group_bytes: int
+    compile: bool
+    progress: bool
+
+
+def check_run(cfg: DictConfig, overrides: Sequence[str] = ()) -> RunSettings:
+    """Validate everything ``cfg`` says that needs no model: keys, hook entries, loss, optimizer,
+    evaluation, sampling, output budget and compilation."""
+    check_config(cfg, overrides)
     hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
     loss_fn = get_loss(cfg.loss)
     optimizer_spec = optimizer_config(cfg.get("optimizer"))
@@ -52,40 +69,52 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
                                   f"choose a loss (e.g. loss=sum) or drop the entry")
         if optimizer_spec.name != "none":
             raise ConfigError(f"optimizer: '{optimizer_spec.name}' needs a loss to train on but loss=none")
-    steps = int(cfg.steps)
-    if steps < 1:
-        raise ConfigError(f"steps: {steps} must be at least 1")
-    if cfg.mode not in ("train", "eval"):
-        raise choice_error("mode", cfg.mode, ("train", "eval"), "mode")
-    schedule = EvalSchedule.from_config(cfg)
-    sample = sample_config(cfg)
-    budget = row_group_bytes(cfg)
-    compile_model, show_progress = _flag(cfg, "compile", False), _flag(cfg, "progress", True)
-    if compile_model:
+    settings = RunSettings(hooks, loss_fn, optimizer_spec, EvalSchedule.from_config(cfg), sample_config(cfg),
+                           row_group_bytes(cfg), _flag(cfg, "compile", False), _flag(cfg, "progress", True))
+    if settings.compile:
         check_compilable(hooks)
+    return settings
+
+
+def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> Path:
+    """Run ``cfg.steps`` training or measurement steps with the configured hooks; return ``out_dir``.
+
+    Everything that can be checked without running is checked before the first forward pass
+    (keys, hook entries, loss, optimizer, sampling, device, data, the output directory,
+    selectors), and nothing is written when a check fails. ``cfg.on_nonfinite`` decides what
+    NaN/Inf in a step does.
+    """
+    settings = check_run(cfg, overrides)
     device = resolve_device(cfg.device)
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, cfg.overwrite)
+    rehearse(cfg, settings.hooks, settings.loss_fn)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model).to(device).train(cfg.mode == "train")
-    optimizer = build_optimizer(optimizer_spec, model)
+    optimizer = build_optimizer(settings.optimizer, model)
     data = batches(cfg.data, cfg.model, int(cfg.seed), device)
+    schedule, sample, steps = settings.schedule, settings.sample, int(cfg.steps)
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
-    out_dir = Path(out_dir)
-    with HookSession(model, hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
-        forward = compiled(model) if compile_model else model
+    guard = NonFiniteGuard(cfg.on_nonfinite)
+    with HookSession(model, settings.hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
+        forward = compiled(model) if settings.compile else model
         recorder = session.recorder
-        with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides, budget) as outputs, \
-                progress_bar(steps, show_progress) as bar:
+        with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides, settings.row_group_bytes,
+                        cfg.overwrite) as outputs, progress_bar(steps, settings.progress) as bar:
             for step in range(steps):
                 recorder.enabled = sample.records(step)
                 batch = next(data)
                 start = time.perf_counter()
-                loss = _explain_backward_hook_errors(hooks, train_step, forward, model, batch, loss_fn, session,
-                                                     optimizer)
-                outputs.write_step(step, recorder.drain(), loss, time.perf_counter() - start)
+                loss = explain_backward_hook_errors(settings.hooks, train_step, forward, model, batch,
+                                                     settings.loss_fn, session, optimizer)
+                captures = recorder.drain()
+                guard.check(step, captures, loss)
+                outputs.write_step(step, captures, loss, time.perf_counter() - start)
                 if schedule.due(step):
                     recorder.enabled = True  # eval passes are rare: always recorded
                     start = time.perf_counter()
-                    captures, eval_loss = eval_passes(forward, model, held_out, loss_fn, recorder)
+                    captures, eval_loss = eval_passes(forward, model, held_out, settings.loss_fn, recorder)
+                    guard.check(step, captures, eval_loss)
                     outputs.write_step(step, captures, eval_loss, time.perf_counter() - start, split="eval")
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
@@ -97,17 +126,3 @@ def _flag(cfg: DictConfig, key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: {value!r} must be true or false")
     return value
-
-
-def _explain_backward_hook_errors(hooks, fn, *args):
-    """Turn PyTorch's in-place error under ``mechanism: module`` into a one-line fix."""
-    try:
-        return fn(*args)
-    except RuntimeError as exc:
-        culprits = [h.key for h in hooks if getattr(h.spec, "mechanism", None) == "module"]
-        if "BackwardHookFunction" not in str(exc) or not culprits:
-            raise
-        raise ConfigError(f"{culprits[0]}.mechanism=module: PyTorch's full backward hook fails on a module "
-                          f"whose output is then modified in place (e.g. by ReLU(inplace=True) or "
-                          f"'out += identity'); use mechanism=tensor, which records the same gradients") from None
-

@@ -1,14 +1,19 @@
 """Shared fixtures: configs composed with Hydra's compose API, runs into tmp_path, leak checks."""
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
+from torch.nn.modules import module as module_globals
 
 import runner.analysis as analysis
+from runner.cli import execute
 from runner.run import run
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -40,24 +45,138 @@ def stats_of(run_dir: Path, **where):
     return df.reset_index(drop=True)
 
 
-def hook_count(model: nn.Module) -> int:
-    """Every hook PyTorch keeps for ``model``: per module, per parameter and global (including an
-    open ``saved_tensors_hooks`` context)."""
-    from torch.nn.modules import module as M
+def _entries(hooks: dict | None) -> tuple:
+    return tuple((key, id(fn)) for key, fn in (hooks or {}).items())
 
-    total = int(torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
-    for m in model.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_state_dict_hooks", "_load_state_dict_pre_hooks"):
-            total += len(getattr(m, attr, {}) or {})
-    for p in model.parameters():
-        total += len(p._backward_hooks or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks"):
-        total += len(getattr(M, name))
-    return total
+
+def hook_snapshot(model: nn.Module | None = None) -> dict[str, tuple]:
+    """Every hook dict PyTorch keeps, as ``{where: ((handle id, id(fn)), ...)}``.
+
+    Covers each module's dicts (every attribute with ``hook`` in its name: forward, pre,
+    kwargs, always-called, backward, state-dict ...), each parameter's tensor and
+    post-accumulate-grad hooks, the global dicts of ``torch.nn.modules.module`` and the
+    innermost open ``saved_tensors_hooks`` pair. Found by
+    name, so dicts a later PyTorch adds are covered too. Comparing two snapshots tells whether
+    anything was added, removed or replaced, also among hooks the runner does not own.
+    """
+    snap: dict[str, tuple] = {}
+    if model is not None:
+        for name, module in model.named_modules(remove_duplicate=False):
+            for attr, value in vars(module).items():
+                if "hook" in attr and isinstance(value, dict):
+                    snap[f"module '{name}'.{attr}"] = _entries(value)
+        for name, param in model.named_parameters(remove_duplicate=False):
+            for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                snap[f"parameter '{name}'.{attr}"] = _entries(getattr(param, attr, None))
+    for attr, value in vars(module_globals).items():
+        if attr.startswith("_global") and "hook" in attr and isinstance(value, dict):
+            snap[f"torch.nn.modules.module.{attr}"] = _entries(value)
+    saved = torch._C._autograd._top_saved_tensors_default_hooks(False)  # an open saved_tensors_hooks
+    snap["torch.autograd.graph.saved_tensors_hooks"] = () if saved is None else tuple(map(id, saved))
+    return snap
+
+
+def hook_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """Where two snapshots differ, as ``where: before -> after`` lines (empty when equal)."""
+    return [f"{k}: {before.get(k, ())} -> {after.get(k, ())}" for k in sorted(before.keys() | after.keys())
+            if before.get(k, ()) != after.get(k, ())]
+
+
+def hook_count(model: nn.Module) -> int:
+    """How many hooks PyTorch keeps for ``model``: per module, per parameter and global."""
+    return sum(len(v) for v in hook_snapshot(model).values())
+
+
+class Watch:
+    """The models the runner built during a test, each with the hooks it had when built."""
+
+    def __init__(self) -> None:
+        self.models: list[tuple[nn.Module, dict[str, tuple]]] = []
+        self.globals = hook_snapshot()
+        self.forwards = 0
+        #: Called on each model right after it is built (e.g. to make a layer fail).
+        self.prepare: Callable[[nn.Module], None] = lambda model: None
+
+    def assert_untouched(self) -> None:
+        """Every hook dict of every built model, and the global ones, are exactly as before."""
+        for model, before in self.models:
+            assert not hook_changes(before, hook_snapshot(model)), hook_changes(before, hook_snapshot(model))
+        assert not hook_changes(self.globals, hook_snapshot())
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[Watch]:
+    """Within the block, ``runner.run.build_model`` gives each model a hook of its own (a user's
+    hook that must survive the run; it counts forward passes) and records a snapshot of its hook
+    dicts in the ``Watch`` it yields."""
+    import runner.run
+
+    watched, build = Watch(), runner.run.build_model
+
+    def count_forward(module, args) -> None:
+        watched.forwards += 1
+
+    def build_and_watch(cfg):
+        model = build(cfg)
+        watched.prepare(model)
+        model.register_forward_pre_hook(count_forward)
+        watched.models.append((model, hook_snapshot(model)))
+        return model
+
+    runner.run.build_model = build_and_watch
+    try:
+        yield watched
+    finally:
+        runner.run.build_model = build
+
+
+@pytest.fixture
+def watch():
+    """``watching()`` for one test; at teardown every built model and the global hook dicts
+    must be exactly as they were."""
+    with watching() as watched:
+        yield watched
+    watched.assert_untouched()
+
+
+def assert_no_partial_output(out: Path) -> None:
+    """``out`` holds no parquet file, no manifest and no temporary file (or does not exist)."""
+    if out.exists():
+        left = sorted(p.name for p in out.iterdir()
+                      if p.suffix == ".parquet" or p.name == "manifest.json" or ".tmp-" in p.name)
+        assert not left, f"partial output left in {out}: {left}"
 
 
 def seeded_batch(shape, seed: int = 0) -> torch.Tensor:
     """The first ``randn`` batch the runner draws for ``seed``."""
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+@dataclass
+class Outcome:
+    code: int
+    stderr: str
+
+
+@pytest.fixture
+def fault(tmp_path, watch, capsys):
+    """Run the CLI's ``execute`` on overrides (model=convnet unless a model is given) expecting it to
+    exit; check the one-line message, the hook dicts, the forward count and that no partial output
+    is left; return the exit status and the message."""
+
+    def _run(*overrides: str, out: Path | None = None, forwards: int | None = 0) -> Outcome:
+        overrides = overrides if any(o.startswith(("model=", "model.name=")) for o in overrides) \
+            else ("model=convnet", *overrides)
+        out = out or tmp_path / "out"
+        with pytest.raises(SystemExit) as exit_:
+            execute(make_config(*overrides), out, overrides)
+        stderr = capsys.readouterr().err.strip()
+        assert len(stderr.splitlines()) == 1, stderr
+        assert "Traceback" not in stderr
+        watch.assert_untouched()
+        if forwards is not None:
+            assert watch.forwards == forwards
+        assert_no_partial_output(out)
+        return Outcome(exit_.value.code, stderr)
+
+    return _run

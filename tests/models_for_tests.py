@@ -14,7 +14,8 @@ class Tracked(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        type(self).instances.append(self)
+        if torch.get_default_device().type != "meta":  # the runner's meta-device rehearsal is not the run
+            type(self).instances.append(self)
 
 
 class Exploding(Tracked):
@@ -28,7 +29,9 @@ class Exploding(Tracked):
         self.fc = nn.Linear(3, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.fc(x)
+        out = self.fc(x)
+        if x.device.type == "meta":  # the runner's rehearsal: fail in the real run only
+            return out
         raise self.error("boom in forward")
 
 
@@ -119,3 +122,65 @@ class ParametrizedNet(Tracked):
 class Doubler(nn.Module):
     def forward(self, w: torch.Tensor) -> torch.Tensor:
         return w * 2
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.log()
+
+
+class PoisonedAtStep2(Tracked):
+    """fc1 -> log -> fc2; from the third forward on, ``log`` gets negative input and yields NaN."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 3)
+        self.log = Log()
+        self.fc2 = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x).abs() + 1
+        if self.calls >= 2:
+            h = -h
+        self.calls += 1
+        return self.fc2(self.log(h))
+
+
+class MiniResNet(Tracked):
+    """A resnet's names and traps at toy size: ``conv1``, ``bn1``, one in-place ``relu`` called
+    twice, a residual ``layer4``, ``avgpool`` and the ``fc`` head, so every hook preset applies."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer4 = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.layer4(x) + x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class SelfTerminated(Exploding):
+    """As ``Exploding``, but the process receives SIGTERM in the middle of the forward pass."""
+
+    instances: list[nn.Module] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+        import signal
+
+        out = self.fc(x)
+        if x.device.type == "meta":
+            return out
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt the forward pass")

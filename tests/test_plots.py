@@ -58,7 +58,7 @@ def test_gradient_flow_plots_each_kind_across_depth(run_with):
     stats = analysis.load_stats(run_dir)
     fig = plots.gradient_flow(stats)
     assert png_size(plots.png_bytes(fig)) == (1200, 960)  # 3 kinds x 3.2 inches
-    (out_mean, out_spread), (grad_mean, grad_spread) = fig.axes[0:2], fig.axes[2:4]
+    out_mean, (grad_mean, grad_spread) = fig.axes[0], fig.axes[2:4]
     assert [t.get_text() for t in out_mean.get_xticklabels()] == ["conv", "relu", "flatten", "fc"]
     rows = analysis.per_layer(stats, "grad_output")
     np.testing.assert_array_equal(grad_mean.lines[0].get_ydata(), rows["mean"])

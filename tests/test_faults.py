@@ -1,0 +1,320 @@
+"""The fault suite: bad input, faults and interruptions, each through the CLI's ``execute``.
+
+Every case asserts the one-line message, the exit status, that every hook dict of the model and
+the global hook dicts are exactly as before the run (the ``watch`` fixture, which also keeps a
+hook of the user's own that must survive), and that no parquet, manifest or temporary file is
+left. Signals go to the real CLI in a subprocess, by pid.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import assert_no_partial_output, make_config
+from hooks.recorder import Recorder
+from runner.cli import execute
+from runner.run import run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+CONFIG_ERRORS = [
+    (["hooks=clip", "hooks.clip.type=clmap"], "hooks.clip.type: unknown hook type 'clmap'; valid: "),
+    (["hooks=clip", "+hooks.clip.maxx=1"], ("hooks.clip.maxx: unknown key", "'maxx'; valid: ", "did you mean 'max'?")),
+    (["hooks=clip", "hooks.clip.max=big"], "hooks.clip.max: Value 'big' of type 'str' could not be converted"),
+    (["hooks=clip", "hooks.clip.min=1", "hooks.clip.max=0"], "hooks.clip: min (1.0) > max (0.0); swap them"),
+    (["hooks=clip", "hooks.clip.min=null", "hooks.clip.max=null"], "hooks.clip: set min, max or both"),
+    (["hooks=clip", "hooks.clip.min=nan"], "hooks.clip.min: NaN is not a bound"),
+    (["hooks=clip", "hooks.clip.target=outputs"],
+     "hooks.clip.target: unknown target 'outputs'; valid: input, output, params; did you mean 'output'?"),
+    (["hooks=clip", "hooks.clip.target=output", "+hooks.clip.params=[bias]"],
+     "hooks.clip.params: only meaningful with target=params"),
+    (["hooks=clip", "+hooks.clip.params=[]"], "hooks.clip.params: empty list"),
+    (["hooks=zero_bias", "hooks.zero_bias.params=[bais]"],
+     ("hooks.zero_bias.params: unknown parameter", "'bais'; valid: bias, weight; did you mean 'bias'?")),
+    (["hooks=clip", "hooks.clip.layers=relu"], "hooks.clip.layers: the selected modules have no trainable parameters"),
+    (["hooks=stats", "hooks.stats.kinds=[outputs]"], "hooks.stats.kinds: unknown kind 'outputs'"),
+    (["hooks=stats", "hooks.stats.kinds=[]"], "hooks.stats.kinds: empty"),
+    (["hooks=shift", "hooks.shift.op=sub"], "hooks.shift.op: unknown op 'sub'; valid: add, mul, set"),
+    (["hooks=shift", "hooks.shift.value=nan"], "hooks.shift.value: NaN"),
+    (["hooks=extract"], "hooks.extract.layers: 'layer4' matches no module"),
+    (["model=resnet18", "hooks=extract", "hooks.extract.layers=[layer4,avgpol]"],
+     "'avgpol' matches no module; did you mean 'avgpool'"),
+    (["hooks=clip", "hooks.clip.layers=[]"], "hooks.clip.layers: empty selector"),
+    (["hooks=stats", "hooks.stats.layers='re:conv('"], "hooks.stats.layers: invalid regular expression 're:conv('"),
+    (["hooks=stats", "hooks.stats.layers=type:Conv3d"],
+     "hooks.stats.layers: no module of class 'Conv3d'; classes in this model: Conv2d, ConvNet, Flatten, Linear, ReLU; "
+     "did you mean 'type:Conv2d'?"),
+    (["hooks=stats", "hooks.stats.layers=leaf:"], "hooks.stats.layers: 'leaf:' matched modules but none of them is a leaf"),
+    (["hooks=clip", "loss=none"], "hooks.clip: 'clamp' needs a backward pass but loss=none"),
+    (["hooks=stats", "loss=none"], "hooks.stats: 'stats' needs a backward pass but loss=none"),
+    (["hooks=[clip,clip]"], "hooks: preset 'clip' is listed twice in hooks=[clip,clip]"),
+    (["+typo=1"], ("typo: unknown setting 'typo'; valid: ", "data, device, eval_every, ", "seed, steps")),
+    (["+stpes=3"], "stpes: unknown setting 'stpes'; valid: "),
+    (["+model.widht=3"], ("model.widht: unknown key for model 'convnet' 'widht'; valid: checkpoint, head, ",
+                          "name, num_classes, weights")),
+    (["+data.shufle=true"], "data.shufle: unknown key for data kind 'randn' 'shufle'; valid: kind, requires_grad, "
+                            "shape, targets"),
+    (["+loss.reduction=sum"], "loss.reduction: unknown key for losses 'reduction'; valid: name"),
+    (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: fake, image, ones, randn, tokens"),
+    (["data.shape=[-2,3,8,8]"], "data.shape: [-2, 3, 8, 8] must be a list of positive integers"),
+    (["data.shape=[nan,3]"], "data.shape: [nan, 3] must be a list of positive integers"),
+    (["data.shape=[0,3]"], "data.shape: [0, 3] must be a list of positive integers"),
+    (["loss=cross_entropy", "data.targets=7"],
+     "data.targets: 7 is not a class of a model with num_classes=5; use integers in [0, 4]"),
+    (["steps=0"], "steps: 0 must be at least 1"),
+    (["steps=-3"], "steps: -3 must be at least 1"),
+    (["steps=1.5"], "steps: 1.5 is not an integer"),
+    (["seed=abc"], "seed: 'abc' is not an integer"),
+    (["mode=training"], "mode: unknown mode 'training'; valid: eval, train; did you mean 'train'?"),
+    (["device=tpu"], "device: unknown device 'tpu'; valid: auto, cpu, cuda"),
+    (["on_nonfinite=eror"], "on_nonfinite: unknown policy 'eror'; valid: error, ignore, warn; did you mean 'error'?"),
+    (["overwrite=maybe"], "overwrite: 'maybe' must be true or false"),
+    (["loss.name=crossentropy"], "loss.name: unknown loss 'crossentropy'; valid: "),
+    (["model.name=resnet19"], "model.name: unknown model 'resnet19'; valid: "),
+    (["model=custom"], "model._target_: required for model=custom"),
+    (["model=custom", "model._target_=nowhere.Net"], "model._target_: cannot build 'nowhere.Net'"),
+    (["model.checkpoint=/nonexistent.pt"], "model.checkpoint: no file at '/nonexistent.pt'"),
+    (["data=image"], "data.path: required for data=image"),
+    (["data=image", "data.path=/nonexistent/cat.jpg"], "data.path: no file or folder at '/nonexistent/cat.jpg'"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", CONFIG_ERRORS, ids=[" ".join(o) for o, _ in CONFIG_ERRORS])
+def test_bad_config_is_one_line_exit_2_before_any_forward_pass(fault, overrides, message):
+    outcome = fault(*overrides)
+    assert outcome.code == 2
+    assert outcome.stderr.startswith("error: ")
+    for part in (message,) if isinstance(message, str) else message:
+        assert part in outcome.stderr
+
+
+def test_ctrl_c_in_the_model_exits_130(fault):
+    outcome = fault("model=custom", "model._target_=models_for_tests.Interrupted", "data.shape=[2,3]",
+                    "hooks=stats", "hooks.stats.layers=**", forwards=1)
+    assert outcome.code == 130
+    assert outcome.stderr.startswith("error: interrupted; nothing of this run was written to ")
+
+
+def test_sigterm_in_the_model_exits_143_and_restores_the_default_handler(fault):
+    before = signal.getsignal(signal.SIGTERM)
+    outcome = fault("model=custom", "model._target_=models_for_tests.SelfTerminated", "data.shape=[2,3]",
+                    "hooks=[stats,clip]", "hooks.stats.layers=**", "hooks.clip.layers=fc", forwards=1)
+    assert outcome.code == 143
+    assert outcome.stderr.startswith("error: terminated (SIGTERM); nothing of this run was written to ")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
+def test_fault_inside_a_hook_removes_every_hook_and_writes_nothing(fault, tmp_path, monkeypatch, raised):
+    def broken(*args, **kwargs):
+        raise raised("hook failed")
+
+    monkeypatch.setattr(Recorder, "record", broken)
+    if raised is KeyboardInterrupt:
+        assert fault("hooks=stats", forwards=1).code == 130
+    else:  # a bug, not a user error: the traceback is the useful report, Hydra exits 1
+        with pytest.raises(RuntimeError, match="hook failed"):
+            execute(make_config("model=convnet", "hooks=stats"), tmp_path / "out", [])
+        assert_no_partial_output(tmp_path / "out")
+
+
+def test_nonfinite_error_names_the_step_and_the_first_layer(fault):
+    outcome = fault("model=custom", "model._target_=models_for_tests.PoisonedAtStep2", "data.shape=[2,3]",
+                    "hooks=stats", "hooks.stats.layers=leaf:**", "steps=4", "on_nonfinite=error", forwards=3)
+    assert outcome.code == 1
+    assert outcome.stderr.startswith(
+        "error: step 2: non-finite values first appeared in hooks.stats at layer 'log' (forward output, slot 0, "
+        "call 0): 6 NaN, 0 Inf")
+
+
+def test_nonfinite_loss_alone_is_named(fault):
+    outcome = fault("hooks=clip", "loss=log_mean", "on_nonfinite=error", forwards=1)
+    assert outcome.code == 1
+    assert "error: step 0: the loss is nan while every hooked tensor was finite" in outcome.stderr
+
+
+def test_output_path_under_a_file_is_refused_before_the_model_is_built(fault, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    outcome = fault("hooks=stats", out=tmp_path / "file" / "out")
+    assert outcome.code == 1
+    assert outcome.stderr == (f"error: cannot write '{tmp_path}/file/out': '{tmp_path}/file' "
+                              f"is not a writable directory")
+
+
+def test_directory_being_written_by_a_live_process_is_refused(capsys, tmp_path, watch):
+    out = tmp_path / "out"
+    out.mkdir()
+    foreign = out / f".stats.parquet.tmp-{os.getppid()}"  # a live process's file: not ours to delete
+    foreign.write_bytes(b"PAR1")
+    with pytest.raises(SystemExit) as exit_:
+        execute(make_config("model=convnet", "hooks=stats"), out, [])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: cannot write '{out}': process {os.getppid()} is writing '{foreign.name}' there; "
+        f"wait for it or choose another directory")
+    assert sorted(p.name for p in out.iterdir()) == [foreign.name]
+    assert watch.forwards == 0
+
+
+def test_complete_run_is_not_overwritten_unless_asked(capsys, tmp_path, watch):
+    out = run(make_config("model=convnet"), tmp_path / "done")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(SystemExit) as exit_:
+        execute(make_config("model=convnet", "hooks=stats"), out, [])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
+        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert watch.forwards == 1  # the first run's only
+    run(make_config("model=convnet", "hooks=stats", "overwrite=true"), out)
+    assert pq.read_metadata(out / "stats.parquet").num_rows == 8
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a tmpfs with the given options under tmp_path (root only); unmounted after the test."""
+    mounted = []
+
+    def _mount(options: str) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): "
+                        f"a read-only or full file system cannot be made without it")
+        mounted.append(where)
+        return where
+
+    yield _mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_read_only_output_directory_fails_before_the_model_is_built(fault, tmpfs):
+    ro = tmpfs("ro,size=64k")
+    outcome = fault("hooks=stats", out=ro / "out")
+    assert outcome.code == 1
+    assert outcome.stderr == f"error: cannot write '{ro}/out': '{ro}' is not a writable directory"
+
+
+def test_disk_full_during_the_write_names_the_file_and_leaves_nothing(fault, tmpfs):
+    small = tmpfs("size=256k")
+    out = small / "out"
+    outcome = fault("hooks=extract", "hooks.extract.layers=[conv,relu]", "data.shape=[64,3,8,8]", "steps=10",
+                    out=out, forwards=10)
+    assert outcome.code == 1
+    assert outcome.stderr.startswith(f"error: cannot write '{out}/")
+    assert outcome.stderr.endswith(": No space left on device")
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+# --- the real CLI, in a subprocess -------------------------------------------------------------
+
+def start_cli(*args: str) -> subprocess.Popen:
+    # Reset SIGINT to its default so the child installs KeyboardInterrupt even when pytest was
+    # started in the background (which leaves SIGINT ignored, and ignored stays ignored).
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def wait_for_temp_file(proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:
+    """Block until the run has opened its output files (its first temporary file exists)."""
+    deadline = time.monotonic() + timeout
+    while not list(out.glob(".*.tmp-*")):
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before writing: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("no temporary file appeared")
+        time.sleep(0.05)
+
+
+LONG_RUN = ("model=mlp", "hooks=stats", "steps=1000000")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                 (signal.SIGINT, 130, "interrupted")], ids=["SIGTERM", "SIGINT"])
+def test_signal_leaves_no_final_and_no_temp_file(tmp_path, signum, code, word):
+    proc = start_cli(*LONG_RUN, f"hydra.run.dir={tmp_path}")
+    wait_for_temp_file(proc, tmp_path)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert stderr.strip().splitlines()[-1].startswith(f"error: {word}; nothing of this run was written to ")
+    assert "Traceback" not in stderr
+    assert_no_partial_output(tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_only_a_temp_file_that_the_next_run_removes(tmp_path):
+    proc = start_cli(*LONG_RUN, f"hydra.run.dir={tmp_path}")
+    wait_for_temp_file(proc, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    orphans = sorted(p.name for p in tmp_path.glob(".*.tmp-*"))
+    assert orphans == sorted(f".{n}.tmp-{proc.pid}" for n in ("stats.parquet", "tensors.parquet", "steps.parquet"))
+    assert not list(tmp_path.glob("*.parquet")) and not (tmp_path / "manifest.json").exists()
+
+    out = run(make_config("model=mlp", "hooks=stats"), tmp_path)
+    assert not list(out.glob(".*.tmp-*"))
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True
+
+
+@pytest.mark.slow
+def test_sweep_with_one_bad_job_is_rejected_before_any_job_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "model=convnet", "hooks=clip",
+                           "hooks.clip.layers=fc,fcc,conv", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: sweep rejected before any job ran: 1 of 3 jobs are invalid",
+        "error: job 1 (model=convnet hooks=clip hooks.clip.layers=fcc): hooks.clip.layers: 'fcc' matches no module; "
+        "did you mean 'fc'? (module names: '', 'conv', 'relu', 'flatten', 'fc'; plan=true lists them all)"]
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_sweep_job_failing_at_run_time_is_reported_and_the_others_complete(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "model=convnet", "hooks=stats", "on_nonfinite=error",
+                           "loss=sum,log_mean,mean", f"hydra.sweep.dir={sweep}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    failed = "model=convnet hooks=stats on_nonfinite=error loss=log_mean: step 0: the loss is nan"
+    assert proc.stderr.strip().splitlines()[-2:] == [
+        "error: 1 of 3 jobs failed:", proc.stderr.strip().splitlines()[-1]]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {failed}")
+    assert sorted(p.name for p in (sweep / "0").iterdir() if p.suffix == ".parquet") == [
+        "stats.parquet", "steps.parquet", "tensors.parquet"]
+    assert (sweep / "0" / "manifest.json").exists() and (sweep / "2" / "manifest.json").exists()
+    assert_no_partial_output(sweep / "1")
+    assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_complete_run_before_hydra_touches_its_directory(tmp_path):
+    out = tmp_path / "done"
+    run(make_config("model=convnet"), out)
+    (out / ".hydra").mkdir()
+    (out / ".hydra" / "config.yaml").write_text("the finished run's config\n")
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    proc = subprocess.run([sys.executable, "-m", "runner", "model=convnet", "hooks=stats", f"hydra.run.dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
+        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
