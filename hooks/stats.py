@@ -8,6 +8,8 @@ overflow; integer and bool tensors are reduced as numbers. NaN propagates into `
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -17,15 +19,22 @@ RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "n
 STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan_count", "inf_count")
 
 
+#: Tensors with at least this many elements go through the compiled one-pass reduction; below
+#: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
+COMPILE_MIN_NUMEL = 1 << 15
+
+_compiled = None  # the compiled ``fused_reductions``, built on first use; False when unavailable
+
+
 def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     """Raw reductions of ``x`` (see ``RAW``) as a float64 vector on ``x``'s device.
 
     Sums run in float32 (float64 for float64 input): PyTorch's CPU sum is a cascade sum, accurate
     to ~1e-7 relative, and 50x faster than accumulating in float64. fp16/bf16/int/bool inputs
-    are widened first, so nothing overflows. Counts use ``count_nonzero``, the one fast boolean
-    reduction: ``x - x`` is non-zero exactly at NaN and ±Inf, ``x != x`` exactly at NaN.
-    Sums are taken around the first element (``shift``), so the variance of a tensor whose
-    mean dwarfs its spread does not cancel to noise.
+    are widened first, so nothing overflows. Sums are taken around the first finite-or-zero
+    element (``shift``), so the variance of a tensor whose mean dwarfs its spread does not cancel
+    to noise. Large tensors take one compiled pass over memory (``fused_reductions``), small ones
+    and machines where ``torch.compile`` is unavailable the eager passes (``eager_reductions``).
     """
     x = x.detach()
     if x.is_complex():
@@ -36,12 +45,24 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1)
     if flat.dtype != torch.float64:
         flat = flat.float()
-    n = flat.numel()
+    if flat.numel() >= COMPILE_MIN_NUMEL:
+        fused = compiled_reductions()
+        if fused is not None:
+            with torch.no_grad():
+                return fused(flat)
+    return eager_reductions(flat)
+
+
+def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of a flat float32/float64 tensor with eager kernels (one pass per reduction).
+
+    Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
+    NaN and ±Inf, ``x != x`` exactly at NaN.
+    """
     lo, hi = torch.aminmax(flat)
     nonfinite = torch.count_nonzero(flat - flat)
     nans = torch.count_nonzero(flat != flat)
-    first = flat[0]
-    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    shift = _shift(flat)
     centered = flat - shift
     parts = (
         centered.sum(),
@@ -49,12 +70,61 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         flat.abs().sum(),
         lo,
         hi,
-        n - torch.count_nonzero(flat),
+        flat.numel() - torch.count_nonzero(flat),
         nans,
         nonfinite - nans,
         shift,
     )
     return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def fused_reductions(flat: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of a flat float32/float64 tensor, written for ``torch.compile`` to fuse into one
+    loop over memory (5-12 GB/s on a 2-core CPU against 0.4-1.5 GB/s for the eager passes).
+
+    The compiled sums are plain vector-lane accumulations, not PyTorch's cascade, so they widen
+    to float64 in registers: as fast (the loop is bound by memory) and more accurate.
+    """
+    shift = _shift(flat)
+    centered = (flat - shift).double()
+    parts = (
+        centered.sum(),
+        (centered * centered).sum(),
+        flat.abs().double().sum(),
+        flat.amin(),
+        flat.amax(),
+        (flat == 0).sum(),
+        torch.isnan(flat).sum(),
+        torch.isinf(flat).sum(),
+        shift,
+    )
+    return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def compiled_reductions():
+    """``fused_reductions`` compiled with ``dynamic=True`` (one graph for every size), or None.
+
+    Compiled on the first large tensor, not at import: importing the compiler costs about a
+    second of start-up and the first compile a few more (cached on disk for later runs). A
+    machine without a working compiler falls back to the eager passes, with one warning.
+    """
+    global _compiled
+    if _compiled is None:
+        try:
+            fn = torch.compile(fused_reductions, dynamic=True)
+            fn(torch.zeros(COMPILE_MIN_NUMEL))  # compile now, so a failure shows here
+            fn(torch.zeros(COMPILE_MIN_NUMEL, dtype=torch.float64))
+            _compiled = fn
+        except Exception as exc:  # no C++ compiler, unsupported platform, ...
+            warnings.warn(f"torch.compile unavailable ({type(exc).__name__}: {exc}); "
+                          f"statistics use eager reductions", RuntimeWarning, stacklevel=2)
+            _compiled = False
+    return _compiled or None
+
+
+def _shift(flat: torch.Tensor) -> torch.Tensor:
+    first = flat[0]
+    return torch.where(torch.isfinite(first), first, torch.zeros_like(first))
 
 
 def summarize(raw: np.ndarray, numel: np.ndarray) -> dict[str, np.ndarray]:
