@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hooks.recorder import StepCaptures
+from runner.background import BackgroundWriter
 from hooks.stats import STAT_COLUMNS
 
 SCHEMA_VERSION = "1"
@@ -50,10 +51,16 @@ STEPS_SCHEMA = pa.schema([
     pa.field("loss", pa.float64()),
     pa.field("wall_time_s", pa.float64()),
     pa.field("captures", pa.int64()),
+    pa.field("peak_memory_bytes", pa.int64()),
 ])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype"]
 #: Tables are buffered up to this many bytes so that short steps do not make tiny row groups.
 ROW_GROUP_BYTES = 64 << 20
+
+
+def parquet_options(schema: pa.Schema) -> dict:
+    """Compression and dictionary-encoded columns of every file the runner writes."""
+    return {"compression": "snappy", "use_dictionary": [c for c in _STRING_COLUMNS if c in schema.names]}
 
 
 class ParquetSink:
@@ -66,8 +73,7 @@ class ParquetSink:
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
-        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="snappy",
-                                        use_dictionary=[c for c in _STRING_COLUMNS if c in schema.names])
+        self._writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(schema))
 
     def write(self, table: pa.Table) -> None:
         """Queue ``table``; full row groups are written as the buffer fills."""
@@ -113,6 +119,7 @@ class RunOutputs:
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
         self._sinks: dict[str, ParquetSink] = {}
+        self._writer: BackgroundWriter | None = None
 
     def __enter__(self) -> RunOutputs:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +127,7 @@ class RunOutputs:
         try:
             for name, schema in self.FILES.items():
                 self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta)
+            self._writer = BackgroundWriter()
         except BaseException:
             self._abort()
             raise
@@ -130,6 +138,7 @@ class RunOutputs:
             self._abort()
             return
         try:
+            self._writer.close()
             for sink in self._sinks.values():
                 sink.commit()
             self._write_manifest()
@@ -140,11 +149,24 @@ class RunOutputs:
             raise
 
     def _abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close(discard=True)
         for sink in self._sinks.values():
             sink.abort()
 
-    def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float) -> None:
-        """Append one step: its statistics rows, its kept tensors and its ``steps`` row."""
+    def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
+                   peak_memory_bytes: int | None = None) -> None:
+        """Append one step: its statistics rows, its kept tensors and its ``steps`` row.
+
+        The tables are built and written on the background writer thread, overlapping the next
+        step; ``captures`` must not be changed afterwards (``Recorder.drain`` hands over its lists).
+        """
+        kept_bytes = sum(t.numel() * t.element_size() for t in captures.kept)
+        self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, peak_memory_bytes),
+                            nbytes=kept_bytes)
+
+    def _write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
+                    peak_memory_bytes: int | None) -> None:
         n = len(captures)
         ids = _id_arrays(step, captures.columns, n)
         stats = [pa.array(captures.stats[c]) for c in STAT_COLUMNS]
@@ -156,7 +178,8 @@ class RunOutputs:
                 pa.Table.from_arrays(kept_ids + [_values_array(captures.kept)], schema=TENSORS_SCHEMA))
         self._sinks["steps.parquet"].write(pa.Table.from_arrays(
             [pa.array([step], pa.int64()), pa.array([float("nan") if loss is None else loss], pa.float64()),
-             pa.array([wall_time_s], pa.float64()), pa.array([n], pa.int64())], schema=STEPS_SCHEMA))
+             pa.array([wall_time_s], pa.float64()), pa.array([n], pa.int64()),
+             pa.array([peak_memory_bytes], pa.int64())], schema=STEPS_SCHEMA))
 
     def _write_manifest(self) -> None:
         manifest = {

@@ -16,6 +16,7 @@ from hooks import HookSession, build_hooks
 from hooks.errors import ConfigError, choice_error
 from runner.data import batches
 from runner.losses import first_tensor, get_loss
+from runner.memory import PeakMemory
 from runner.models import build_model
 from runner.outputs import RunOutputs
 
@@ -54,14 +55,17 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     model = build_model(cfg.model).to(device).train(cfg.mode == "train")
     data = batches(cfg.data, cfg.model, int(cfg.seed), device)
     out_dir = Path(out_dir)
+    peak = PeakMemory(device)
     with HookSession(model, hooks) as session:
         with RunOutputs(out_dir, OmegaConf.to_yaml(cfg, resolve=True), overrides) as outputs:
             for step in range(steps):
                 batch = next(data)
+                peak.reset()
                 start = time.perf_counter()
                 loss = _forward_backward(model, batch, loss_fn, session)
+                captures = session.recorder.drain()
                 wall = time.perf_counter() - start
-                outputs.write_step(step, session.recorder.drain(), loss, wall)
+                outputs.write_step(step, captures, loss, wall, peak.peak_bytes())
     return out_dir
 
 
