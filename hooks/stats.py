@@ -22,7 +22,7 @@ STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan
 
 #: Tensors with at least this many elements go through the compiled one-pass reduction; below
 #: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
-COMPILE_MIN_NUMEL = 1 << 15
+COMPILE_MIN_NUMEL = 1 << 12
 
 _compiled = None  # the compiled ``fused_reductions``, built on first use; False when unavailable
 
