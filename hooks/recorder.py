@@ -95,9 +95,9 @@ class Recorder:
     def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """``reduce_tensor``, once per distinct value: an alias seen again reuses the reduction.
 
-        An in-place op's output is its input (``ReLU(inplace=True)`` returns the tensor it was
-        given), and several hook entries may watch the same module. Same storage, layout, dtype
-        and version counter means the same values, provided the tensor first reduced is still
+        A module may return its input (``Identity``, ``Dropout`` in eval mode), and several hook
+        entries may watch the same module. Same storage, layout, dtype and version counter (which
+        every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
         if tensor.is_inference():  # no version counter to tell an in-place change

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import torch
 
 from hooks.recorder import StepCaptures
-from runner.background import BackgroundWriter
 from hooks.stats import STAT_COLUMNS
+from runner.background import BackgroundWriter
 
 SCHEMA_VERSION = "1"
 MANIFEST = "manifest.json"
@@ -180,7 +180,8 @@ class RunOutputs:
             [_from_numpy(np.array([step]), pa.int64()),
              _from_numpy(np.array([float("nan") if loss is None else loss]), pa.float64()),
              _from_numpy(np.array([wall_time_s]), pa.float64()), _from_numpy(np.array([n]), pa.int64()),
-             pa.nulls(1, pa.int64()) if peak_memory_bytes is None else _from_numpy(np.array([peak_memory_bytes]), pa.int64())],
+             pa.nulls(1, pa.int64()) if peak_memory_bytes is None
+             else _from_numpy(np.array([peak_memory_bytes]), pa.int64())],
             schema=STEPS_SCHEMA))
 
     def _write_manifest(self) -> None:

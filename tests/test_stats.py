@@ -9,6 +9,7 @@ import torch
 import torchvision
 
 from conftest import seeded_batch, stats_of
+from hooks.recorder import Recorder
 from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
 
 
@@ -137,3 +138,16 @@ def test_stats_preset_matches_hand_written_hooks_on_resnet18(run_with):
         t = seen[(row.layer, row.call, row.kind)]
         assert row.shape.tolist() == list(t.shape) and row.numel == t.numel() and row.dtype == "float32"
         assert_stats_close(row._asdict(), t)
+
+
+def test_an_unchanged_alias_reuses_its_reduction_and_an_in_place_change_does_not():
+    recorder = Recorder()
+    ids = dict(hook="stats", layer="x", phase="forward", kind="output", slot="0", call=0)
+    t = torch.randn(64, 64)
+    recorder.record(t, **ids)
+    recorder.record(t, **ids)                    # e.g. an Identity's output: the same tensor
+    t.relu_()                                    # in place: the version counter moves on
+    recorder.record(t, **ids)
+    assert recorder._raw[1] is recorder._raw[0] and recorder._raw[2] is not recorder._raw[0]
+    stats = recorder.drain().stats
+    assert stats["min"][0] < 0 and stats["min"][2] == 0 == t.min().item()
