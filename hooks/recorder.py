@@ -1,11 +1,12 @@
 """The capture buffer that every hook type writes into during a step.
 
 Hook callbacks only append here (a few list appends and the device-side reductions of
-``hooks.stats``); turning a step's captures into columns happens once, in ``drain``. The
+``hooks.stats``, done once per distinct tensor value); turning a step's captures into columns happens once, in ``drain``. The
 recorder knows nothing of parquet: the run loop hands what ``drain`` returns to the writer.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,7 @@ class Recorder:
         self._calls: dict[tuple, int] = {}
         self._columns: dict[str, list] = {c: [] for c in ID_COLUMNS}
         self._raw: list[torch.Tensor] = []
+        self._reduced: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
         self._kept_rows: list[int] = []
         self._kept: list[torch.Tensor] = []
 
@@ -126,6 +128,7 @@ class Recorder:
 
         The copy is made now because the tensor may be modified in place after the hook returns
         (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
+        Shapes and dtypes are stored as they come and turned into column values in ``drain``.
         """
         if not self.enabled:
             return
@@ -141,10 +144,28 @@ class Recorder:
         cols["phase"].append(phase)
         cols["kind"].append(kind)
         cols["slot"].append(slot)
-        cols["shape"].append(list(tensor.shape))
-        cols["dtype"].append(str(tensor.dtype).removeprefix("torch."))
+        cols["shape"].append(tensor.shape)
+        cols["dtype"].append(tensor.dtype)
         cols["numel"].append(tensor.numel())
-        self._raw.append(reduce_tensor(tensor))
+        self._raw.append(self._reduce(tensor))
+
+    def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``reduce_tensor``, once per distinct value: an alias seen again reuses the reduction.
+
+        A module may return its input (``Identity``, ``Dropout`` in eval mode), and several hook
+        entries may watch the same module. Same storage, layout, dtype and version counter (which
+        every in-place op bumps) means the same values, provided the tensor first reduced is still
+        alive (else its memory may have been reused): the cache holds it only by weak reference.
+        """
+        if tensor.is_inference():  # no version counter to tell an in-place change
+            return reduce_tensor(tensor)
+        key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
+        seen = self._reduced.get(key)
+        if seen is not None and seen[0]() is not None:
+            return seen[1]
+        raw = reduce_tensor(tensor)
+        self._reduced[key] = (weakref.ref(tensor), raw)
+        return raw
 
     def _sample(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.sample_batch is not None and tensor.dim() > 0:
@@ -161,8 +182,11 @@ class Recorder:
         """Return this step's captures (one host transfer for all statistics) and start afresh."""
         raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
         self.host.wait()
+        columns = self._columns
+        columns["shape"] = [list(s) for s in columns["shape"]]
+        columns["dtype"] = [str(d).removeprefix("torch.") for d in columns["dtype"]]
         out = StepCaptures(
-            columns=self._columns,
+            columns=columns,
             stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),
             kept_rows=self._kept_rows,
             kept=self._kept,

@@ -8,6 +8,9 @@ overflow; integer and bool tensors are reduced as numbers. NaN propagates into `
 """
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import torch
 
@@ -17,16 +20,23 @@ RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "n
 STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan_count", "inf_count")
 
 
+#: Tensors with at least this many elements go through the compiled one-pass reduction; below
+#: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
+COMPILE_MIN_NUMEL = 1 << 12
+
+_compiled = None  # the compiled ``fused_reductions``, built on first use; False when unavailable
+
+
 def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     """Raw reductions of ``x`` (see ``RAW``) as a float64 vector on ``x``'s device.
 
     Sums run in float32 (float64 for float64, int32 and int64 input, which float32 would round
     past 2**24): PyTorch's CPU sum is a cascade sum, accurate to ~1e-7 relative, and 50x faster
     than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
-    so nothing overflows. Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x``
-    is non-zero exactly at NaN and ±Inf, ``x != x`` exactly at NaN.
-    Sums are taken around the first element (``shift``), so the variance of a tensor whose
-    mean dwarfs its spread does not cancel to noise.
+    so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
+    the variance of a tensor whose mean dwarfs its spread does not cancel to noise. Large tensors
+    take one compiled pass over memory (``fused_reductions``), small ones and machines where
+    ``torch.compile`` is unavailable the eager passes (``eager_reductions``).
     """
     x = x.detach()
     if x.is_complex():
@@ -37,12 +47,24 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1)
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
-    n = flat.numel()
+    if flat.numel() >= COMPILE_MIN_NUMEL:
+        fused = compiled_reductions()
+        if fused is not None:
+            with torch.no_grad():
+                return fused(flat)
+    return eager_reductions(flat)
+
+
+def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of a flat float32/float64 tensor with eager kernels (one pass per reduction).
+
+    Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
+    NaN and ±Inf, ``x != x`` exactly at NaN.
+    """
     lo, hi = torch.aminmax(flat)
     nonfinite = torch.count_nonzero(flat - flat)
     nans = torch.count_nonzero(flat != flat)
-    first = flat[0]
-    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    shift = _shift(flat)
     centered = flat - shift
     parts = (
         centered.sum(),
@@ -50,12 +72,64 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         flat.abs().sum(),
         lo,
         hi,
-        n - torch.count_nonzero(flat),
+        flat.numel() - torch.count_nonzero(flat),
         nans,
         nonfinite - nans,
         shift,
     )
     return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def fused_reductions(flat: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of a flat float32/float64 tensor, written for ``torch.compile`` to fuse into one
+    vectorised loop over memory (7-8 GB/s on one core of this project's machine, against well
+    under 1 GB/s for the eager passes, measured on 0.8-13 MB tensors).
+
+    The compiled sums are plain vector-lane accumulations, not PyTorch's cascade, so they widen
+    to float64 in registers: as fast (the loop is bound by memory) and more accurate.
+    """
+    shift = _shift(flat)
+    centered = (flat - shift).double()
+    parts = (
+        centered.sum(),
+        (centered * centered).sum(),
+        flat.abs().double().sum(),
+        flat.amin(),
+        flat.amax(),
+        (flat == 0).sum(),
+        (flat != flat).sum(),           # isnan/isinf compile to a scalar loop; compares vectorise
+        (flat.abs() == math.inf).sum(),
+        shift,
+    )
+    return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def compiled_reductions():
+    """``fused_reductions`` compiled with ``dynamic=True`` (one graph per dtype for every size), or None.
+
+    Compiled on the first large tensor, not at import: importing the compiler costs about a
+    second of start-up and the first compile a few more (cached on disk for later runs). A
+    machine without a working compiler falls back to the eager passes, with one warning.
+    """
+    global _compiled
+    if _compiled is None:
+        try:
+            # One CPU thread: the compiled kernel's OpenMP pool is not PyTorch's, and two pools
+            # spinning on the same cores made a 32k-element reduction 200x slower (26 ms).
+            fn = torch.compile(fused_reductions, dynamic=True, options={"cpp.threads": 1})
+            fn(torch.zeros(COMPILE_MIN_NUMEL))  # compile now, so a failure shows here
+            fn(torch.zeros(COMPILE_MIN_NUMEL, dtype=torch.float64))
+            _compiled = fn
+        except Exception as exc:  # no C++ compiler, unsupported platform, ...
+            warnings.warn(f"torch.compile unavailable ({type(exc).__name__}: {exc}); "
+                          f"statistics use eager reductions", RuntimeWarning, stacklevel=2)
+            _compiled = False
+    return _compiled or None
+
+
+def _shift(flat: torch.Tensor) -> torch.Tensor:
+    first = flat[0]
+    return torch.where(torch.isfinite(first), first, torch.zeros_like(first))
 
 
 def summarize(raw: np.ndarray, numel: np.ndarray) -> dict[str, np.ndarray]:

@@ -30,6 +30,7 @@ import torch
 from hooks.errors import ConfigError
 from hooks.recorder import StepCaptures
 from hooks.stats import STAT_COLUMNS
+from runner.background import BackgroundWriter
 
 SCHEMA_VERSION = "1"
 MANIFEST = "manifest.json"
@@ -57,12 +58,18 @@ STEPS_SCHEMA = pa.schema([
     pa.field("loss", pa.float64()),
     pa.field("wall_time_s", pa.float64()),
     pa.field("captures", pa.int64()),
+    pa.field("peak_memory_bytes", pa.int64()),
 ])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
 TMP_MARK = ".tmp-"
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
 ROW_GROUP_BYTES = 64 << 20
+
+
+def parquet_options(schema: pa.Schema) -> dict:
+    """Compression and dictionary-encoded columns of every file the runner writes."""
+    return {"compression": "snappy", "use_dictionary": [c for c in _STRING_COLUMNS if c in schema.names]}
 
 
 class OutputError(OSError):
@@ -162,8 +169,7 @@ class ParquetSink:
         self._writer: pq.ParquetWriter | None = None
         try:
             with _naming(self.tmp):
-                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="snappy",
-                                                use_dictionary=[c for c in _STRING_COLUMNS if c in schema.names])
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(schema))
         except BaseException:
             self.tmp.unlink(missing_ok=True)
             raise
@@ -226,6 +232,7 @@ class RunOutputs:
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
         self._sinks: dict[str, ParquetSink] = {}
+        self._writer: BackgroundWriter | None = None
 
     def __enter__(self) -> RunOutputs:
         _prepare(self.out_dir, self.overwrite)
@@ -233,6 +240,7 @@ class RunOutputs:
         try:
             for name, schema in self.FILES.items():
                 self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta, self.row_group_bytes)
+            self._writer = BackgroundWriter()
         except BaseException:
             self._abort()
             raise
@@ -243,6 +251,7 @@ class RunOutputs:
             self._abort()
             return
         try:
+            self._writer.close()
             for sink in self._sinks.values():
                 sink.commit()
             self._write_manifest()
@@ -254,29 +263,42 @@ class RunOutputs:
             raise
 
     def _abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close(discard=True)
         for sink in self._sinks.values():
             sink.abort()
 
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
-                   split: str = "train") -> None:
+                   split: str = "train", peak_memory_bytes: int | None = None) -> None:
         """Append one step: its statistics rows, its kept tensors and its ``steps`` row.
 
         ``split`` is ``train`` for a training (or measurement) step, ``eval`` for the eval passes
-        run after training step ``step``.
+        run after training step ``step``. The tables are built and written on the background
+        writer thread, overlapping the next step; ``captures`` must not be changed afterwards
+        (``Recorder.drain`` hands over its lists).
         """
+        kept_bytes = sum(t.numel() * t.element_size() for t in captures.kept)
+        self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, split, peak_memory_bytes),
+                            nbytes=kept_bytes)
+
+    def _write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
+                    split: str, peak_memory_bytes: int | None) -> None:
         n = len(captures)
         ids = _id_arrays(step, captures.columns, n)
-        stats = [pa.array(captures.stats[c]) for c in STAT_COLUMNS]
+        stats = [_from_numpy(captures.stats[c], STATS_SCHEMA.field(c).type) for c in STAT_COLUMNS]
         self._sinks["stats.parquet"].write(pa.Table.from_arrays(ids + stats, schema=STATS_SCHEMA))
         if captures.kept:
-            rows = pa.array(captures.kept_rows, pa.int64())
+            rows = _from_numpy(np.asarray(captures.kept_rows), pa.int64())
             kept_ids = [col.take(rows) for col in ids]
             self._sinks["tensors.parquet"].write(
                 pa.Table.from_arrays(kept_ids + [_values_array(captures.kept)], schema=TENSORS_SCHEMA))
         self._sinks["steps.parquet"].write(pa.Table.from_arrays(
-            [pa.array([step], pa.int64()), pa.array([split], pa.string()),
-             pa.array([float("nan") if loss is None else loss], pa.float64()),
-             pa.array([wall_time_s], pa.float64()), pa.array([n], pa.int64())], schema=STEPS_SCHEMA))
+            [_from_numpy(np.array([step]), pa.int64()), _column([split], pa.string()),
+             _from_numpy(np.array([float("nan") if loss is None else loss]), pa.float64()),
+             _from_numpy(np.array([wall_time_s]), pa.float64()), _from_numpy(np.array([n]), pa.int64()),
+             pa.nulls(1, pa.int64()) if peak_memory_bytes is None
+             else _from_numpy(np.array([peak_memory_bytes]), pa.int64())],
+            schema=STEPS_SCHEMA))
 
     def _write_manifest(self) -> None:
         manifest = {
@@ -299,19 +321,47 @@ class RunOutputs:
 
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:
-    out = [pa.array(np.full(n, step, dtype=np.int64))]
+    out = [_from_numpy(np.full(n, step), pa.int64())]
     for field in ID_FIELDS[1:]:
-        out.append(pa.array(columns[field.name], field.type))
+        out.append(_column(columns[field.name], field.type))
     return out
 
 
-def _values_array(tensors: list[torch.Tensor]) -> pa.Array:
-    """Flatten tensors into one float32 buffer plus offsets: no per-element Python work."""
-    flats = [t.reshape(-1).to(torch.float32).numpy() for t in tensors]
-    offsets = np.zeros(len(flats) + 1, dtype=np.int64)
-    np.cumsum([f.size for f in flats], out=offsets[1:])
-    values = np.concatenate(flats) if flats else np.empty(0, np.float32)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+def _values_array(tensors: list[torch.Tensor]) -> pa.ChunkedArray:
+    """One zero-copy list chunk per tensor over its float32 buffer: no per-element Python work, no copy."""
+    chunks = []
+    for t in tensors:
+        flat = t.reshape(-1).to(torch.float32).numpy()
+        offsets = _from_numpy(np.array([0, flat.size]), pa.int64())
+        chunks.append(pa.LargeListArray.from_arrays(offsets, _from_numpy(flat, pa.float32())))
+    return pa.chunked_array(chunks, TENSORS_SCHEMA.field("values").type)
+
+
+def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
+    """An identifier column (int64, string or list<int64>) built from its buffers, without ``pa.array``."""
+    if arrow_type == pa.string():
+        encoded = [v.encode() for v in values]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+    if pa.types.is_list(arrow_type):
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        flat = np.fromiter((x for v in values for x in v), dtype=np.int64, count=int(offsets[-1]))
+        return pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
+                                        _from_numpy(flat, arrow_type.value_type))
+    return _from_numpy(np.asarray(values), arrow_type)
+
+
+#: numpy dtypes of the Arrow types the runner writes from numpy arrays.
+_NUMPY_OF = {pa.int64(): np.int64, pa.float64(): np.float64, pa.float32(): np.float32}
+
+
+def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """A 1-D numpy array as an Arrow array, zero-copy: unlike ``pa.array`` it never imports pandas
+    (``pa.array`` of an ndarray does, which costs the CLI most of a second)."""
+    values = np.ascontiguousarray(values, dtype=_NUMPY_OF[arrow_type])
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 
 
 def _versions() -> dict[str, str]:

@@ -19,6 +19,7 @@ from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder
 from runner.data import batches
 from runner.losses import LossFn, get_loss
+from runner.memory import PeakMemory
 from runner.models import build_model
 from runner.nonfinite import NonFiniteGuard
 from runner.outputs import RunOutputs, check_output_dir
@@ -96,6 +97,7 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     schedule, sample, steps = settings.schedule, settings.sample, int(cfg.steps)
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
     guard = NonFiniteGuard(cfg.on_nonfinite)
+    peak = PeakMemory(device)
     with HookSession(model, settings.hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
         forward = compiled(model) if settings.compile else model
         recorder = session.recorder
@@ -104,18 +106,23 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
             for step in range(steps):
                 recorder.enabled = sample.records(step)
                 batch = next(data)
+                peak.reset()
                 start = time.perf_counter()
                 loss = explain_backward_hook_errors(settings.hooks, train_step, forward, model, batch,
                                                      settings.loss_fn, session, optimizer)
                 captures = recorder.drain()
+                wall = time.perf_counter() - start
                 guard.check(step, captures, loss)
-                outputs.write_step(step, captures, loss, time.perf_counter() - start)
+                outputs.write_step(step, captures, loss, wall, peak_memory_bytes=peak.peak_bytes())
                 if schedule.due(step):
                     recorder.enabled = True  # eval passes are rare: always recorded
+                    peak.reset()
                     start = time.perf_counter()
                     captures, eval_loss = eval_passes(forward, model, held_out, settings.loss_fn, recorder)
+                    wall = time.perf_counter() - start
                     guard.check(step, captures, eval_loss)
-                    outputs.write_step(step, captures, eval_loss, time.perf_counter() - start, split="eval")
+                    outputs.write_step(step, captures, eval_loss, wall, split="eval",
+                                       peak_memory_bytes=peak.peak_bytes())
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
     return out_dir

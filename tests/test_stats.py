@@ -9,7 +9,8 @@ import torch
 import torchvision
 
 from conftest import seeded_batch, stats_of
-from hooks.stats import reduce_tensor, summarize
+from hooks.recorder import Recorder
+from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
 
 
 def expected_stats(t: torch.Tensor) -> dict[str, float]:
@@ -27,8 +28,8 @@ def expected_stats(t: torch.Tensor) -> dict[str, float]:
     }
 
 
-def summary_of(t: torch.Tensor) -> dict[str, float]:
-    out = summarize(reduce_tensor(t).cpu().numpy()[None], np.array([t.numel()]))
+def summary_of(t: torch.Tensor, reduce=reduce_tensor) -> dict[str, float]:
+    out = summarize(reduce(t).cpu().numpy()[None], np.array([t.numel()]))
     return {k: v[0].item() for k, v in out.items()}
 
 
@@ -53,6 +54,43 @@ def assert_stats_close(got, t: torch.Tensor) -> None:
 ], ids=["randn", "big-mean", "one", "relu", "int", "bool", "fp16-overflow", "bf16", "f64"])
 def test_statistics_match_float64_torch(tensor):
     assert_stats_close(summary_of(tensor), tensor)
+
+
+N = COMPILE_MIN_NUMEL
+
+
+def flat_widened(t: torch.Tensor) -> torch.Tensor:
+    """What ``reduce_tensor`` hands its reduction paths: flat, float32 or float64."""
+    flat = t.reshape(-1)
+    return flat if flat.dtype == torch.float64 else flat.float()
+
+
+def compiled(t: torch.Tensor) -> torch.Tensor:
+    fused = compiled_reductions()
+    assert fused is not None, "torch.compile is unavailable on this machine"
+    return fused(flat_widened(t))
+
+
+def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t[[3, 50, 70]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return t
+
+
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), reduce_tensor],
+                         ids=["compiled", "eager", "dispatch"])
+@pytest.mark.parametrize("tensor", [
+    torch.randn(N + 7),
+    torch.randn(4 * N, dtype=torch.float64),
+    torch.randn(N) * 1e-3 + 1000.0,
+    torch.relu(torch.randn(3, N)),
+    torch.full((2 * N,), 60000.0, dtype=torch.float16),
+    with_nonfinite(torch.randn(N)),
+    torch.cat([torch.tensor([float("inf")]), torch.randn(N)]),   # non-finite first element: no shift
+], ids=["randn", "f64", "big-mean", "relu", "fp16-overflow", "nan-inf", "inf-first"])
+def test_compiled_and_eager_paths_match_float64_torch(tensor, path):
+    """Both reduction paths, on tensors large enough that ``reduce_tensor`` compiles."""
+    assert_stats_close(summary_of(tensor, path), tensor)
 
 
 def test_nan_and_inf_are_counted_and_propagate():
@@ -100,3 +138,16 @@ def test_stats_preset_matches_hand_written_hooks_on_resnet18(run_with):
         t = seen[(row.layer, row.call, row.kind)]
         assert row.shape.tolist() == list(t.shape) and row.numel == t.numel() and row.dtype == "float32"
         assert_stats_close(row._asdict(), t)
+
+
+def test_an_unchanged_alias_reuses_its_reduction_and_an_in_place_change_does_not():
+    recorder = Recorder()
+    ids = dict(hook="stats", layer="x", phase="forward", kind="output", slot="0", call=0)
+    t = torch.randn(64, 64)
+    recorder.record(t, **ids)
+    recorder.record(t, **ids)                    # e.g. an Identity's output: the same tensor
+    t.relu_()                                    # in place: the version counter moves on
+    recorder.record(t, **ids)
+    assert recorder._raw[1] is recorder._raw[0] and recorder._raw[2] is not recorder._raw[0]
+    stats = recorder.drain().stats
+    assert stats["min"][0] < 0 and stats["min"][2] == 0 == t.min().item()

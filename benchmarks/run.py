@@ -1,0 +1,244 @@
+"""``python -m benchmarks.run``: what the runner's hooks cost against bare PyTorch and hand-written hooks.
+
+Every comparison runs in one process and interleaved: each round times one step of every
+variant, in an order rotated per round, so load from other processes hits all variants alike.
+Ratios are medians of the per-round ratio to ``bare`` (paired), of wall time and of the process's
+CPU time; times are medians. The tables
+are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md`` and
+``results.parquet``.
+
+    python -m benchmarks.run               # resnet18 at batch 8 and 32, I/O, start-up, memory (< 10 min)
+    python -m benchmarks.run --resnet50    # also resnet50 at batch 8
+    python -m benchmarks.run --quick       # tiny sizes, one repetition: the smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torchvision
+
+from benchmarks import io, process
+from benchmarks.variants import make_variants, preset, runner_hooks
+
+RESULTS = Path(__file__).resolve().parent / "results"
+EXTRACT_LAYERS = ["layer4", "avgpool"]
+#: The issue's targets: variant -> largest acceptable median ratio to bare.
+TARGETS = {"runner stats": 1.10, "runner extract (memory)": 1.03, "runner extract (parquet)": 1.05,
+           "runner no-op machinery": 1.02}
+
+
+@dataclass
+class Settings:
+    """Sizes of every measurement; ``--quick`` shrinks them all."""
+
+    models: list[tuple[str, int, int]]   # (torchvision name, batch, image side)
+    rounds: int
+    warmup: int
+    tensor_steps: int
+    io_reps: int
+    stats_steps: int
+    startup_reps: int
+    memory_steps: tuple[int, int]
+    memory_overrides: list[str]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Settings:
+        if args.quick:
+            return cls([("resnet18", 2, 32)], rounds=1, warmup=1, tensor_steps=2, io_reps=1, stats_steps=3,
+                       startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"])
+        models = [("resnet18", 8, 224), ("resnet18", 32, 224)] + ([("resnet50", 8, 224)] if args.resnet50 else [])
+        return cls(models, rounds=args.rounds, warmup=3, tensor_steps=30, io_reps=5, stats_steps=100,
+                   startup_reps=5, memory_steps=(200, 10),
+                   memory_overrides=["model=resnet18", "data.shape=[2,3,64,64]"])
+
+
+class Report:
+    """Rows of every table (for parquet) and the markdown text, printed as they come."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.lines: list[str] = []
+
+    def say(self, *lines: str) -> None:
+        for line in lines:
+            print(line, flush=True)
+            self.lines.append(line)
+
+    def table(self, title: str, header: list[str], rows: list[list[str]]) -> None:
+        self.say("", f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header))
+        self.say(*("| " + " | ".join(r) + " |" for r in rows))
+
+    def add(self, section: str, config: str, name: str, value: float, unit: str,
+            ratio: float | None = None, target: str = "", cpu_ratio: float | None = None) -> None:
+        self.rows.append({"section": section, "config": config, "name": name, "value": value, "unit": unit,
+                          "ratio": ratio, "cpu_ratio": cpu_ratio, "target": target})
+
+    def write(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.md").write_text("\n".join(self.lines) + "\n")
+        pq.write_table(pa.Table.from_pylist(self.rows), out_dir / "results.parquet")
+
+
+def interleaved(variants, rounds: int, warmup: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds per step of each variant: ``warmup`` untimed rounds, then ``rounds``.
+
+    CPU time (all of this process's threads) is the steadier measure on a shared machine: time
+    spent waiting for a core that another process holds is not counted.
+    """
+    wall: dict[str, list[float]] = {v.name: [] for v in variants}
+    cpu: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(warmup + rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            v.step()
+            if r >= warmup:
+                wall[v.name].append(time.perf_counter() - start)
+                cpu[v.name].append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+def paired_ratio(times: list[float], bare: list[float]) -> float:
+    """Median over rounds of the ratio to ``bare`` in the same round."""
+    return statistics.median(a / b for a, b in zip(times, bare))
+
+
+def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings):
+    """Time every variant on ``name`` at ``batch``; return its extract and stats captures for the I/O parts."""
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name).train()
+    x = torch.randn(batch, 3, side, side)
+    config = f"{name} batch {batch} {side}x{side}"
+    variants = make_variants(model, x, EXTRACT_LAYERS)
+    try:
+        times, cpu = interleaved(variants, s.rounds, s.warmup)
+    finally:
+        for v in variants:
+            v.close()
+    bare = times["bare"]
+    rows = []
+    for v in variants:
+        t = times[v.name]
+        ratio, cpu_ratio = paired_ratio(t, bare), paired_ratio(cpu[v.name], cpu["bare"])
+        target = TARGETS.get(v.name)
+        verdict = "" if target is None else f"≤ {target:.2f} " + ("met" if ratio <= target else "**missed**")
+        rows.append([v.name, f"{statistics.median(t) * 1e3:.1f}", f"{ratio:.3f}", f"{cpu_ratio:.3f}", verdict, v.what])
+        report.add("hook overhead", config, v.name, statistics.median(t), "s/step", ratio, verdict, cpu_ratio)
+    report.table(f"{config}: one forward+backward step ({s.rounds} interleaved rounds)",
+                 ["variant", "median ms", "ratio to bare", "CPU-time ratio", "target (wall)", "what"], rows)
+
+    captures = {}
+    for label, entries in (("extract", {"extract": {"type": "capture", "layers": EXTRACT_LAYERS}}),
+                           ("stats", preset("stats"))):
+        v = runner_hooks(label, "", model, x, entries)
+        captures[label] = v.step()
+        v.close()
+    return config, captures
+
+
+def parquet_costs(report: Report, config: str, captures: dict, s: Settings) -> None:
+    extract = captures["extract"]
+    mb = s.tensor_steps * sum(t.numel() * 4 for t in extract.kept) / 1e6
+    rates = io.tensor_write_throughput(extract, s.tensor_steps, s.io_reps)
+    pyarrow_rate = statistics.median(rates["pyarrow alone"])
+    rows = []
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        share = rate / pyarrow_rate
+        verdict = "≥ 0.80 " + ("met" if share >= 0.8 else "**missed**") if name.startswith("runner") else ""
+        rows.append([name, f"{rate:.0f}", f"{share:.2f}", verdict])
+        report.add("parquet write", config, name, rate, "MB/s", share, verdict)
+    report.table(f"Writing captured tensors ({', '.join(EXTRACT_LAYERS)} of {config}, {s.tensor_steps} steps, "
+                 f"{mb:.0f} MB, fsync included, median of {s.io_reps})",
+                 ["writer", "MB/s", "share of pyarrow alone", "target"], rows)
+
+    stats = captures["stats"]
+    times = io.stats_table_roundtrip(stats, s.stats_steps, s.io_reps)
+    rows = []
+    for name, values in times.items():
+        rows.append([name, f"{statistics.median(values) * 1e3:.0f}"])
+        report.add("stats table", config, name, statistics.median(values), "s")
+    report.table(f"A {s.stats_steps}-step stats table ({len(stats)} rows per step, {config}): "
+                 f"RunOutputs write, runner.analysis.load_stats read", ["", "median ms"], rows)
+
+
+def process_costs(report: Report, s: Settings) -> None:
+    times = process.startup(s.startup_reps)
+    (runner_name, runner_t), (import_name, import_t) = times.items()
+    wall = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
+    cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
+    gap = wall[runner_name] - wall[import_name]
+    verdict = "≤ 1.0 s " + ("met" if gap <= 1.0 else "**missed**")
+    for name in times:
+        report.add("start-up", "", name, wall[name], "s", None, verdict if name == runner_name else "")
+        report.add("start-up", "", name, cpu[name], "CPU s")
+    report.table(f"Start-up (median of {s.startup_reps}, interleaved)",
+                 ["command", "wall s", "difference", "CPU s", "difference", "target (wall)"],
+                 [[runner_name, f"{wall[runner_name]:.2f}", f"{gap:+.2f}", f"{cpu[runner_name]:.2f}",
+                   f"{cpu[runner_name] - cpu[import_name]:+.2f}", verdict],
+                  [import_name, f"{wall[import_name]:.2f}", "", f"{cpu[import_name]:.2f}", "", ""]])
+
+    long, short = s.memory_steps
+    peaks = process.peak_memory((long, short), s.memory_overrides)
+    growth = peaks[long] / peaks[short]
+    verdict = "≤ 1.10 " + ("met" if growth <= 1.10 else "**missed**")
+    for steps in (long, short):
+        report.add("peak memory", " ".join(s.memory_overrides), f"{steps} steps", peaks[steps], "bytes",
+                   peaks[steps] / peaks[short], verdict if steps == long else "")
+    report.table(f"Peak RSS of a `hooks=stats` run ({' '.join(s.memory_overrides)})",
+                 ["steps", "peak MiB", "ratio", "target"],
+                 [[str(long), f"{peaks[long] / 2**20:.0f}", f"{growth:.3f}", verdict],
+                  [str(short), f"{peaks[short] / 2**20:.0f}", "1.000", ""]])
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; Python "
+            f"{platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
+            f"pyarrow {pa.__version__}")
+
+
+def load() -> str:
+    return "load average " + (" ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
+    parser.add_argument("--resnet50", action="store_true", help="also time resnet50 at batch 8")
+    parser.add_argument("--rounds", type=int, default=10, help="timed interleaved rounds per model (default 10)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
+    args = parser.parse_args(argv)
+    s = Settings.from_args(args)
+    started = time.perf_counter()
+    report = Report()
+    report.say(f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {machine()}; {load()} at start.")
+    captures = None
+    for name, batch, side in s.models:
+        config, step_captures = hook_overhead(report, name, batch, side, s)
+        captures = (config, step_captures)  # the I/O parts use the last (largest) model
+    parquet_costs(report, captures[0], captures[1], s)
+    process_costs(report, s)
+    report.say("", f"Total {time.perf_counter() - started:.0f} s; {load()} at the end.")
+    report.write(args.out)
+    return args.out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,72 @@
+"""The background writer: order, bounded queue, errors, discard; and per-step peak memory."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import runner.analysis as analysis
+from runner.background import BackgroundWriter
+from runner.memory import PeakMemory
+
+
+def test_jobs_run_in_submission_order_and_close_waits_for_them():
+    done = []
+    writer = BackgroundWriter()
+    for i in range(50):
+        writer.submit(lambda i=i: done.append(i), nbytes=10)
+    writer.close()
+    assert done == list(range(50))
+
+
+def test_submit_waits_while_the_queue_holds_more_than_its_bound():
+    release = threading.Event()
+    writer = BackgroundWriter(max_bytes=100)
+    writer.submit(release.wait, nbytes=80)           # occupies the thread, holds 80 bytes
+    second = threading.Thread(target=writer.submit, args=(lambda: None,), kwargs={"nbytes": 50})
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive()                         # 80 + 50 > 100: the producer waits
+    release.set()
+    second.join(timeout=10)
+    assert not second.is_alive()
+    writer.close()
+
+
+def test_a_failed_job_is_raised_to_the_producer_and_later_jobs_are_skipped():
+    done = []
+    writer = BackgroundWriter()
+    writer.submit(lambda: 1 / 0)
+    writer.submit(lambda: done.append("after"))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError") as info:
+        writer.close()
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and done == []
+
+
+def test_discard_drops_queued_jobs():
+    release, done = threading.Event(), []
+    writer = BackgroundWriter()
+    writer.submit(release.wait)
+    writer.submit(lambda: done.append("queued"))
+    closer = threading.Thread(target=writer.close, kwargs={"discard": True})
+    closer.start()
+    release.set()
+    closer.join(timeout=10)
+    assert done == []
+
+
+def test_peak_memory_sees_a_step_that_allocates_and_resets_after_it():
+    peak = PeakMemory(torch.device("cpu"))
+    peak.reset()
+    block = np.ones(40_000_000)                      # 320 MB, touched
+    with_block = peak.peak_bytes()
+    del block
+    peak.reset()
+    assert with_block - peak.peak_bytes() > 200e6
+
+
+def test_steps_parquet_records_wall_time_and_peak_memory(run_with):
+    steps = analysis.load_steps(run_with("model=convnet", "hooks=stats", "steps=2"))
+    assert (steps.wall_time_s > 0).all() and (steps.peak_memory_bytes > 10e6).all()

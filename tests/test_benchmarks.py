@@ -1,0 +1,54 @@
+"""Smoke run of ``python -m benchmarks.run --quick``: every measurement runs and lands in both tables.
+
+Timings are not asserted (the machine is shared); only that each number exists and is sane.
+"""
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torchvision
+
+from benchmarks import run as bench
+from benchmarks.variants import make_variants
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_every_table(tmp_path):
+    out = bench.main(["--quick", "--out", str(tmp_path)])
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    by_section: dict[str, list[dict]] = {}
+    for row in rows:
+        by_section.setdefault(row["section"], []).append(row)
+    assert set(by_section) == {"hook overhead", "parquet write", "stats table", "start-up", "peak memory"}
+    assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
+
+    overhead = {r["name"]: r for r in by_section["hook overhead"]}
+    assert overhead["bare"]["ratio"] == overhead["bare"]["cpu_ratio"] == 1.0
+    assert set(bench.TARGETS) <= set(overhead)
+    assert all(overhead[name]["target"] for name in bench.TARGETS)
+    assert {r["name"] for r in by_section["parquet write"]} == {"runner (RunOutputs)", "pyarrow alone", "raw file write"}
+
+    markdown = (out / "results.md").read_text()
+    for name in overhead:
+        assert f"| {name} |" in markdown
+    assert "Start-up" in markdown and "Peak memory" in markdown.replace("Peak RSS", "Peak memory")
+
+
+def test_every_variant_leaves_the_gradients_of_bare():
+    """The variants differ only in hooks that observe: each step leaves bare's gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    variants = make_variants(torchvision.models.resnet18(), x, bench.EXTRACT_LAYERS)
+    try:
+        for v in variants:
+            v.step()
+    finally:
+        for v in variants:
+            v.close()
+    bare = dict(variants[0].model.named_parameters())
+    for v in variants[1:]:
+        for name, p in v.model.named_parameters():
+            torch.testing.assert_close(p.grad, bare[name].grad, msg=f"{v.name}: {name}")
