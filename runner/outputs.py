@@ -240,7 +240,7 @@ class RunOutputs:
         try:
             for name, schema in self.FILES.items():
                 self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta, self.row_group_bytes)
-            self._writer = BackgroundWriter()
+            self._writer = BackgroundWriter(max_bytes=self.row_group_bytes)  # one memory budget for both
         except BaseException:
             self._abort()
             raise

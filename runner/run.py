@@ -19,7 +19,7 @@ from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder
 from runner.data import batches
 from runner.losses import LossFn, get_loss
-from runner.memory import PeakMemory
+from runner.memory import PeakMemory, bound_heap_growth
 from runner.models import build_model
 from runner.nonfinite import NonFiniteGuard
 from runner.outputs import RunOutputs, check_output_dir
@@ -98,6 +98,7 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
     guard = NonFiniteGuard(cfg.on_nonfinite)
     peak = PeakMemory(device)
+    bound_heap_growth()
     with HookSession(model, settings.hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
         forward = compiled(model) if settings.compile else model
         recorder = session.recorder
@@ -110,22 +111,29 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
                 start = time.perf_counter()
                 loss = explain_backward_hook_errors(settings.hooks, train_step, forward, model, batch,
                                                      settings.loss_fn, session, optimizer)
-                captures = recorder.drain()
-                wall = time.perf_counter() - start
-                guard.check(step, captures, loss)
-                outputs.write_step(step, captures, loss, wall, peak_memory_bytes=peak.peak_bytes())
+                _write_step(outputs, guard, peak, step, recorder.drain(), loss, start)
                 if schedule.due(step):
                     recorder.enabled = True  # eval passes are rare: always recorded
                     peak.reset()
                     start = time.perf_counter()
-                    captures, eval_loss = eval_passes(forward, model, held_out, settings.loss_fn, recorder)
-                    wall = time.perf_counter() - start
-                    guard.check(step, captures, eval_loss)
-                    outputs.write_step(step, captures, eval_loss, wall, split="eval",
-                                       peak_memory_bytes=peak.peak_bytes())
+                    _write_step(outputs, guard, peak, step, *eval_passes(forward, model, held_out, settings.loss_fn,
+                                                                         recorder), start, split="eval")
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
     return out_dir
+
+
+def _write_step(outputs: RunOutputs, guard: NonFiniteGuard, peak: PeakMemory, step: int, captures, loss,
+                start: float, split: str = "train") -> None:
+    """Check and hand one step's captures to the writer; the step's wall time ends here.
+
+    A function of its own so that no local variable holds a step's captures while the next step
+    runs: measured here, that alone made resident memory grow by ~0.3 MiB a step (allocator
+    fragmentation), where the 200-step capture test must stay flat.
+    """
+    wall = time.perf_counter() - start
+    guard.check(step, captures, loss)
+    outputs.write_step(step, captures, loss, wall, split=split, peak_memory_bytes=peak.peak_bytes())
 
 
 def _flag(cfg: DictConfig, key: str, default: bool) -> bool:
