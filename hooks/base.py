@@ -1,8 +1,6 @@
 """The base of every hook type: a typed parameter schema and an ``attach`` method."""
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,21 +25,6 @@ class HookSpec:
 
     def check(self, key: str) -> None:
         """Reject values that are well-typed but meaningless; ``key`` is the entry's config path."""
-
-
-def observer(callback: Callable[..., Any]) -> Callable[..., None]:
-    """Wrap a hook callback that must only look: whatever it returns is dropped.
-
-    PyTorch replaces a module's output, input or gradient with any non-``None`` value a hook
-    returns, so a stray return (a lambda returning a handle, a helper returning its argument)
-    would silently change the experiment. Observer hook types register through this wrapper.
-    """
-
-    @functools.wraps(callback)
-    def call(*args: Any, **kwargs: Any) -> None:
-        callback(*args, **kwargs)
-
-    return call
 
 
 class HookType:

@@ -19,7 +19,7 @@ from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder
 from runner.data import batches
 from runner.losses import LossFn, get_loss
-from runner.memory import PeakMemory, bound_heap_growth
+from runner.memory import PeakMemory, release_freed_memory
 from runner.models import build_model
 from runner.nonfinite import NonFiniteGuard
 from runner.outputs import RunOutputs, check_output_dir
@@ -98,7 +98,6 @@ def run(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str] = ()) -> 
     held_out = schedule.held_out(batches(cfg.data, cfg.model, int(cfg.seed) + EVAL_SEED_OFFSET, device))
     guard = NonFiniteGuard(cfg.on_nonfinite)
     peak = PeakMemory(device)
-    bound_heap_growth()
     with HookSession(model, settings.hooks, Recorder(sample.batch, sample.channels, int(cfg.seed))) as session:
         forward = compiled(model) if settings.compile else model
         recorder = session.recorder
@@ -134,6 +133,7 @@ def _write_step(outputs: RunOutputs, guard: NonFiniteGuard, peak: PeakMemory, st
     wall = time.perf_counter() - start
     guard.check(step, captures, loss)
     outputs.write_step(step, captures, loss, wall, split=split, peak_memory_bytes=peak.peak_bytes())
+    release_freed_memory()
 
 
 def _flag(cfg: DictConfig, key: str, default: bool) -> bool:
