@@ -165,6 +165,10 @@ class Tap(HookType):
     def attach(self, model: nn.Module, session) -> None:
         self._recorder = session.recorder
         self._open: dict[str, list[int]] = {}
+        # Resolved once here, not per call: the callbacks below run for every module call.
+        self._kinds = frozenset(self.record_kinds)
+        self._edits = {"input": self.edit_input(), "output": self.edit_output(),
+                       "grad_input": self.edit_grad_input(), "grad_output": self.edit_grad_output()}
         wants_pre, wants_fwd, self._grad_in, self._grad_out = self._points()
         targets = self.targets(model)
         if self.spec.scope == "global":
@@ -218,7 +222,7 @@ class Tap(HookType):
         call = self._recorder.next_call((self.name, layer))
         if pairs_with_forward:
             self._open.setdefault(layer, []).append(call)
-        edit, kinds = self.edit_input(), self.record_kinds
+        edit, kinds = self._edits["input"], self._kinds
         new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
         items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
         for slot, value in items:
@@ -234,7 +238,7 @@ class Tap(HookType):
                 self._record(value, layer, "forward", "input", slot, call)
             if self._grad_in and value.requires_grad:
                 value = value.view_as(value)
-                value.register_hook(self._grad_hook(layer, "grad_input", slot, call, self.edit_grad_input()))
+                value.register_hook(self._grad_hook(layer, "grad_input", slot, call))
                 changed = True
             if slot.isdigit():
                 new_args[int(slot)] = value
@@ -249,22 +253,23 @@ class Tap(HookType):
             call = self._open[layer].pop()
         else:
             call = self._recorder.next_call((self.name, layer))
-        edit = self.edit_output()
+        edit = self._edits["output"]
         new_output = None
         if edit is not None and isinstance(output, torch.Tensor):
             new_output = checked(edit(output, args), output, f"{self.key} on '{layer}' output")
             output = new_output
-        record_output = "output" in self.record_kinds or edit is not None
+        record_output = "output" in self._kinds or edit is not None
         for slot, t in walk(output):
             if record_output:
                 self._record(t, layer, "forward", "output", slot, call)
             if self._grad_out and t.requires_grad:
-                t.register_hook(self._grad_hook(layer, "grad_output", slot, call, self.edit_grad_output()))
+                t.register_hook(self._grad_hook(layer, "grad_output", slot, call))
         return new_output
 
-    def _grad_hook(self, layer: str, kind: str, slot: str, call: int, edit: Edit | None):
-        record = kind in self.record_kinds or edit is not None
-        where = f"{self.key} on '{layer}' {kind} {slot}"
+    def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
+        edit = self._edits[kind]
+        record = kind in self._kinds or edit is not None
+        where = None if edit is None else f"{self.key} on '{layer}' {kind} {slot}"
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
             new = None if edit is None else checked(edit(grad), grad, where)

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.nn.modules import module as nn_module
 
-from hooks import build_hooks
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
-from runner.losses import get_loss
 from runner.preflight import explain_backward_hook_errors, meta_inputs, meta_step
+from runner.run import check_run
 
 
 class PlanRecorder(Recorder):
@@ -38,8 +37,8 @@ class PlanRecorder(Recorder):
 
 def plan(cfg: DictConfig) -> tuple[str, bool]:
     """Return the plan as text and whether every entry resolved."""
-    hooks = build_hooks(OmegaConf.to_container(cfg.hooks, resolve=True) if cfg.get("hooks") is not None else {})
-    loss_fn = get_loss(cfg.loss)
+    settings = check_run(cfg)  # the same checks as a run, so a plan fails where the run would
+    hooks, loss_fn = settings.hooks, settings.loss_fn
     model, x = meta_inputs(cfg)
     lines, ok = [], True
     shapes = _output_shapes(model, x)
@@ -47,7 +46,6 @@ def plan(cfg: DictConfig) -> tuple[str, bool]:
                  f"({sum(p.numel() for p in model.parameters()):,} parameters); input {list(x.shape)}")
     for name, module in model.named_modules():
         lines.append(f"  {name or '(model)':<32} {type(module).__name__:<20} {shapes.get(name, '-')}")
-    resolved = []
     for hook in hooks:
         lines.append(f"{hook.key} (type {hook.spec.type}): {hook.pytorch_hooks}")
         try:
@@ -57,7 +55,6 @@ def plan(cfg: DictConfig) -> tuple[str, bool]:
             ok = False
             continue
         lines.append(f"  {len(names)} module(s): {', '.join(names[:12])}{', ...' if len(names) > 12 else ''}")
-        resolved.append(hook)
     if ok and hooks:
         lines += _captures(model, x, hooks, loss_fn)
     return "\n".join(lines), ok

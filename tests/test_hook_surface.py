@@ -194,7 +194,10 @@ def test_post_accumulate_rejects_a_computed_weight(tmp_path):
 
 
 @pytest.mark.parametrize("mode, layers", [("offload_cpu", "**"), ("offload_disk", "**"), ("compress", "layer1")])
-def test_saved_tensor_hooks_keep_gradients_and_record_packed_bytes(tmp_path, mode, layers):
+def test_saved_tensor_hooks_keep_gradients_and_record_packed_bytes(tmp_path, monkeypatch, mode, layers):
+    loaded = []  # what backward read back from disk: proves offload_disk really went through files
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loaded.append(a[0]) or load(*a, **k))
     grads = {}
     for hooks in ("none", "offload"):
         TrackedResNet18.instances.clear()
@@ -213,6 +216,9 @@ def test_saved_tensor_hooks_keep_gradients_and_record_packed_bytes(tmp_path, mod
     assert (saved.kind == "saved").all() and len(saved) > 10
     if mode == "compress":
         assert set(saved[saved.dtype != "int64"].dtype) <= {"float16"}
+    if mode == "offload_disk":  # every saved tensor was read back from its own file, inside tmp_path
+        run_files = {p for p in loaded if str(p).startswith(str(tmp_path))}
+        assert len(run_files) == len(saved)
     assert not any(tmp_path.glob("saved-tensors-*"))  # disk files and their folder are gone
 
 
