@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hooks.recorder import StepCaptures
-from runner.outputs import TENSORS_SCHEMA, RunOutputs, parquet_options
+from runner.store.outputs import TENSORS_SCHEMA, RunOutputs, parquet_options
 
 
 def _fsync(path: Path) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from hooks import HookSession, build_hooks
 from hooks.recorder import Recorder, StepCaptures
-from runner.outputs import RunOutputs
+from runner.store.outputs import RunOutputs
 
 CONF_HOOKS = Path(__file__).resolve().parents[1] / "conf" / "hooks"
 

@@ -4,7 +4,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runner.cli import execute
+from runner.cli.execute import execute
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

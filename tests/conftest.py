@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 import runner.analysis as analysis
-from runner.cli import execute
-from runner.run import run
+from runner.cli.execute import execute
+from runner.engine.loop import run
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -106,12 +106,12 @@ class Watch:
 
 @contextlib.contextmanager
 def watching() -> Iterator[Watch]:
-    """Within the block, ``runner.run.build_model`` gives each model a hook of its own (a user's
+    """Within the block, ``runner.engine.loop.build_model`` gives each model a hook of its own (a user's
     hook that must survive the run; it counts forward passes) and records a snapshot of its hook
     dicts in the ``Watch`` it yields."""
-    import runner.run
+    import runner.engine.loop
 
-    watched, build = Watch(), runner.run.build_model
+    watched, build = Watch(), runner.engine.loop.build_model
 
     def count_forward(module, args) -> None:
         watched.forwards += 1
@@ -123,11 +123,11 @@ def watching() -> Iterator[Watch]:
         watched.models.append((model, hook_snapshot(model)))
         return model
 
-    runner.run.build_model = build_and_watch
+    runner.engine.loop.build_model = build_and_watch
     try:
         yield watched
     finally:
-        runner.run.build_model = build
+        runner.engine.loop.build_model = build
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from torch import nn
 
 import runner.analysis as analysis
 from conftest import make_config, seeded_batch
-from runner.run import run
+from runner.engine.loop import run
 
 CLIP_MAXES = (1.0, 0.01, 0.0001)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from runner.background import BackgroundWriter
-from runner.memory import PeakMemory
+from runner.store.background import BackgroundWriter
+from runner.engine.memory import PeakMemory
 
 
 def test_jobs_run_in_submission_order_and_close_waits_for_them():

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hooks.recorder import HostCopies, Recorder
-from runner.run import resolve_device
+from runner.engine.loop import resolve_device
 
 
 def record_layers(recorder: Recorder, tensors: list[torch.Tensor]) -> None:

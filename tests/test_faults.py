@@ -20,8 +20,8 @@ import pytest
 
 from conftest import assert_no_partial_output, make_config
 from hooks.recorder import Recorder
-from runner.cli import execute
-from runner.run import run
+from runner.cli.execute import execute
+from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 

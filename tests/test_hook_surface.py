@@ -11,8 +11,8 @@ import runner.analysis as analysis
 from conftest import hook_count, make_config, seeded_batch, stats_of
 from hooks.errors import ConfigError
 from models_for_tests import KwargsNet, MakesModules, TrackedResNet18
-from runner.models import ConvNet
-from runner.run import run
+from runner.sources.models import ConvNet
+from runner.engine.loop import run
 
 CONVNET_LEAVES = ["conv", "relu", "flatten", "fc"]
 
@@ -165,7 +165,7 @@ def test_post_accumulate_records_accumulated_grad_and_sgd_updates(run_with):
     run_dir = run_with("model=mlp", "steps=2", "hooks=post_accumulate", "hooks.post_accumulate.op=sgd",
                        "hooks.post_accumulate.lr=0.1")
     torch.manual_seed(0)
-    from runner.models import MLP
+    from runner.sources.models import MLP
     net = MLP()
     for p in net.parameters():
         def update(p):

@@ -8,7 +8,7 @@ import pytest
 from conftest import hook_count, make_config
 from hooks import HOOK_TYPES
 from models_for_tests import Exploding, Interrupted, TrackedResNet18
-from runner.run import run
+from runner.engine.loop import run
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
 HOOK_PRESETS = [p for p in PRESETS if p != "none"]

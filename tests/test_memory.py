@@ -20,8 +20,8 @@ import runner.analysis as analysis
 from conftest import CONF_DIR, make_config, seeded_batch
 from hooks.errors import ConfigError
 from hooks.recorder import sampled_channels
-from runner.models import MLP, ConvNet
-from runner.run import run
+from runner.sources.models import MLP, ConvNet
+from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -32,7 +32,7 @@ PER_STEP = 2 * 512 * 200 * 4
 PEAK_SCRIPT = """
 import json, os, sys, threading, time
 from hydra import compose, initialize_config_dir
-from runner.run import run
+from runner.engine.loop import run
 
 conf_dir, out_dir, *overrides = sys.argv[1:]
 with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):

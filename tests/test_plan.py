@@ -6,7 +6,7 @@ import torch
 import torchvision
 
 from conftest import make_config
-from runner.cli import execute
+from runner.cli.execute import execute
 
 
 def test_plan_lists_modules_matches_and_exact_capture_bytes(capsys, tmp_path):

@@ -15,11 +15,11 @@ from PIL import Image
 
 import runner.analysis as analysis
 from conftest import make_config, seeded_batch
-from runner import plots
-from runner.cli import EXIT_CONFIG_ERROR, execute
-from runner.gradcam import grad_cam, grad_cam_of_run
-from runner.models import ConvNet
-from runner.run import run
+from runner.analysis import plots
+from runner.cli.execute import EXIT_CONFIG_ERROR, execute
+from runner.analysis.gradcam import grad_cam, grad_cam_of_run
+from runner.sources.models import ConvNet
+from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = str(ROOT / "assets" / "house.png")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_config
-from runner import report
-from runner.run import run
+from runner.analysis import report
+from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = ROOT / "assets" / "house.png"

@@ -7,7 +7,7 @@ from torch import nn
 
 from hooks.errors import ConfigError
 from hooks.select import select_modules
-from runner.models import ConvNet
+from runner.sources.models import ConvNet
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import runner.analysis as analysis
 from conftest import make_config
-from runner import tensorboard_export
-from runner.run import run
+from runner.analysis import tensorboard as tensorboard_export
+from runner.engine.loop import run
 
 
 def read_events(directory):

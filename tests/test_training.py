@@ -24,9 +24,9 @@ from torchvision import datasets, transforms
 import runner.analysis as analysis
 from conftest import make_config, stats_of
 from hooks.errors import ConfigError
-from runner.models import ConvNet
-from runner.progress import progress_bar
-from runner.run import run
+from runner.sources.models import ConvNet
+from runner.engine.progress import progress_bar
+from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("model=convnet", "data=fake", "data.shape=[4,3,8,8]", "loss=cross_entropy", "steps=4")

@@ -9,7 +9,7 @@ from torch import nn
 
 import runner.analysis as analysis
 from conftest import seeded_batch, stats_of
-from runner.models import ConvNet
+from runner.sources.models import ConvNet
 
 RESNET50_CHILDREN = [
     ("conv1", [10, 64, 112, 112]), ("bn1", [10, 64, 112, 112]), ("relu", [10, 64, 112, 112]),

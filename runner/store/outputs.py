@@ -30,7 +30,7 @@ import torch
 from hooks.errors import ConfigError
 from hooks.recorder import StepCaptures
 from hooks.stats import STAT_COLUMNS
-from runner.background import BackgroundWriter
+from runner.store.background import BackgroundWriter
 
 SCHEMA_VERSION = "1"
 MANIFEST = "manifest.json"

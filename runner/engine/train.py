@@ -20,8 +20,8 @@ from hooks import HookSession
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder, StepCaptures
 from hooks.registry import typed_config
-from runner.data import Batch
-from runner.losses import LossFn, first_tensor
+from runner.sources.data import Batch
+from runner.sources.losses import LossFn, first_tensor
 
 #: Data of eval passes come from the run's seed plus this, a stream disjoint from the training batches.
 EVAL_SEED_OFFSET = 1 << 20

@@ -16,11 +16,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hooks.errors import ConfigError
-from runner.nonfinite import NonFiniteError
-from runner.outputs import OutputError
-from runner.plan import plan
-from runner.run import run
-from runner.signals import Terminated, sigterm_raises
+from runner.engine.nonfinite import NonFiniteError
+from runner.store.outputs import OutputError
+from runner.engine.plan import plan
+from runner.engine.loop import run
+from runner.cli.signals import Terminated, sigterm_raises
 
 EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
@@ -46,7 +46,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
                     sys.exit(EXIT_CONFIG_ERROR)
                 return
             if cfg.get("plots"):
-                from runner import plots  # matplotlib is imported only when pictures are asked for
+                from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 
                 plots.check_plots(cfg)
             run(cfg, out_dir, overrides)

@@ -25,11 +25,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
 from hooks.errors import ConfigError
-from runner.cli import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code
-from runner.data import batches
-from runner.outputs import OutputError, check_output_dir
-from runner.preflight import rehearse
-from runner.run import check_run, resolve_device
+from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code
+from runner.sources.data import batches
+from runner.store.outputs import OutputError, check_output_dir
+from runner.engine.rehearsal import rehearse
+from runner.engine.loop import check_run, resolve_device
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 

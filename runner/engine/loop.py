@@ -17,17 +17,17 @@ from hooks import HookSession, build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
 from hooks.recorder import Recorder
-from runner.data import batches
-from runner.losses import LossFn, get_loss
-from runner.memory import PeakMemory, release_freed_memory
-from runner.models import build_model
-from runner.nonfinite import NonFiniteGuard
-from runner.outputs import RunOutputs, check_output_dir
-from runner.preflight import explain_backward_hook_errors, rehearse
-from runner.progress import progress_bar
-from runner.scale import SampleConfig, check_compilable, compiled, row_group_bytes, sample_config
-from runner.validate import check_config
-from runner.train import (EVAL_SEED_OFFSET, AdamConfig, EvalSchedule, NoOptimizer, SGDConfig, build_optimizer,
+from runner.sources.data import batches
+from runner.sources.losses import LossFn, get_loss
+from runner.engine.memory import PeakMemory, release_freed_memory
+from runner.sources.models import build_model
+from runner.engine.nonfinite import NonFiniteGuard
+from runner.store.outputs import RunOutputs, check_output_dir
+from runner.engine.rehearsal import explain_backward_hook_errors, rehearse
+from runner.engine.progress import progress_bar
+from runner.engine.scale import SampleConfig, check_compilable, compiled, row_group_bytes, sample_config
+from runner.config.validate import check_config
+from runner.engine.train import (EVAL_SEED_OFFSET, AdamConfig, EvalSchedule, NoOptimizer, SGDConfig, build_optimizer,
                           eval_passes, optimizer_config, train_step)
 
 

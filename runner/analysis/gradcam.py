@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runner.analysis import load_tensors
+from runner.analysis.load import load_tensors
 
 
 def grad_cam(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]) -> np.ndarray:

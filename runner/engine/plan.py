@@ -17,8 +17,8 @@ from torch.nn.modules import module as nn_module
 
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
-from runner.preflight import explain_backward_hook_errors, meta_inputs, meta_step
-from runner.run import check_run
+from runner.engine.rehearsal import explain_backward_hook_errors, meta_inputs, meta_step
+from runner.engine.loop import check_run
 
 
 class PlanRecorder(Recorder):

@@ -26,7 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.outputs import MANIFEST
+from runner.store.outputs import MANIFEST
 
 # numpy has no bfloat16: such tensors come back as float32.
 _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "int64": np.int64,

@@ -21,9 +21,9 @@ from hooks import HookSession
 from hooks.base import HookType
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder
-from runner.data import batches
-from runner.losses import LossFn, first_tensor
-from runner.models import build_model
+from runner.sources.data import batches
+from runner.sources.losses import LossFn, first_tensor
+from runner.sources.models import build_model
 
 
 def meta_inputs(cfg: DictConfig) -> tuple[nn.Module, torch.Tensor]:

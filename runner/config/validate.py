@@ -17,10 +17,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from hooks.errors import ConfigError, choice_error
-from runner.models import RUN_KEYS
-from runner.nonfinite import POLICIES
+from runner.sources.models import RUN_KEYS
+from runner.engine.nonfinite import POLICIES
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Top-level keys that Hydra adds or that are not settings of the run.
 _NOT_SETTINGS = ("defaults", "hydra")
 

@@ -1,0 +1,161 @@
+"""``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep.
+
+The page holds the jobs and their overrides, each job's resolved config, a table of every
+recorded layer and statistic, what looks abnormal (NaN/Inf, gradients that are exactly zero,
+activations that are zero everywhere, dead units of non-negative outputs) and the pictures of
+``runner.plots`` embedded as PNG data URIs: no file beside it and nothing fetched when it is
+opened. It is written to ``PATH/report.html`` (or ``--out``) and its path is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from runner.analysis import plots
+from runner.analysis.load import abnormal, config_of, dead_units, load_stats, load_steps, load_tensors, overrides_of, run_dirs
+
+REPORT = "report.html"
+#: The sections of the page, by HTML id and heading, in order.
+SECTIONS = {"jobs": "Jobs and overrides", "config": "Resolved config", "layers": "Recorded layers and statistics",
+            "abnormal": "Abnormalities", "pictures": "Pictures"}
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
+img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.ok{color:#2a7a2a}.bad{color:#b00020}.note{color:#777}"""
+
+
+def render(path: str | Path) -> str:
+    """The report of the run or sweep at ``path`` as an HTML string."""
+    path = Path(path)
+    runs = run_dirs(path)
+    stats = load_stats(path)
+    job = {str(r): (str(r.relative_to(path)) if r != path else r.name) for r in runs}
+    stats.insert(0, "job", stats["run_dir"].map(job))
+    steps = load_steps(path)
+    body = {
+        "jobs": _jobs(runs, job, steps),
+        "config": _configs(runs, job),
+        "layers": _layers(stats),
+        "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
+        "pictures": _pictures(runs, job, stats, steps),
+    }
+    sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS)
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>hook-runner report: '
+            f'{html.escape(path.name)}</title><style>{_CSS}</style></head><body>\n<h1>hook-runner report</h1>\n'
+            f"<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), {len(stats)} statistic rows; "
+            f"made {when}.</p>\n{sections}\n</body></html>\n")
+
+
+def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``path`` to ``out`` (default ``PATH/report.html``) and return where."""
+    out = Path(out) if out else Path(path) / REPORT
+    out.write_text(render(path), encoding="utf-8")
+    return out
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
+
+
+def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:
+    overrides = {r: [f"{k}={v}" for k, v in overrides_of(r).items()] for r in runs}
+    common = [o for o in overrides[runs[0]] if all(o in own for own in overrides.values())] if len(runs) > 1 else []
+    rows = []
+    for r in runs:
+        mine = steps[steps["run_dir"] == str(r)]
+        rows.append({"job": job[str(r)], "overrides": " ".join(o for o in overrides[r] if o not in common) or "(none)",
+                     "steps": len(mine), "last loss": mine["loss"].iloc[-1] if len(mine) else float("nan"),
+                     "wall time s": mine["wall_time_s"].sum()})
+    shared = f"<p>Common to every job: <code>{html.escape(' '.join(common))}</code></p>\n" if common else ""
+    return shared + _table(pd.DataFrame(rows))
+
+
+def _configs(runs, job: dict[str, str]) -> str:
+    parts = []
+    for i, r in enumerate(runs):
+        text = config_of(r)
+        shown = (f"<pre>{html.escape(text)}</pre>" if text is not None else
+                 '<p class="note">not recorded: the run was not made by <code>python -m runner</code> '
+                 "(no <code>.hydra/config.yaml</code>)</p>")
+        parts.append(f"<details{' open' if i == 0 else ''}><summary>{html.escape(job[str(r)])}</summary>{shown}</details>")
+    return "\n".join(parts)
+
+
+def _layers(stats: pd.DataFrame) -> str:
+    keys = ["job", "hook", "layer", "phase", "kind", "slot"]
+    table = stats.groupby(keys, sort=False).agg(
+        captures=("step", "size"), steps=("step", "nunique"), shape=("shape", lambda s: "x".join(str(int(d)) for d in s.iloc[0])),
+        mean=("mean", "mean"), std=("std", "mean"), min=("min", "min"), max=("max", "max"),
+        l2=("l2", "mean"), zero_frac=("zero_frac", "mean"), nan=("nan_count", "sum"), inf=("inf_count", "sum"),
+    ).reset_index()
+    if table["job"].nunique() == 1:
+        table = table.drop(columns="job")
+    return ("<p>One row per hook, layer, phase, kind and slot; mean, std, l2 and zero_frac are averaged "
+            "over calls and steps, min and max taken over them.</p>\n" + _table(table))
+
+
+def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str:
+    found = abnormal(stats)
+    units = dead_units(outputs)
+    dead = units[units["dead"] > 0]
+    checked = ("Checked: NaN and Inf counts of every capture; gradients that are exactly 0 in every capture; "
+               "activations that are 0 everywhere; dead units (channels or features that are 0 for every "
+               f"sample) among the {len(units)} kept non-negative outputs.")
+    if found.empty and dead.empty:
+        return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
+    parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']
+    if not found.empty:
+        parts.append(_table(found.assign(run_dir=found["run_dir"].map(job)).rename(columns={"run_dir": "job"})))
+    if not dead.empty:
+        parts.append("<h3>Dead units</h3>" + _table(dead.assign(run_dir=dead["run_dir"].map(job))
+                                                    .rename(columns={"run_dir": "job"})))
+    return "\n".join(parts) + f'<p class="note">{checked}</p>'
+
+
+def _img(fig, alt: str) -> str:
+    data = base64.b64encode(plots.png_bytes(fig)).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame) -> str:
+    parts = []
+    if len(runs) > 1:
+        kinds = [k for k in ("param_grad", "grad_output", "output") if (stats["kind"] == k).any()]
+        if kinds:
+            stat = "l2"
+            parts.append(f"<h3>Sweep: {kinds[0]} {stat} per layer</h3>"
+                         + _img(plots.compare_runs(stats, stat=stat, kind=kinds[0]), f"{kinds[0]} {stat} per run"))
+        if steps["step"].nunique() > 1:
+            parts.append("<h3>Loss per step</h3>" + _img(plots.loss_curves(steps), "loss per step per run"))
+    for r in runs:
+        text = config_of(r)
+        cfg = OmegaConf.create(text) if text is not None else None
+        figures, notes = plots.run_figures(r, plots.PLOTS, cfg)
+        parts.append(f"<h3>{html.escape(job[str(r)])}</h3>")
+        parts += [_img(fig, name) for name, fig in figures]
+        parts += [f'<p class="note">not drawn: {html.escape(n)}</p>' for n in notes]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m runner.report PATH [--out FILE]``: write the page and print its path."""
+    parser = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a run directory or a sweep directory")
+    parser.add_argument("--out", help=f"where to write the page (default PATH/{REPORT})")
+    args = parser.parse_args(argv)
+    try:
+        out = write_report(args.path, args.out)
+    except FileNotFoundError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Export captured statistics and tensors as TensorBoard event files.
+
+``python -m runner.tensorboard_export PATH`` (a run or a sweep) writes, for every run, a
+``tensorboard/`` directory next to its parquet files; ``tensorboard --logdir PATH`` then shows a
+sweep's runs side by side. Per step it holds:
+
+* scalars ``HOOK/KIND/LABEL/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``) and ``loss``;
+* histograms ``HOOK/KIND/LABEL`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
+
+``LABEL`` is the layer as ``runner.analysis.per_layer`` names it (``fc.bias``, ``relu #1``).
+Events are written with ``torch.utils.tensorboard`` (the ``tensorboard`` package, offline).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from runner.analysis.load import label_of, load_stats, load_steps, load_tensors, run_dirs
+
+#: Statistics written as scalars (``min``/``max`` and the counts are in the histograms or the report).
+SCALAR_STATS = ("mean", "std", "abs_mean", "l2", "zero_frac")
+#: Sub-directory of a run directory that holds its event files.
+EVENTS_DIR = "tensorboard"
+
+
+def _tag(row) -> str:
+    return f"{row.hook}/{row.kind}/{label_of(row.layer, row.kind, row.slot, row.call)}"
+
+
+def export_run(run_dir: str | Path) -> Path:
+    """Write ``run_dir/tensorboard/`` for one run and return it (event files replace earlier exports)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(f"{exc}; install it with: pip install 'hook-runner[tensorboard]'") from None
+
+    run_dir = Path(run_dir)
+    out = run_dir / EVENTS_DIR
+    for old in out.glob("events.out.tfevents.*"):
+        old.unlink()
+    stats = load_stats(run_dir)
+    tensors = load_tensors(run_dir)
+    with SummaryWriter(log_dir=str(out)) as writer:
+        for row in load_steps(run_dir).itertuples():
+            if not math.isnan(row.loss):
+                writer.add_scalar("loss", row.loss, row.step)
+        for row in stats.itertuples():
+            tag = _tag(row)
+            for stat in SCALAR_STATS:
+                writer.add_scalar(f"{tag}/{stat}", getattr(row, stat), row.step)
+        for row in tensors.itertuples():
+            writer.add_histogram(_tag(row), row.tensor.astype("float32", copy=False), row.step)
+    return out
+
+
+def export(path: str | Path) -> list[Path]:
+    """Export every run at or under ``path``; return the event directories written."""
+    return [export_run(run_dir) for run_dir in run_dirs(path)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m runner.tensorboard_export PATH``: print each event directory written."""
+    parser = argparse.ArgumentParser(prog="python -m runner.tensorboard_export", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a run directory or a sweep directory")
+    args = parser.parse_args(argv)
+    try:
+        written = export(args.path)
+    except (FileNotFoundError, ImportError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    for out in written:
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The Hydra edge: the command line, Hydra callbacks, signals and exit statuses."""

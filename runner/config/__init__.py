@@ -1,0 +1,1 @@
+"""The config schema: typed dataclasses registered in Hydra's ConfigStore, and what Hydra cannot check."""

@@ -1,0 +1,1 @@
+"""Plan and run: a config compiled once into a checked plan, then the loop that runs it."""
