@@ -81,7 +81,7 @@ def test_projection_and_filters_are_passed_to_parquet(sweep, monkeypatch):
         calls.append((path.name, columns, filters))
         return real(path, columns=columns, filters=filters, **kw)
 
-    monkeypatch.setattr(analysis.pq, "read_table", spy)
+    monkeypatch.setattr(analysis.load.pq, "read_table", spy)
     full = analysis.load_stats(sweep)
     df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
     assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "run_dir"}
