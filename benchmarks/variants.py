@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from hooks import HookSession, build_hooks
+from runner.cli.commandline import compose_config
 from hooks.recorder import Recorder, StepCaptures
 from runner.store.outputs import RunOutputs
 
-CONF_HOOKS = Path(__file__).resolve().parents[1] / "conf" / "hooks"
 
 
 @dataclass
@@ -36,8 +36,8 @@ class Variant:
 
 
 def preset(name: str) -> dict:
-    """The ``hooks=NAME`` preset exactly as the runner loads it."""
-    return {name: OmegaConf.to_container(OmegaConf.load(CONF_HOOKS / f"{name}.yaml"))}
+    """The ``hooks=NAME`` preset exactly as the runner composes it (for resnet18)."""
+    return OmegaConf.to_container(compose_config([f"hooks={name}", "model=resnet18"]).hooks, resolve=True)
 
 
 def leaves(model: nn.Module) -> list[nn.Module]:

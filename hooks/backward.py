@@ -89,6 +89,14 @@ class ModuleBackward(Tap):
             callback = self._module_hook(lambda module, layer=layer: layer)
             session.add(self.local_register(module, callback))
 
+    def explain(self, exc: BaseException) -> str | None:
+        """PyTorch's in-place error under ``mechanism: module``, as the one-line fix."""
+        if self.spec.mechanism != "module" or "BackwardHookFunction" not in str(exc):
+            return None
+        return (f"{self.key}.mechanism=module: PyTorch's full backward hook fails on a module whose output is "
+                f"then modified in place (e.g. by ReLU(inplace=True) or 'out += identity'); use "
+                f"mechanism=tensor, which records the same gradients")
+
     def _replace_all(self, grads: tuple, kind: str, layer: str):
         fill = self._filler()
         if fill is None:

@@ -67,6 +67,10 @@ class HookType:
         """Register this entry's PyTorch hooks on ``model``, giving every handle to ``session``."""
         raise NotImplementedError
 
+    def explain(self, exc: BaseException) -> str | None:
+        """A one-line message when ``exc`` (raised during a pass) is this entry's doing, else ``None``."""
+        return None
+
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
 

@@ -1,17 +1,29 @@
-"""``python -m runner [overrides]``: Hydra composes the config, ``runner.cli`` runs it."""
+"""``python -m runner [overrides]``: the command line is checked, then Hydra runs each job's plan."""
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runner.cli.execute import execute
+from runner.cli.commandline import check_command_line, take_plan
+from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),
-            multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+            multirun=hydra_cfg.mode == RunMode.MULTIRUN, plan=take_plan(cfg))
+
+
+def main() -> None:
+    problems = check_command_line(sys.argv[1:])
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        sys.exit(EXIT_CONFIG_ERROR)
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -2,27 +2,43 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.nn.modules import module as module_globals
 
-import runner.analysis as analysis
-from runner.cli.execute import execute
-from runner.engine.loop import run
+from hooks.errors import ConfigError
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+import runner.analysis as analysis
+from runner.cli.commandline import compose_config
+from runner.cli.execute import execute
+from runner.engine import loop
+from runner.engine.plan import compile_plan
 
 
 def make_config(*overrides: str):
-    """The config ``python -m runner OVERRIDES`` would see."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    """The config ``python -m runner OVERRIDES`` would see (a Hydra-level mistake is a ``ConfigError``)."""
+    return compose_config(overrides)
+
+
+def cli(overrides, out_dir) -> None:
+    """What ``python -m runner OVERRIDES`` does, in-process: the command-line check, then ``execute``."""
+    try:
+        cfg = make_config(*overrides)
+    except ConfigError as exc:  # printed by the command-line check before Hydra starts
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    execute(cfg, out_dir, overrides)
+
+
+def run(cfg, out_dir, overrides=()) -> Path:
+    """Compile ``cfg`` and run it into ``out_dir``, as the CLI does."""
+    return loop.run(compile_plan(cfg, overrides), out_dir)
 
 
 @pytest.fixture
@@ -109,9 +125,7 @@ def watching() -> Iterator[Watch]:
     """Within the block, ``runner.engine.loop.build_model`` gives each model a hook of its own (a user's
     hook that must survive the run; it counts forward passes) and records a snapshot of its hook
     dicts in the ``Watch`` it yields."""
-    import runner.engine.loop
-
-    watched, build = Watch(), runner.engine.loop.build_model
+    watched, build = Watch(), loop.build_model
 
     def count_forward(module, args) -> None:
         watched.forwards += 1
@@ -123,11 +137,11 @@ def watching() -> Iterator[Watch]:
         watched.models.append((model, hook_snapshot(model)))
         return model
 
-    runner.engine.loop.build_model = build_and_watch
+    loop.build_model = build_and_watch
     try:
         yield watched
     finally:
-        runner.engine.loop.build_model = build
+        loop.build_model = build
 
 
 @pytest.fixture
@@ -169,7 +183,7 @@ def fault(tmp_path, watch, capsys):
             else ("model=convnet", *overrides)
         out = out or tmp_path / "out"
         with pytest.raises(SystemExit) as exit_:
-            execute(make_config(*overrides), out, overrides)
+            cli(overrides, out)
         stderr = capsys.readouterr().err.strip()
         assert len(stderr.splitlines()) == 1, stderr
         assert "Traceback" not in stderr

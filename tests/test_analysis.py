@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 import runner.analysis as analysis
-from conftest import make_config, seeded_batch
-from runner.engine.loop import run
+from conftest import make_config, run, seeded_batch
 
 CLIP_MAXES = (1.0, 0.01, 0.0001)
 

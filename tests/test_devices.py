@@ -10,7 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hooks.recorder import HostCopies, Recorder
-from runner.engine.loop import resolve_device
+from conftest import make_config
+from hooks.errors import ConfigError
+from runner.engine.plan import compile_plan
 
 
 def record_layers(recorder: Recorder, tensors: list[torch.Tensor]) -> None:
@@ -37,8 +39,16 @@ def test_kept_cpu_tensors_are_independent_copies_and_drain_waits_once(monkeypatc
 
 
 def test_device_choice_follows_the_machine():
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert compile_plan(make_config("model=linear", "device=cpu")).device == "cpu"
+    assert compile_plan(make_config("model=linear", "device=auto")).device == (
+        "cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_is_refused_here_but_left_to_the_node_for_remote_jobs():
+    with pytest.raises(ConfigError, match="device: cuda requested but torch.cuda.is_available"):
+        compile_plan(make_config("model=linear", "device=cuda"))
+    assert compile_plan(make_config("model=linear", "device=cuda"), check_device=False).device == "cuda"
 
 
 class DeviceToHost(TorchDispatchMode):

@@ -18,10 +18,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import assert_no_partial_output, make_config
+from conftest import assert_no_partial_output, make_config, run
 from hooks.recorder import Recorder
 from runner.cli.execute import execute
-from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,10 +62,10 @@ CONFIG_ERRORS = [
                           "name, num_classes, weights")),
     (["+data.shufle=true"], "data.shufle: unknown key for data kind 'randn' 'shufle'; valid: kind, requires_grad, "
                             "shape, targets"),
-    (["+loss.reduction=sum"], "loss.reduction: unknown key for losses 'reduction'; valid: name"),
+    (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: name, target_class"),
     (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: fake, image, ones, randn, tokens"),
     (["data.shape=[-2,3,8,8]"], "data.shape: [-2, 3, 8, 8] must be a list of positive integers"),
-    (["data.shape=[nan,3]"], "data.shape: [nan, 3] must be a list of positive integers"),
+    (["data.shape=[nan,3]"], "data.shape[0]: nan is not an integer"),
     (["data.shape=[0,3]"], "data.shape: [0, 3] must be a list of positive integers"),
     (["loss=cross_entropy", "data.targets=7"],
      "data.targets: 7 is not a class of a model with num_classes=5; use integers in [0, 4]"),
@@ -81,10 +80,28 @@ CONFIG_ERRORS = [
     (["loss.name=crossentropy"], "loss.name: unknown loss 'crossentropy'; valid: "),
     (["model.name=resnet19"], "model.name: unknown model 'resnet19'; valid: "),
     (["model=custom"], "model._target_: required for model=custom"),
-    (["model=custom", "model._target_=nowhere.Net"], "model._target_: cannot build 'nowhere.Net'"),
+    (["model=custom", "model._target_=nowhere.Net"], "model._target_: cannot import 'nowhere.Net': no module named 'nowhere'"),
     (["model.checkpoint=/nonexistent.pt"], "model.checkpoint: no file at '/nonexistent.pt'"),
     (["data=image"], "data.path: required for data=image"),
     (["data=image", "data.path=/nonexistent/cat.jpg"], "data.path: no file or folder at '/nonexistent/cat.jpg'"),
+    # Hydra-level mistakes: one line, the closest option, never "use +"
+    (["hooks=clp"], ("hooks: unknown preset 'clp'; valid: ", "did you mean 'clip'?")),
+    (["model=resnet19"], ("model: unknown preset 'resnet19'; valid: ", "did you mean 'resnet18'?")),
+    (["hooks=clip", "hooks.clip.maxx=1"], ("hooks.clip.maxx: unknown key of hooks.clip 'maxx'", "did you mean 'max'?")),
+    (["step=3"], ("step: unknown setting 'step'; valid: ", "did you mean 'steps'?")),
+    (["hooks.clip.max=0.1"], "hooks.clip.max: there is no entry hooks.clip in this config; add the preset: hooks=clip"),
+    (["hooks=[clip,stats"], "cannot parse 'hooks=[clip,stats'"),
+    (["data.shape=8"], "data.shape: 8 must be a list"),
+    (["plots=[gradflow]"], "plots[0]: unknown plot 'gradflow'; valid: feature_maps, grad_cam, gradient_flow"),
+    (["hooks=stats", "hooks.stats.layers=${model.nope}"], "hooks.stats.layers: Interpolation key 'model.nope' not found"),
+    # shapes the model cannot take, found by the meta rehearsal
+    (["data.shape=[1,3,16,16]"], "data.shape: [1, 3, 16, 16] does not fit the model: module 'fc' (Linear) failed on it"),
+    (["model=resnet18", "data.shape=[1,1,32,32]"],
+     "data.shape: [1, 1, 32, 32] does not fit the model: module 'conv1' (Conv2d) failed on it"),
+    # targets that build no model are refused without being called
+    (["model=custom", "model._target_=torch.nn.Lineer"], "model._target_: 'torch.nn' has no 'Lineer'"),
+    (["model=custom", "model._target_=torch.nn.Linear", "+model.in_featrues=3", "+model.out_features=3"],
+     ("model.in_featrues: unknown argument of 'torch.nn.Linear' 'in_featrues'", "did you mean 'in_features'?")),
 ]
 
 
@@ -95,6 +112,23 @@ def test_bad_config_is_one_line_exit_2_before_any_forward_pass(fault, overrides,
     assert outcome.stderr.startswith("error: ")
     for part in (message,) if isinstance(message, str) else message:
         assert part in outcome.stderr
+
+
+@pytest.mark.parametrize("target, arguments", [
+    ("builtins.open", ["+model.file={file}", "+model.mode=w"]),
+    ("pathlib.Path.touch", ["+model.self={file}"]),
+    ("os.makedirs", ["+model.name={dir}"]),
+    ("torch.save", ["+model.obj=1", "+model.f={file}"]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_target_that_builds_no_model_is_refused_without_running(fault, tmp_path, target, arguments):
+    victim, new_dir = tmp_path / "precious.txt", tmp_path / "made"
+    victim.write_text("keep me")
+    args = [a.format(file=victim, dir=new_dir) for a in arguments]
+    outcome = fault("model=custom", f"model._target_={target}", "data.shape=[2,3]", *args)
+    assert outcome.code == 2
+    assert outcome.stderr.startswith(f"error: model._target_: '{target}' is not an nn.Module class")
+    assert victim.read_text() == "keep me" and not new_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
 
 
 def test_ctrl_c_in_the_model_exits_130(fault):

@@ -8,11 +8,10 @@ import torchvision
 from torch import nn
 
 import runner.analysis as analysis
-from conftest import hook_count, make_config, seeded_batch, stats_of
+from conftest import hook_count, make_config, run, seeded_batch, stats_of
 from hooks.errors import ConfigError
 from models_for_tests import KwargsNet, MakesModules, TrackedResNet18
 from runner.sources.models import ConvNet
-from runner.engine.loop import run
 
 CONVNET_LEAVES = ["conv", "relu", "flatten", "fc"]
 

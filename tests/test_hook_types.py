@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hook_count, make_config
+from conftest import hook_count, make_config, run
 from hooks import HOOK_TYPES
 from models_for_tests import Exploding, Interrupted, TrackedResNet18
-from runner.engine.loop import run
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
 HOOK_PRESETS = [p for p in PRESETS if p != "none"]

@@ -15,11 +15,10 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import assert_no_partial_output, make_config, seeded_batch
+from conftest import assert_no_partial_output, make_config, run, seeded_batch
 from hooks import HookSession, build_hooks
 from hooks.recorder import Recorder
 from runner.analysis import load as analysis
-from runner.engine.loop import run
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
 SMALL_RESNET = ("model=resnet18", "data.shape=[2,3,32,32]")

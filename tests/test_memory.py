@@ -17,11 +17,10 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import CONF_DIR, make_config, seeded_batch
+from conftest import make_config, run, seeded_batch
 from hooks.errors import ConfigError
 from hooks.recorder import sampled_channels
 from runner.sources.models import MLP, ConvNet
-from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -31,12 +30,12 @@ PER_STEP = 2 * 512 * 200 * 4
 
 PEAK_SCRIPT = """
 import json, os, sys, threading, time
-from hydra import compose, initialize_config_dir
+from runner.cli.commandline import compose_config
 from runner.engine.loop import run
+from runner.engine.plan import compile_plan
 
-conf_dir, out_dir, *overrides = sys.argv[1:]
-with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-    cfg = compose(config_name="config", overrides=overrides)
+out_dir, *overrides = sys.argv[1:]
+plan = compile_plan(compose_config(overrides))
 page = os.sysconf("SC_PAGE_SIZE")
 
 def rss():
@@ -53,7 +52,7 @@ base = rss()
 sampler = threading.Thread(target=sample)
 sampler.start()
 try:
-    run(cfg, out_dir)
+    run(plan, out_dir)
 finally:
     done.set()
     sampler.join()
@@ -63,7 +62,7 @@ print(json.dumps({"growth": max(peak[0], rss()) - base}))
 
 def peak_growths(runs: dict[Path, tuple[str, ...]]) -> list[int]:
     """For each run (its own process, all at once), the resident memory it added at its peak."""
-    procs = [subprocess.Popen([sys.executable, "-c", PEAK_SCRIPT, CONF_DIR, str(out_dir), *overrides], cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-c", PEAK_SCRIPT, str(out_dir), *overrides], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for out_dir, overrides in runs.items()]
     growths = []
@@ -91,9 +90,10 @@ def test_peak_memory_of_a_capture_does_not_grow_with_the_number_of_steps(tmp_pat
     assert long - short < 16 * MiB
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "abc"])
-def test_row_group_budget_must_be_a_positive_size(tmp_path, value):
-    with pytest.raises(ConfigError, match=rf"^output.row_group_mb: .*{value}.* must be a positive number of MiB$"):
+@pytest.mark.parametrize("value, problem", [("0", "must be a positive number of MiB"),
+                                            ("-1", "must be a positive number of MiB"), ("abc", "is not a number")])
+def test_row_group_budget_must_be_a_positive_size(tmp_path, value, problem):
+    with pytest.raises(ConfigError, match=rf"^output.row_group_mb: .*{value}.* {problem}$"):
         run(make_config("model=convnet", f"output.row_group_mb={value}"), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
@@ -148,7 +148,7 @@ def test_sample_channels_keeps_the_same_random_channels_every_step(run_with):
     (("sample.every=0",), "sample.every: 0 must be at least 1 (1 = every step)"),
     (("sample.batch=0",), "sample.batch: 0 must be at least 1, or null for all of them"),
     (("sample.channels=-2",), "sample.channels: -2 must be at least 1, or null for all of them"),
-    (("+sample.chanels=4",), "sample.chanels: unknown sampling key 'chanels'; valid: batch, channels, every; "
+    (("+sample.chanels=4",), "sample.chanels: unknown key for sample 'chanels'; valid: batch, channels, every; "
                              "did you mean 'channels'?"),
 ])
 def test_sampling_keys_are_validated(tmp_path, overrides, message):

@@ -10,10 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import make_config, stats_of
+from conftest import make_config, run, stats_of
 from runner.analysis import load as analysis
 from runner.engine.nonfinite import NonFiniteWarning
-from runner.engine.loop import run
 
 POISONED = ("model=custom", "model._target_=models_for_tests.PoisonedAtStep2", "data.shape=[2,3]",
             "hooks=stats", "steps=4")

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import make_config, seeded_batch
+from conftest import make_config, run, seeded_batch
 from models_for_tests import TwoOutputs
-from runner.engine.loop import run
 
 ID_TYPES = {"step": pa.int64(), "call": pa.int64(), "hook": pa.string(), "layer": pa.string(),
             "kind": pa.string(), "slot": pa.string(), "shape": pa.list_(pa.int64()),

@@ -37,4 +37,6 @@ def test_plan_reports_a_bad_selector_with_suggestions_and_exits_2(capsys, tmp_pa
     with pytest.raises(SystemExit) as exit_info:
         execute(make_config("plan=true", "model=convnet", "hooks=extract", "hooks.extract.layers=[fcc]"), tmp_path, [])
     assert exit_info.value.code == 2
-    assert "error: hooks.extract.layers: 'fcc' matches no module; did you mean 'fc'" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err.startswith("error: hooks.extract.layers: 'fcc' matches no module; did you mean 'fc'")
+    assert "  fc                               Linear               [1, 5]" in out  # the names to choose from

@@ -14,12 +14,11 @@ import torchvision
 from PIL import Image
 
 import runner.analysis as analysis
-from conftest import make_config, seeded_batch
+from conftest import cli, make_config, run, seeded_batch
 from runner.analysis import plots
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 from runner.analysis.gradcam import grad_cam, grad_cam_of_run
 from runner.sources.models import ConvNet
-from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = str(ROOT / "assets" / "house.png")
@@ -145,14 +144,14 @@ def test_display_images_undo_the_normalisation():
 
 @pytest.mark.parametrize("plot_overrides, message", [
     (["hooks=stats", "plots=[gradient_flw]"],
-     "plots: unknown plot 'gradient_flw'; valid: feature_maps, grad_cam, gradient_flow; did you mean 'gradient_flow'?"),
+     "plots[0]: unknown plot 'gradient_flw'; valid: feature_maps, grad_cam, gradient_flow; did you mean 'gradient_flow'?"),
     (["hooks=stats", "plots=[feature_maps]"], "plots: 'feature_maps' needs a kept conv output"),
     (["hooks=extract", "loss=none", "plots=[grad_cam]"], "plots: 'grad_cam' needs a conv layer's kept output"),
 ])
 def test_plots_mistakes_fail_before_the_run(tmp_path, capsys, plot_overrides, message):
     overrides = ["model=convnet", *plot_overrides]
     with pytest.raises(SystemExit) as exit_info:
-        execute(make_config(*overrides), tmp_path / "run", overrides)
+        cli(overrides, tmp_path / "run")
     assert exit_info.value.code == EXIT_CONFIG_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {message}")

@@ -18,11 +18,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf import open_dict
 
-from conftest import assert_no_partial_output, make_config, watching
+from conftest import assert_no_partial_output, make_config, run, watching
 from hooks import HOOK_TYPES
 from hooks.errors import ConfigError
 from runner.sources.models import SMALL_MODELS
-from runner.engine.loop import run
 
 MODULES = {"mlp": ["fc1", "relu", "fc2"], "convnet": ["conv", "relu", "flatten", "fc"], "linear": []}
 SELECTOR_FORMS = ["", "*", "**", "leaf:**", "type:Linear", "type:ReLU", "re:fc.*", "leaf:*", "f*"]

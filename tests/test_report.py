@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_config
+from conftest import make_config, run
 from runner.analysis import report
-from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = ROOT / "assets" / "house.png"

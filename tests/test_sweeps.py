@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 
 import runner.analysis as analysis
-from conftest import CONF_DIR
+from runner.cli.commandline import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("model=convnet", "data.shape=[2,3,8,8]", "hooks=clip")
@@ -62,7 +62,7 @@ def test_submitit_local_sweep_runs_each_job_in_its_own_directory(tmp_path):
 
 
 def test_slurm_preset_is_the_submitit_slurm_launcher_with_cluster_settings():
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert get_class(launcher._target_).__name__ == "SlurmLauncher"

@@ -6,9 +6,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import runner.analysis as analysis
-from conftest import make_config
+from conftest import make_config, run
 from runner.analysis import tensorboard as tensorboard_export
-from runner.engine.loop import run
 
 
 def read_events(directory):

@@ -22,11 +22,10 @@ import torch.nn.functional as F
 from torchvision import datasets, transforms
 
 import runner.analysis as analysis
-from conftest import make_config, stats_of
+from conftest import make_config, run, stats_of
 from hooks.errors import ConfigError
 from runner.sources.models import ConvNet
 from runner.engine.progress import progress_bar
-from runner.engine.loop import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("model=convnet", "data=fake", "data.shape=[4,3,8,8]", "loss=cross_entropy", "steps=4")
@@ -125,8 +124,8 @@ def test_eval_passes_run_without_gradients_on_a_fixed_held_out_set(run_with):
     (("optimizer=sgd", "+optimizer.momentun=0.9"), "did you mean 'momentum'?"),
     (("optimizer=adam", "optimizer.betas=[0.9,1.5]"), "optimizer.betas: [0.9, 1.5] must be two numbers in [0, 1)"),
     (("optimizer=sgd", "loss=none"), "optimizer: 'sgd' needs a loss to train on but loss=none"),
-    (("eval_every=-1",), "eval_every: -1 must be >= 0"),
-    (("compile=yes",), "compile: 'yes' must be true or false"),
+    (("eval_every=-1",), "eval_every: -1 must be at least 0"),
+    (("compile=maybe",), "compile: 'maybe' must be true or false"),
     (("eval_every=1", "eval_steps=0"), "eval_steps: 0 must be at least 1"),
     (("data=fake", "data.shape=[2,100]"), "data.shape: [2, 100]: fake images need [N, C, H, W]"),
     (("compile=true", "hooks=stats"), "hooks.stats: hook type 'stats' hooks activation gradients (grad_output) "
@@ -136,7 +135,7 @@ def test_eval_passes_run_without_gradients_on_a_fixed_held_out_set(run_with):
 ])
 def test_training_config_errors_fail_before_anything_is_written(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:
-        run(make_config("model=convnet", *overrides), tmp_path / "run")
+        run(make_config("model=convnet", *overrides), tmp_path / "run", overrides)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import stats_of
+from conftest import run, stats_of
 
 pytest.importorskip("transformers", reason="the 'transformers' extra is not installed (pip install -e '.[transformers]')")
 
@@ -68,7 +68,6 @@ def test_dict_like_model_output_is_walked_by_key(run_with):
 def test_tokens_model_without_token_data_is_a_one_line_error(tmp_path):
     from conftest import make_config
     from hooks.errors import ConfigError
-    from runner.engine.loop import run
-
+    
     with pytest.raises(ConfigError, match="this model takes token ids, not data=randn; add data=tokens"):
         run(make_config("model=gpt2_tiny"), tmp_path / "out")

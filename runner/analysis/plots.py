@@ -179,9 +179,9 @@ def display_images(cfg: DictConfig, step: int = 0) -> np.ndarray:
     """
     import torch
 
-    from runner.sources.data import batches
+    from runner.sources.data import DataSource
 
-    source = batches(cfg.data, cfg.model, int(cfg.seed), torch.device("cpu"))
+    source = DataSource(cfg.data, cfg.model).batches(int(cfg.seed), torch.device("cpu"))
     for _ in range(step + 1):
         x = next(source).x.detach()
     if x.dim() != 4 or x.shape[1] != 3:

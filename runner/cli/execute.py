@@ -3,7 +3,7 @@
 Exit status: 0 when every file and the manifest were written; 2 for a configuration error
 (nothing written); 1 for a run that failed (output not writable, ``on_nonfinite=error``);
 130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep a
-failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.sweep``).
+failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.cli.callbacks``).
 """
 from __future__ import annotations
 
@@ -13,47 +13,47 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hooks.errors import ConfigError
-from runner.engine.nonfinite import NonFiniteError
-from runner.store.outputs import OutputError
-from runner.engine.plan import plan
-from runner.engine.loop import run
 from runner.cli.signals import Terminated, sigterm_raises
+from runner.engine.loop import run
+from runner.engine.nonfinite import NonFiniteError
+from runner.engine.plan import Plan, compile_plan, describe
+from runner.store.outputs import OutputError
 
 EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130
-#: Per-job status file of a sweep: how the job ended (see ``runner.sweep``).
+#: Per-job status file of a sweep: how the job ended (see ``runner.cli.callbacks``).
 STATUS = "status.json"
 
 log = logging.getLogger(__name__)
 
 
-def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], multirun: bool = False) -> None:
-    """Run the experiment; report a failure as ``error: ...`` on stderr and exit non-zero.
+def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], multirun: bool = False,
+            plan: Plan | None = None) -> None:
+    """Run the experiment (``plan``, or the plan compiled from ``cfg``); report a failure as
+    ``error: ...`` on stderr and exit non-zero.
 
     With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
     """
     try:
         with sigterm_raises():
-            if cfg.get("plan"):
-                text, ok = plan(cfg)
-                print(text)
-                if not ok:
-                    sys.exit(EXIT_CONFIG_ERROR)
+            plan = plan or compile_plan(cfg, overrides)
+            if plan.settings.plan:
+                print(describe(plan))
                 return
-            if cfg.get("plots"):
+            run(plan, out_dir)
+            if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 
-                plots.check_plots(cfg)
-            run(cfg, out_dir, overrides)
-            if cfg.get("plots"):
                 for path in plots.write_plots(out_dir, cfg):
                     print(f"wrote {path}")
     except (ConfigError, OutputError, NonFiniteError) as exc:
+        if isinstance(exc, ConfigError) and cfg.get("plan"):
+            print(_modules_only(cfg))  # the module table, to pick a selector from
         _fail(str(exc), out_dir, overrides, multirun, failure_code(exc))
         return
     except KeyboardInterrupt:
@@ -71,6 +71,17 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     if multirun:
         write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+
+
+def _modules_only(cfg: DictConfig) -> str:
+    """``plan=true``'s module table for a config whose hook entries did not compile."""
+    bare = OmegaConf.merge(cfg, {})
+    with open_dict(bare):
+        bare.hooks = {}
+    try:
+        return describe(compile_plan(bare))
+    except ConfigError:
+        return ""
 
 
 def failure_code(exc: Exception) -> int:

@@ -1,94 +1,281 @@
-"""``plan=true``: what a config would do, computed on the meta device without running it.
+"""``compile_plan(cfg)``: a composed config, checked once and built into a frozen ``Plan``.
 
-For each hook entry: the modules its selector matches (or the error, with the closest names),
-the PyTorch hooks it registers, and how many tensors (and bytes) it would record per step. The
-model is built on the meta device and the step (forward and, if the loss asks, backward) runs
-there with the real hooks attached: shapes are exact and nothing is computed or allocated.
-The module table lists every module's name, class and output shape, so nobody has to print
-``named_modules()`` by hand.
+Every check a run makes before its first pass happens here, once, in one order: the config
+against the schema (also for configs that did not come through Hydra), the run settings, the
+model target, the data (built once: image files are read here), the loss, the optimizer, each
+hook entry, the pictures asked for, the device, and a rehearsal of one step on the meta device
+(selectors, shapes, what each entry records). ``run(plan, out_dir)`` then only loops;
+``plan=true`` prints ``describe(plan)``; the sweep checks compile every job's plan before any
+job runs. Each failure is one ``ConfigError`` naming the key.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
-from torch.nn.modules import module as nn_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from hooks.errors import ConfigError
-from hooks.recorder import Recorder, walk
-from runner.engine.rehearsal import explain_backward_hook_errors, meta_inputs, meta_step
-from runner.engine.loop import check_run
+from hooks import build_hooks
+from hooks.base import HookType
+from hooks.errors import ConfigError, choice_error
+from runner.config.schema import (DATA_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel, NoOptimizer,
+                                  OutputConfig, RunConfig, SampleConfig, SGDConfig)
+from runner.engine.rehearsal import Rehearsal, rehearse
+from runner.engine.train import EvalSchedule, check_optimizer
+from runner.sources.data import DataSource
+from runner.sources.losses import LossFn, get_loss
+from runner.sources.models import check_target
 
-
-class PlanRecorder(Recorder):
-    """Counts what would be recorded, by (entry, kind); computes no statistics."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-
-    def record(self, tensor, *, hook, layer, phase, kind, slot, call, keep=False) -> None:
-        entry = self.counts[(hook, kind)]
-        entry[0] += 1
-        entry[1] += tensor.numel() * tensor.element_size()
-        entry[2] += tensor.numel() * 4 if keep else 0  # kept values are stored as float32
+#: The schema each data kind is merged into.
+_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image"}
 
 
-def plan(cfg: DictConfig) -> tuple[str, bool]:
-    """Return the plan as text and whether every entry resolved."""
-    settings = check_run(cfg)  # the same checks as a run, so a plan fails where the run would
-    hooks, loss_fn = settings.hooks, settings.loss_fn
-    model, x = meta_inputs(cfg)
-    lines, ok = [], True
-    shapes = _output_shapes(model, x)
-    lines.append(f"model: {type(model).__name__}, {len(shapes)} modules "
-                 f"({sum(p.numel() for p in model.parameters()):,} parameters); input {list(x.shape)}")
-    for name, module in model.named_modules():
-        lines.append(f"  {name or '(model)':<32} {type(module).__name__:<20} {shapes.get(name, '-')}")
-    for hook in hooks:
-        lines.append(f"{hook.key} (type {hook.spec.type}): {hook.pytorch_hooks}")
-        try:
-            names = [n or "(model)" for n, _ in hook.targets(model)]
-        except ConfigError as exc:
-            lines.append(f"  error: {exc}")
-            ok = False
-            continue
-        lines.append(f"  {len(names)} module(s): {', '.join(names[:12])}{', ...' if len(names) > 12 else ''}")
-    if ok and hooks:
-        lines += _captures(model, x, hooks, loss_fn)
-    return "\n".join(lines), ok
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run needs, checked: built hooks, loss, optimizer spec, data source, settings.
+
+    ``settings`` is the typed run config (``RunConfig``: ``settings.steps``, ``settings.sample.every``);
+    ``model`` and ``data`` are the checked model and data configs; ``rehearsal`` is what the meta
+    step showed (``None`` when the model cannot run on the meta device).
+    """
+
+    settings: RunConfig
+    config_yaml: str
+    overrides: tuple[str, ...]
+    model: DictConfig
+    data: DataSource
+    loss_fn: LossFn | None
+    optimizer: NoOptimizer | SGDConfig | AdamConfig
+    hooks: tuple[HookType, ...]
+    schedule: EvalSchedule
+    device: str
+    row_group_bytes: int
+    keep_input: bool
+    rehearsal: Rehearsal | None
 
 
-def _output_shapes(model, x) -> dict[str, str]:
-    names = {id(m): n for n, m in model.named_modules()}
-    shapes: dict[str, str] = {}
+def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device: bool = True) -> Plan:
+    """Check ``cfg`` and build its plan; ``check_device=False`` leaves CUDA availability to the job's node.
 
-    def on_forward(module, args, output):
-        name = names.get(id(module))
-        if name is not None and name not in shapes:
-            shapes[name] = " ".join(str(list(t.shape)) for _, t in walk(output)) or "-"
+    Raises:
+        ConfigError: the first mistake, naming its key, the valid choices and the closest one.
+    """
+    typed = _typed(cfg)
+    settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, _SETTINGS)))
+    _check_settings(settings)
+    _check_repeated_presets(overrides)
+    model = _model_config(typed.model)
+    data = DataSource(_data_config(typed.data), model)
+    loss_fn = get_loss(typed.loss)
+    optimizer = _optimizer(typed.optimizer)
+    hooks = tuple(build_hooks(_resolved(typed.hooks, "hooks")))
+    _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
+    keep_input = _check_plots(settings, hooks, loss_fn)
+    device = _device(settings.device.value, check_device)
+    found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)
+    return Plan(settings=settings, config_yaml=OmegaConf.to_yaml(typed, resolve=True), overrides=tuple(overrides),
+                model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
+                schedule=EvalSchedule(settings.eval_every, settings.eval_steps), device=device,
+                row_group_bytes=max(1, int(settings.output.row_group_mb * (1 << 20))), keep_input=keep_input,
+                rehearsal=found)
 
-    handle = nn_module.register_module_forward_hook(on_forward)
+
+#: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
+_SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
+
+
+def _typed(cfg: DictConfig) -> DictConfig:
+    """``cfg`` merged into the schema: a key or type Hydra did not see (``+typo=1``, a config built in
+    code) fails here."""
+    _known_keys(cfg, RunConfig, "", "setting")
+    for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig)):
+        if isinstance(cfg.get(group), DictConfig):
+            _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
     try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        handle.remove()
-    return shapes
+        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    except OmegaConfBaseException as exc:
+        raise _one_line(exc) from None
+    try:
+        OmegaConf.resolve(typed)  # interpolations such as ${model.head} resolve once, here
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{_unresolvable(typed) or 'config'}: {str(exc).splitlines()[0]}") from None
+    for group in ("model", "data", "optimizer"):
+        if OmegaConf.is_missing(typed, group):
+            raise ConfigError(f"{group}: not set; pick a preset ({group}=NAME)")
+    return typed
 
 
-def _captures(model, x, hooks, loss_fn) -> list[str]:
-    recorder = PlanRecorder()
-    explain_backward_hook_errors(hooks, meta_step, model, x, hooks, loss_fn, recorder)
-    lines = ["per step:"]
-    for (hook, kind), (count, nbytes, kept) in sorted(recorder.counts.items()):
-        lines.append(f"  hooks.{hook}: {count} {kind} tensor(s), {_size(nbytes)} seen"
-                     + (f", {_size(kept)} kept in tensors.parquet" if kept else ""))
-    return lines
+def _known_keys(node: DictConfig, schema: type, prefix: str, what: str) -> None:
+    known = list(schema.__dataclass_fields__)
+    for key in node.keys():
+        if key not in known:
+            raise choice_error(f"{prefix}{key}", key, known, what)
 
 
-def _size(n: int) -> str:
+def _unresolvable(node, prefix: str = "") -> str | None:
+    """The full key of the first value whose interpolation does not resolve."""
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        try:
+            value = node[key]
+        except OmegaConfBaseException:
+            return full
+        if isinstance(value, (DictConfig, ListConfig)):
+            found = _unresolvable(value, f"{full}.") if isinstance(value, DictConfig) else None
+            if found:
+                return found
+    return None
+
+
+def _one_line(exc: OmegaConfBaseException) -> ConfigError:
+    key = getattr(exc, "full_key", "") or ""
+    message = str(exc).splitlines()[0]
+    return ConfigError(f"{key}: {message}" if key else message)
+
+
+def _resolved(node, key: str):
+    try:
+        return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_settings(s: RunConfig) -> None:
+    for key, value, minimum in (("steps", s.steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
+                                ("sample.every", s.sample.every, 1)):
+        if value < minimum:
+            hint = " (1 = every step)" if key == "sample.every" else ""
+            raise ConfigError(f"{key}: {value} must be at least {minimum}{hint}")
+    for key in ("batch", "channels"):
+        value = getattr(s.sample, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
+    if not s.output.row_group_mb > 0:
+        raise ConfigError(f"output.row_group_mb: {s.output.row_group_mb!r} must be a positive number of MiB")
+
+
+def _check_repeated_presets(overrides: Sequence[str]) -> None:
+    """``hooks=[clip,clip]`` composes one ``clip`` entry: the second is silently lost."""
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if o.lstrip("+~").startswith("hooks=")])
+    except HydraException:
+        return  # not an override Hydra accepts: composing it fails with its own message
+    for override in parsed:
+        value = None if override.is_sweep_override() else override.value()
+        if not isinstance(value, list):
+            continue
+        seen: set[str] = set()
+        for name in map(str, value):
+            if name in seen:
+                raise ConfigError(f"hooks: preset '{name}' is listed twice in {override.input_line}; each preset "
+                                  f"adds the one entry hooks.{name}: list it once, or add a second entry under a "
+                                  f"new name (+hooks.{name}_2.type=...)")
+            seen.add(name)
+
+
+def _model_config(model: DictConfig) -> DictConfig:
+    if "_target_" in model.keys():
+        if OmegaConf.is_missing(model, "_target_"):
+            raise ConfigError("model._target_: required for model=custom, e.g. model._target_=mypkg.MyNet")
+        check_target(model)
+        return model
+    return _merged(NamedModel, model, "model", f"key for model '{model.get('name')}'")
+
+
+def _data_config(data: DictConfig) -> DictConfig:
+    kind = data.get("kind")
+    if kind not in _DATA_KIND_SCHEMA:
+        raise choice_error("data.kind", kind, _DATA_KIND_SCHEMA, "data kind")
+    return _merged(DATA_SCHEMAS[_DATA_KIND_SCHEMA[kind]], data, "data", f"key for data kind '{kind}'")
+
+
+def _optimizer(node: DictConfig) -> NoOptimizer | SGDConfig | AdamConfig:
+    name = node.get("name")
+    if name not in OPTIMIZER_SCHEMAS:
+        raise choice_error("optimizer.name", name, OPTIMIZER_SCHEMAS, "optimizer")
+    spec = OmegaConf.to_object(_merged(OPTIMIZER_SCHEMAS[name], node, "optimizer", f"key for optimizer '{name}'"))
+    check_optimizer(spec)
+    return spec
+
+
+def _merged(schema: type, node: DictConfig, key: str, what: str) -> DictConfig:
+    """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest."""
+    known = list(schema.__dataclass_fields__)
+    for k in node.keys():
+        if k not in known:
+            raise choice_error(f"{key}.{k}", k, known, what)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), node)
+    except OmegaConfBaseException as exc:
+        sub = getattr(exc, "full_key", "") or ""
+        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, optimizer, settings: RunConfig) -> None:
+    if loss_fn is None:
+        for hook in hooks:
+            if hook.needs_backward:
+                raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass but loss=none; "
+                                  f"choose a loss (e.g. loss=sum) or drop the entry")
+        if optimizer.name != "none":
+            raise ConfigError(f"optimizer: '{optimizer.name}' needs a loss to train on but loss=none")
+    if settings.compile:
+        for hook in hooks:
+            if hook.compile_problem:
+                raise ConfigError(f"{hook.key}: hook type '{hook.spec.type}' {hook.compile_problem}, which "
+                                  f"torch.compile does not support; use compile=false or drop the entry")
+
+
+def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:
+    """Each picture asked for has the records it is drawn from; return whether to store the input image."""
+    names = {p.value for p in settings.plots}
+    kept = [hook.record_kinds for hook in hooks if getattr(hook, "keep", False)]
+    if "gradient_flow" in names and not hooks:
+        raise ConfigError("plots: 'gradient_flow' needs recorded statistics; add hooks, e.g. hooks=stats")
+    if "feature_maps" in names and not any("output" in kinds for kinds in kept):
+        raise ConfigError("plots: 'feature_maps' needs a kept conv output; add hooks=extract or hooks=gradcam "
+                          "and name a conv layer in its layers")
+    if "grad_cam" in names and (not any({"output", "grad_output"} <= kinds for kinds in kept) or loss_fn is None):
+        raise ConfigError("plots: 'grad_cam' needs a conv layer's kept output and output gradient and a loss; "
+                          "use hooks=gradcam loss=class_score")
+    return "grad_cam" in names
+
+
+def _device(name: str, check_available: bool) -> str:
+    """``auto`` is CUDA when available, else CPU; ``cuda`` without a GPU is a config error where it is checked."""
+    if name == "cuda" and check_available and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but torch.cuda.is_available() is False; use device=cpu or auto")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def describe(plan: Plan) -> str:
+    """The plan as ``plan=true`` prints it: modules, each entry's matches and hooks, records per step."""
+    found = plan.rehearsal
+    if found is None:
+        return "\n".join([f"{hook.key} (type {hook.spec.type}): {hook.pytorch_hooks}" for hook in plan.hooks]
+                         + ["(the model cannot run on the meta device: no module table, no capture sizes)"])
+    lines = [f"model: {found.model_class}, {len(found.modules)} modules ({found.parameters:,} parameters); "
+             f"input {found.input_shape}"]
+    lines += [f"  {name or '(model)':<32} {cls:<20} {shape}" for name, cls, shape in found.modules]
+    for hook in plan.hooks:
+        names = found.matches.get(hook.key, [])
+        lines.append(f"{hook.key} (type {hook.spec.type}): {hook.pytorch_hooks}")
+        lines.append(f"  {len(names)} module(s): {', '.join(names[:12])}{', ...' if len(names) > 12 else ''}")
+    if plan.hooks:
+        lines.append("per step:")
+        for (key, kind), (count, nbytes, kept) in sorted(found.records.items()):
+            lines.append(f"  hooks.{key}: {count} {kind} tensor(s), {_size(nbytes)} seen"
+                         + (f", {_size(kept)} kept in tensors.parquet" if kept else ""))
+    return "\n".join(lines)
+
+
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -1,87 +1,161 @@
-"""A rehearsal of one step on the meta device, with the real hooks attached.
+"""One step rehearsed on the meta device, with the real hooks attached: shapes without compute.
 
-Some mistakes show only while a pass runs: a residual added across a shape change, a hook that
-returns a tensor of another shape, PyTorch's in-place error under ``mechanism: module``. On the
-meta device a step computes nothing and allocates nothing, so ``run`` (and the sweep's early
-checks, and ``plan=true``) rehearse it first: those mistakes fail as one-line ``ConfigError``s
-before the real model is built or anything is written. A model that cannot be built or run on
-the meta device (downloaded weights, data-dependent control flow) is simply not rehearsed.
+The model is built on the meta device (no weights are allocated or loaded) and one forward
+(and, with a loss, backward) pass runs there on a batch of the planned shape. That resolves
+every selector, gives every module's output shape and what each entry records per step
+(``plan=true`` prints them), and turns mistakes that only show while a pass runs into one-line
+``ConfigError``s before anything is built for real: a data shape that does not fit the model
+(naming ``data.shape`` and the module where it failed), a residual across a shape change, a hook
+returning a tensor of another shape, PyTorch's in-place error under ``mechanism: module``.
+
+A model that cannot be built or run on the meta device (downloaded weights, data-dependent
+control flow) is not rehearsed; the real run reports its own errors.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import re
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from hooks import HookSession
 from hooks.base import HookType
 from hooks.errors import ConfigError
-from hooks.recorder import Recorder
-from runner.sources.data import batches
+from hooks.recorder import Recorder, walk
+from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
 from runner.sources.models import build_model
 
-
-def meta_inputs(cfg: DictConfig) -> tuple[nn.Module, torch.Tensor]:
-    """The configured model, built on the meta device (no checkpoint), and a meta batch."""
-    with torch.device("meta"):
-        model = build_model(OmegaConf.merge(cfg.model, {"checkpoint": None}))
-    model.train(cfg.mode == "train")
-    x = next(batches(cfg.data, cfg.model, int(cfg.seed), torch.device("cpu"))).x.to("meta")
-    return model, x
+#: What the meta device says when it, not the config, is the limit (data-dependent code).
+_META_LIMIT = re.compile(r"meta|data-dependent|item\(\)|nonzero", re.I)
 
 
-def meta_step(model: nn.Module, x: torch.Tensor, hooks: Sequence[HookType], loss_fn: LossFn | None,
-              recorder: Recorder) -> None:
-    """Forward (and backward, when there is a loss) with ``hooks`` attached, recording into ``recorder``."""
+@dataclass
+class Rehearsal:
+    """What one meta step showed: modules with their output shapes, matches, and per-step records."""
+
+    model_class: str
+    parameters: int
+    input_shape: list[int]
+    modules: list[tuple[str, str, str]] = field(default_factory=list)   # (name, class, output shapes)
+    matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
+    records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
+
+
+class _Counting(Recorder):
+    """Counts what would be recorded, by (entry, kind); computes no statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+
+    def record(self, tensor, *, hook, layer, phase, kind, slot, call, keep=False) -> None:
+        entry = self.counts[(hook, kind)]
+        entry[0] += 1
+        entry[1] += tensor.numel() * tensor.element_size()
+        entry[2] += tensor.numel() * 4 if keep else 0  # kept values are stored as float32
+
+
+def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
+             loss_fn: LossFn | None) -> Rehearsal | None:
+    """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable."""
+    if model_cfg.get("weights"):
+        return None  # a weights name downloads: nothing to build on the meta device
+    try:
+        with torch.device("meta"):
+            model = build_model(OmegaConf.merge(model_cfg, {"checkpoint": None}))
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - not buildable on meta: the real run reports its own errors
+        return None
+    model.train(train_mode)
+    found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), list(source.input_shape))
+    for hook in hooks:
+        found.matches[hook.key] = [name or "(model)" for name, _ in hook.targets(model)]
+    x = torch.empty(source.input_shape, dtype=source.input_dtype, device="meta")
+    recorder = _Counting()
+    shapes = _ModuleShapes(model)
+    try:
+        with shapes, contextlib.redirect_stdout(io.StringIO()):  # ``print`` hooks print in the real run only
+            _step(model, x, hooks, loss_fn, recorder)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - sorted below: the data's fault, a hook's, or meta's limits
+        explained = _explain(exc, hooks, shapes, source)
+        if explained is None:
+            return None
+        raise explained from None
+    found.modules = [(name, type(m).__name__, shapes.seen.get(name, "-")) for name, m in model.named_modules()]
+    found.records = dict(recorder.counts)
+    return found
+
+
+def _step(model: nn.Module, x: torch.Tensor, hooks: Sequence[HookType], loss_fn: LossFn | None,
+          recorder: Recorder) -> None:
     with HookSession(model, hooks, recorder) as session:
         if loss_fn is None:
             with torch.no_grad():
                 model(x)
             return
+        out = model(x)
         targets = torch.zeros(x.shape[0], dtype=torch.long, device="meta")
-        loss_fn(first_tensor(model(x)), targets).backward()
+        loss_fn(first_tensor(out), targets).backward()
         session.after_backward()
 
 
-def explain_backward_hook_errors(hooks: Sequence[HookType], fn, *args):
-    """Call ``fn``; turn PyTorch's in-place error under ``mechanism: module`` into a one-line fix."""
-    try:
-        return fn(*args)
-    except RuntimeError as exc:
-        culprits = [h.key for h in hooks if getattr(h.spec, "mechanism", None) == "module"]
-        if "BackwardHookFunction" not in str(exc) or not culprits:
-            raise
-        raise ConfigError(f"{culprits[0]}.mechanism=module: PyTorch's full backward hook fails on a module "
-                          f"whose output is then modified in place (e.g. by ReLU(inplace=True) or "
-                          f"'out += identity'); use mechanism=tensor, which records the same gradients") from None
+def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShapes,
+             source: DataSource) -> ConfigError | None:
+    """The one-line error for what failed in the rehearsal, or ``None`` when meta is to blame."""
+    for hook in hooks:
+        message = hook.explain(exc)
+        if message:
+            return ConfigError(message)
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, (RuntimeError, ValueError, IndexError)) or _META_LIMIT.search(text):
+        return None
+    if shapes.failed is None:
+        return None
+    name, cls = shapes.failed
+    return ConfigError(f"data.shape: {list(source.input_shape)} does not fit the model: module "
+                       f"'{name or '(model)'}' ({cls}) failed on it: {text[:240]}")
 
 
-class _Shapes(Recorder):
-    """Records nothing: a rehearsal needs the hooks to run, not their statistics."""
+class _ModuleShapes:
+    """Global module hooks recording each module's output shapes and the innermost module that raised."""
 
-    def record(self, tensor, **_) -> None:
-        pass
+    def __init__(self, model: nn.Module) -> None:
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.seen: dict[str, str] = {}
+        self.failed: tuple[str, str] | None = None
+        self._stack: list[nn.Module] = []
+        self._handles: list = []
 
+    def __enter__(self) -> _ModuleShapes:
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+        return self
 
-def rehearse(cfg: DictConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> None:
-    """Run one meta-device step; re-raise ``ConfigError``s, ignore what the meta device cannot do."""
-    if not hooks or cfg.model.get("weights"):
-        return
-    try:
-        model, x = meta_inputs(cfg)
-    except ConfigError:
-        raise
-    except Exception:  # noqa: BLE001 - not buildable on meta: the real run reports its own errors
-        return
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # ``print`` hooks print in the real run only
-            explain_backward_hook_errors(hooks, meta_step, model, x, hooks, loss_fn, _Shapes())
-    except ConfigError:
-        raise
-    except Exception:  # noqa: BLE001 - e.g. data-dependent control flow that meta tensors cannot decide
-        return
+    def __exit__(self, *exc_info) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _pre(self, module, args) -> None:
+        self._stack.append(module)
+
+    def _post(self, module, args, output) -> None:
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+        name = self.names.get(id(module))
+        if name is None:
+            return
+        if output is None and self.failed is None:  # always_call: forward raised inside this module
+            self.failed = (name, type(module).__name__)
+        elif name not in self.seen and output is not None:
+            self.seen[name] = " ".join(str(list(t.shape)) for _, t in walk(output)) or "-"

@@ -10,16 +10,15 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from hooks import HookSession
-from hooks.errors import ConfigError, choice_error
+from hooks.errors import ConfigError
 from hooks.recorder import Recorder, StepCaptures
-from hooks.registry import typed_config
+from runner.config.schema import AdamConfig, NoOptimizer, SGDConfig
 from runner.sources.data import Batch
 from runner.sources.losses import LossFn, first_tensor
 
@@ -27,71 +26,28 @@ from runner.sources.losses import LossFn, first_tensor
 EVAL_SEED_OFFSET = 1 << 20
 
 
-@dataclass
-class NoOptimizer:
-    name: str = "none"
-
-    def check(self) -> None:
-        """Nothing to check: no optimizer, no settings."""
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {"none": None, "sgd": torch.optim.SGD,
+                                                             "adam": torch.optim.Adam}
 
 
-@dataclass
-class SGDConfig:
-    name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    nesterov: bool = False
-
-    def check(self) -> None:
-        _non_negative(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        if self.nesterov and self.momentum <= 0:
-            raise ConfigError(f"optimizer.nesterov: needs momentum > 0 (got optimizer.momentum={self.momentum})")
-
-
-@dataclass
-class AdamConfig:
-    name: str = "adam"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-
-    def check(self) -> None:
-        _non_negative(lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"optimizer.betas: {list(self.betas)} must be two numbers in [0, 1)")
-
-
-OPTIMIZERS: dict[str, tuple[type, type[torch.optim.Optimizer] | None]] = {
-    "none": (NoOptimizer, None),
-    "sgd": (SGDConfig, torch.optim.SGD),
-    "adam": (AdamConfig, torch.optim.Adam),
-}
-
-
-def _non_negative(**values: float) -> None:
+def check_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig) -> None:
+    """Values the schema's types allow but that train nothing, or nonsense."""
+    values = {k: v for k, v in asdict(spec).items() if k in ("lr", "momentum", "weight_decay", "eps")}
     for key, value in values.items():
         if not value >= 0:  # also rejects NaN
             raise ConfigError(f"optimizer.{key}: {value} must be >= 0")
-    if "lr" in values and values["lr"] == 0:
+    if values.get("lr") == 0:
         raise ConfigError("optimizer.lr: 0 would train nothing; use optimizer=none for measurement passes")
-
-
-def optimizer_config(cfg: DictConfig | None) -> NoOptimizer | SGDConfig | AdamConfig:
-    """Validate the ``optimizer`` group (unknown name, unknown key, bad value) without a model."""
-    cfg = cfg if cfg is not None else DictConfig({"name": "none"})
-    name = cfg.get("name")
-    if name not in OPTIMIZERS:
-        raise choice_error("optimizer.name", name, OPTIMIZERS, "optimizer")
-    spec = typed_config("optimizer", OPTIMIZERS[name][0], cfg, f"key for optimizer '{name}'")
-    spec.check()
-    return spec
+    if getattr(spec, "nesterov", False) and spec.momentum <= 0:
+        raise ConfigError(f"optimizer.nesterov: needs momentum > 0 (got optimizer.momentum={spec.momentum})")
+    betas = getattr(spec, "betas", None)
+    if betas is not None and (len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas)):
+        raise ConfigError(f"optimizer.betas: {list(betas)} must be two numbers in [0, 1)")
 
 
 def build_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig, model: nn.Module) -> torch.optim.Optimizer | None:
     """The torch optimizer over ``model``'s trainable parameters; ``None`` for ``optimizer=none``."""
-    cls = OPTIMIZERS[spec.name][1]
+    cls = OPTIMIZERS[spec.name]
     if cls is None:
         return None
     params = [p for p in model.parameters() if p.requires_grad]
@@ -108,14 +64,11 @@ class EvalSchedule:
     every: int = 0
     steps: int = 1
 
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> EvalSchedule:
-        every, steps = int(cfg.get("eval_every", 0)), int(cfg.get("eval_steps", 1))
-        if every < 0:
-            raise ConfigError(f"eval_every: {every} must be >= 0 (0 = no eval passes)")
-        if steps < 1:
-            raise ConfigError(f"eval_steps: {steps} must be at least 1")
-        return cls(every, steps)
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"eval_every: {self.every} must be >= 0 (0 = no eval passes)")
+        if self.steps < 1:
+            raise ConfigError(f"eval_steps: {self.steps} must be at least 1")
 
     def held_out(self, data: Iterator[Batch]) -> list[Batch]:
         """The eval set: the first ``steps`` batches of ``data``, the same at every eval."""

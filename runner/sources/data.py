@@ -10,7 +10,7 @@ each step.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,31 +30,62 @@ class Batch:
     targets: torch.Tensor
 
 
-def batches(data: DictConfig, model: DictConfig, seed: int, device: torch.device) -> Iterator[Batch]:
-    """One ``Batch`` per step, forever; ``run`` takes ``steps`` of them.
+class DataSource:
+    """A checked data config, built once: ``batches(seed, device)`` streams it as often as asked.
 
-    The config is checked (and images are read) now, not at the first ``next``, so a bad data
-    config fails before the run writes anything.
+    Building checks the config and reads what must be read (image files) once; each call of
+    ``batches`` starts the stream afresh from ``seed``, so the training stream and the held-out
+    eval stream come from one source. ``input_shape`` is known without drawing a batch.
     """
-    kind = data.get("kind")
-    makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens}
-    if kind not in makers:
-        raise choice_error("data.kind", kind, makers, "data kind")
-    if model.get("input_kind") == "tokens" and kind != "tokens":
-        raise ConfigError(f"data: this model takes token ids, not data={kind}; add data=tokens")
-    gen = torch.Generator().manual_seed(int(seed))
-    return _batches(makers[kind](data, model, gen), data, model, gen, device)
+
+    def __init__(self, data: DictConfig, model: DictConfig) -> None:
+        kind = data.get("kind")
+        makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens}
+        if kind not in makers:
+            raise choice_error("data.kind", kind, makers, "data kind")
+        if model.get("input_kind") == "tokens" and kind != "tokens":
+            raise ConfigError(f"data: this model takes token ids, not data={kind}; add data=tokens")
+        self.data, self.model, self.kind = data, model, kind
+        self._make = makers[kind](data, model)
+        self.input_shape, self.input_dtype = self._make.shape, self._make.dtype
+        self._check_targets()
+
+    def batches(self, seed: int, device: torch.device) -> Iterator[Batch]:
+        """One ``Batch`` per step, forever, drawn from a generator seeded with ``seed``."""
+        gen = torch.Generator().manual_seed(int(seed))
+        for x, labels in self._make(gen):
+            if labels is None or self.data.get("targets") is not None:
+                labels = _targets(self.data, self.model, x.shape[0], gen)
+            x = x.to(device)
+            if self.data.get("requires_grad"):
+                x.requires_grad_(True)
+            yield Batch(x=x, targets=labels.to(device))
+
+    def _check_targets(self) -> None:
+        """Class targets must be classes of the model: cross_entropy fails mid-run otherwise."""
+        given, classes = self.data.get("targets"), self.model.get("num_classes")
+        if given is None:
+            return
+        values = [given] if isinstance(given, int) else list(given)
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int) or (
+                    classes is not None and not 0 <= value < int(classes)):
+                raise ConfigError(f"data.targets: {value!r} is not a class of a model with "
+                                  f"num_classes={classes}; use integers in [0, {int(classes or 1) - 1}]")
+        if not isinstance(given, int) and len(values) != self.input_shape[0]:
+            raise ConfigError(f"data.targets: {len(values)} targets for a batch of {self.input_shape[0]}")
 
 
-def _batches(source: Iterator[tuple[torch.Tensor, torch.Tensor | None]], data: DictConfig, model: DictConfig,
-             gen: torch.Generator, device: torch.device) -> Iterator[Batch]:
-    for x, labels in source:
-        if labels is None or data.get("targets") is not None:
-            labels = _targets(data, model, x.shape[0], gen)
-        x = x.to(device)
-        if data.get("requires_grad"):
-            x.requires_grad_(True)
-        yield Batch(x=x, targets=labels.to(device))
+@dataclass
+class _Maker:
+    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever."""
+
+    shape: list[int]
+    dtype: torch.dtype
+    make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
+
+    def __call__(self, gen: torch.Generator):
+        return self.make(gen)
 
 
 def _shape(data: DictConfig, model: DictConfig) -> list[int]:
@@ -68,14 +99,15 @@ def _shape(data: DictConfig, model: DictConfig) -> list[int]:
     return shape
 
 
-def _synthetic(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
+def _synthetic(data: DictConfig, model: DictConfig) -> _Maker:
     shape = _shape(data, model)
     if data.kind == "ones":
-        return ((torch.ones(shape), None) for _ in itertools.count())
-    return ((torch.randn(shape, generator=gen), None) for _ in itertools.count())
+        return _Maker(shape, torch.float32, lambda gen: ((torch.ones(shape), None) for _ in itertools.count()))
+    return _Maker(shape, torch.float32,
+                  lambda gen: ((torch.randn(shape, generator=gen), None) for _ in itertools.count()))
 
 
-def _fake(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _fake(data: DictConfig, model: DictConfig) -> _Maker:
     """Batches of ``FakeData`` images and labels, in dataset order, cycling when it is used up."""
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
@@ -87,17 +119,22 @@ def _fake(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator
     if size < shape[0]:
         raise ConfigError(f"data.size: {size} images cannot fill a batch of {shape[0]}")
     classes = int(data.get("num_classes") or model.get("num_classes") or 1)
-    dataset = datasets.FakeData(size=size, image_size=tuple(shape[1:]), num_classes=classes,
-                                transform=transforms.ToTensor(), random_offset=gen.initial_seed() * size)
-    loader = DataLoader(dataset, batch_size=shape[0], drop_last=True)
-    return ((x, y) for _ in itertools.count() for x, y in loader)
+
+    def make(gen: torch.Generator):
+        dataset = datasets.FakeData(size=size, image_size=tuple(shape[1:]), num_classes=classes,
+                                    transform=transforms.ToTensor(), random_offset=gen.initial_seed() * size)
+        loader = DataLoader(dataset, batch_size=shape[0], drop_last=True)
+        return ((x, y) for _ in itertools.count() for x, y in loader)
+
+    return _Maker(shape, torch.float32, make)
 
 
-def _tokens(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
+def _tokens(data: DictConfig, model: DictConfig) -> _Maker:
     shape, vocab = _shape(data, model), int(model.get("num_classes") or 0)
     if vocab < 1:
         raise ConfigError("data=tokens: model.num_classes (the vocabulary size) must be set")
-    return ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count())
+    return _Maker(shape, torch.long,
+                  lambda gen: ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count()))
 
 
 def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -111,7 +148,7 @@ def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) 
     return torch.randint(0, classes, (n,), generator=gen)
 
 
-def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterator[tuple[torch.Tensor, None]]:
+def _images(data: DictConfig, model: DictConfig) -> _Maker:
     """Load one image or a folder of them as the torchvision ImageNet transforms would."""
     from PIL import Image
     from torchvision import transforms
@@ -140,5 +177,5 @@ def _images(data: DictConfig, model: DictConfig, gen: torch.Generator) -> Iterat
                 images.append(transform(img.convert("RGB")))
         except OSError as exc:
             raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
-    batch = torch.stack(images)
-    return ((batch.clone(), None) for _ in itertools.count())  # a model may change its input in place
+    batch = torch.stack(images)  # read once; each step gets a copy, as a model may change its input in place
+    return _Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None) for _ in itertools.count()))

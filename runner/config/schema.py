@@ -1,0 +1,197 @@
+"""The config schema: one dataclass per part of a run, registered in Hydra's ConfigStore.
+
+Hydra merges every preset into its schema while it composes, so a misspelled key
+(``hooks.clip.maxx=1``, ``+steps_=3``), a value of the wrong type (``steps=abc``) or outside an
+enum (``mode=trian``) fails before anything runs, and presets in ``conf/`` carry only what
+they change. Hook presets inherit their hook type's own spec (``hooks.base.HookSpec``
+subclasses, registered here generically from ``hooks.HOOK_TYPES`` under ``hook_schema/TYPE``).
+
+What a type cannot say (``min <= max``, a selector that matches a module, a shape that fits the
+model) is checked once, by ``runner.engine.plan.compile_plan``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from hooks import HOOK_TYPES
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Mode(str, Enum):
+    train = "train"
+    eval = "eval"
+
+
+class Policy(str, Enum):
+    """What a run does about a problem it finds: stop, say so and go on, or say nothing."""
+
+    error = "error"
+    warn = "warn"
+    ignore = "ignore"
+
+
+class Plot(str, Enum):
+    gradient_flow = "gradient_flow"
+    feature_maps = "feature_maps"
+    grad_cam = "grad_cam"
+
+
+@dataclass
+class SampleConfig:
+    """``every``: record every k-th step (from step 0); of activations, ``batch``: the first n
+    samples, ``channels``: n random channels (dim 1, the same at every step)."""
+
+    every: int = 1
+    batch: Optional[int] = None
+    channels: Optional[int] = None
+
+
+@dataclass
+class OutputConfig:
+    row_group_mb: float = 64.0  #: what each parquet file buffers before writing a row group: bounds memory
+
+
+@dataclass
+class NamedModel:
+    """A model by name (``runner.sources.models``: the tutorials' nets or any torchvision model)."""
+
+    name: str = MISSING
+    weights: Optional[str] = None
+    checkpoint: Optional[str] = None
+    input_shape: Optional[list[int]] = None
+    num_classes: Optional[int] = None
+    head: Optional[str] = None
+    input_kind: str = "tensor"
+
+
+#: Keys of a model config that describe the run around the model. A ``_target_`` model (which has
+#: no schema: its other keys are its constructor's arguments) takes these too.
+MODEL_RUN_KEYS = tuple(f.name for f in dataclasses.fields(NamedModel))
+
+
+@dataclass
+class DataBase:
+    kind: str = MISSING
+    shape: Optional[list[int]] = None   #: null follows model.input_shape
+    requires_grad: bool = False         #: true makes the input a leaf with a gradient
+    targets: Any = None                 #: class targets: an int, a list, or null
+
+
+@dataclass
+class SyntheticData(DataBase):
+    """``ones`` (the tutorials' dummy input) or ``randn`` (seeded, a new batch each step)."""
+
+
+@dataclass
+class TokenData(DataBase):
+    kind: str = "tokens"
+
+
+@dataclass
+class FakeImages(DataBase):
+    kind: str = "fake"
+    size: int = 1000                    #: images in the dataset; batches cycle through it
+    num_classes: Optional[int] = None   #: null follows model.num_classes
+
+
+@dataclass
+class ImageFiles(DataBase):
+    kind: str = "image"
+    path: Optional[str] = None          #: required: a file or a folder of images
+    resize: int = 256
+    crop: int = 224
+    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+
+
+@dataclass
+class LossConfig:
+    name: str = "sum"
+    target_class: Optional[int] = None  #: class_score only: a class index, or null for the top class
+
+
+@dataclass
+class NoOptimizer:
+    name: str = "none"
+
+
+@dataclass
+class SGDConfig:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class AdamConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+OPTIMIZER_SCHEMAS = {"none": NoOptimizer, "sgd": SGDConfig, "adam": AdamConfig}
+DATA_SCHEMAS = {"synthetic": SyntheticData, "tokens": TokenData, "fake": FakeImages, "image": ImageFiles}
+
+
+@dataclass
+class RunConfig:
+    """Every setting of a run; ``conf/config.yaml`` picks the presets of each group."""
+
+    seed: int = 0                     #: seeds torch (model init) and the data generator
+    device: Device = Device.auto
+    steps: int = 1                    #: forward/backward passes; each step writes its own rows
+    mode: Mode = Mode.train           #: the model's mode (BatchNorm and Dropout behave differently)
+    on_nonfinite: Policy = Policy.warn
+    on_silent: Policy = Policy.warn   #: an entry that matched but recorded or changed nothing
+    overwrite: bool = False
+    plan: bool = False
+    plots: list[Plot] = field(default_factory=list)
+    eval_every: int = 0
+    eval_steps: int = 1
+    progress: bool = True
+    compile: bool = False
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    model: Any = MISSING
+    data: Any = MISSING
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: Any = MISSING
+    hooks: dict[str, Any] = field(default_factory=dict)
+
+
+def hook_schema(type_name: str):
+    """The structured node of one hook type's spec, with ``type`` filled in."""
+    node = OmegaConf.structured(HOOK_TYPES[type_name].spec_class)
+    node.type = type_name
+    return node
+
+
+def register_schemas() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent: storing again replaces)."""
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for name, schema in OPTIMIZER_SCHEMAS.items():
+        store.store(group="optimizer_schema", name=name, node=schema)
+    for name, schema in DATA_SCHEMAS.items():
+        store.store(group="data_schema", name=name, node=schema)
+    store.store(group="model_schema", name="named", node=NamedModel)
+    for type_name in HOOK_TYPES:
+        store.store(group="hook_schema", name=type_name, node=hook_schema(type_name))
+
+
+register_schemas()
