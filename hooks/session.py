@@ -195,7 +195,8 @@ def _reason(kind: str, module: nn.Module, called: bool) -> str:
     if kind not in FORWARD_KINDS and frozen:
         return "frozen parameters (requires_grad=False) and no input needing grad: no gradient reached it"
     if not called:
-        return "its hooks never ran: module never called, or no gradient reached it"
+        return ("its hooks never ran: module never called, no gradient reached it, or its output is not a "
+                "tensor or tuple of tensors (e.g. a dict output), which PyTorch's module backward hooks do not see")
     if kind in ("input", "output"):
         return f"its {kind} holds no tensor"
     if kind == "saved":
