@@ -107,15 +107,15 @@ class Recorder:
         self._relabel: str | None = None
         self._in_backward = False
         self._tally: dict[tuple[str, str, str], list[int]] = {}
-        self._calls_total: dict[tuple, int] = {}
+        self._calls_total: dict[tuple, int] = {}  # the counts of finished steps
+        self._calls: dict[tuple, int] = {}
+        self._backward_calls: dict[tuple, int] = {}
         self._reset()
 
     def _reset(self) -> None:
-        for counts in (getattr(self, "_calls", {}), getattr(self, "_backward_calls", {})):
-            for key, n in counts.items():
-                self._calls_total[key] = self._calls_total.get(key, 0) + n
-        self._calls: dict[tuple, int] = {}
-        self._backward_calls: dict[tuple, int] = {}
+        self._calls_total = self.call_counts()
+        self._calls = {}
+        self._backward_calls = {}
         self._columns: dict[str, list] = {c: [] for c in ID_COLUMNS}
         self._raw: list[torch.Tensor] = []
         self._reduced: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}

@@ -45,9 +45,9 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
         raise choice_error(f"{key}.type", type_name, HOOK_TYPES, "hook type")
     cls = HOOK_TYPES[type_name]
     spec = typed_config(key, cls.spec_class, entry)
-    check_finite(key, spec)
     spec.check_lifetime(key)
-    spec.check(key)
+    spec.check(key)  # first: a type's own message for a NaN says what it would do
+    check_finite(key, spec)
     return cls(name, spec)
 
 

@@ -113,8 +113,10 @@ def test_non_finite_numeric_parameters_are_refused(preset, key, value):
     from omegaconf import OmegaConf
 
     entry = OmegaConf.to_container(make_config(f"hooks={preset}", "model=resnet18").hooks[preset], resolve=True)
-    with pytest.raises(ConfigError, match=rf"^hooks\.{preset}\.{key}: -?(nan|inf) is not a finite number"):
+    with pytest.raises(ConfigError) as err:
         build_hook(preset, {**entry, key: value})
+    message = str(err.value)  # the type's own check may speak first (e.g. "hooks.clip: min (inf) > max")
+    assert message.startswith(f"hooks.{preset}") and key in message and "\n" not in message
 
 
 def test_every_type_with_a_float_key_is_covered():
