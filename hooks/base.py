@@ -28,8 +28,10 @@ class HookSpec:
     entry's hooks when step ``from`` begins and removes them when step ``to`` begins (steps
     count from 0; ``to`` is excluded, as in ``range``; ``to: null`` keeps them to the end).
     ``max_calls: N`` removes them once the entry has made N calls (as counted in ``call``:
-    one per module call, or per parameter gradient for parameter hooks), at the end of the
-    pass (forward or backward) that made the N-th call.
+    one per module call, or per parameter gradient for parameter hooks), after the backward of
+    the step that made the N-th call (in a forward-only run, when the next step begins). Calls
+    after the N-th within that step still act and are recorded (``lifetimes()`` counts them),
+    except for ``custom`` entries, whose function is called exactly N times.
 
     Numeric keys refuse NaN and ±Inf (``hooks.registry``) unless named in ``nonfinite_ok``.
     """

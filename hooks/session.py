@@ -36,7 +36,8 @@ class HookSession:
     Each entry's handles are kept apart, so that its lifetime (``steps``, ``max_calls``, see
     ``hooks.base.HookSpec``) can end on its own: ``begin_step(step)``, which the run loop calls
     before each step, attaches entries whose first step it is and removes those whose lifetime
-    is over; ``backward`` and ``after_backward`` remove those that reached ``max_calls``. With
+    is over; ``after_backward`` removes those that reached ``max_calls`` (not earlier: what an
+    entry packed in forward, e.g. ``offload_disk`` files, must outlive backward). With
     ``lifetimes=False`` (plan, rehearsal) every entry is attached at once and stays.
 
     Example:
@@ -149,9 +150,7 @@ class HookSession:
     # -- passes -------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` with the recorder told that backward runs (a forward call
-        inside it is activation checkpointing's recompute), then ``after_backward``. Entries
-        that reached ``max_calls`` in forward are removed first."""
-        self.check_lifetimes()
+        inside it is activation checkpointing's recompute), then ``after_backward``."""
         with self.recorder.backward_pass():
             loss.backward(**kwargs)
         self.after_backward()

@@ -81,6 +81,14 @@ def test_an_entry_attached_later_still_fires_in_config_order():
     assert ORDER == ["second", "first", "second"]
 
 
+def test_saved_tensors_on_disk_outlive_the_forward_that_made_the_last_call(tmp_path):
+    model = MLP()
+    rows, lifetimes = drive(model, {"off": {"type": "saved_tensors", "layers": "fc2", "mode": "offload_disk",
+                                            "directory": str(tmp_path), "max_calls": 1}}, steps=2)
+    assert {s for s, h, _ in rows if h == "off"} == {0}  # backward of step 0 read its files back
+    assert lifetimes["hooks.off"]["removed_at_step"] == 0 and not any(tmp_path.iterdir())
+
+
 def test_max_calls_through_the_runner(run_with):
     run_dir = run_with("model=mlp", "steps=3", "+hooks.s={type:stats,layers:fc1,kinds:[output],max_calls:1}")
     assert list(stats_of(run_dir, hook="s").step) == [0]
