@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from omegaconf import MISSING
 from torch import nn
 
+from hooks.errors import ConfigError
 from hooks.select import select_modules
 
 if TYPE_CHECKING:
     from hooks.session import HookSession
+
+
+#: The kinds a module-level hook can record or edit, in the order ``expected_kinds`` looks for edits.
+MODULE_KINDS = ("input", "output", "grad_input", "grad_output")
 
 
 @dataclass
@@ -18,13 +23,49 @@ class HookSpec:
     """Keys every hook entry has. Subclasses add their own typed keys.
 
     ``layers`` is a selector (see ``hooks.select``): a string or a list of strings.
+
+    A lifetime, for any entry (``HookSession`` applies it): ``steps: [from, to]`` attaches the
+    entry's hooks when step ``from`` begins and removes them when step ``to`` begins (steps
+    count from 0; ``to`` is excluded, as in ``range``; ``to: null`` keeps them to the end).
+    ``max_calls: N`` removes them once the entry has made N calls (as counted in ``call``:
+    one per module call, or per parameter gradient for parameter hooks), after the backward of
+    the step that made the N-th call (in a forward-only run, when the next step begins). Calls
+    after the N-th within that step still act and are recorded (``lifetimes()`` counts them),
+    except for ``custom`` entries, whose function is called exactly N times.
+
+    Numeric keys refuse NaN and ±Inf (``hooks.registry``) unless named in ``nonfinite_ok``.
     """
 
     type: str = MISSING
     layers: Any = MISSING
+    steps: Optional[list[Optional[int]]] = None
+    max_calls: Optional[int] = None
+
+    #: Float keys of this spec that accept NaN or ±Inf (their docstring says what it means).
+    nonfinite_ok: ClassVar[tuple[str, ...]] = ()
 
     def check(self, key: str) -> None:
         """Reject values that are well-typed but meaningless; ``key`` is the entry's config path."""
+
+    def check_lifetime(self, key: str) -> None:
+        """Reject a ``steps`` that is not ``[from, to]`` with 0 <= from < to, or a ``max_calls`` below 1."""
+        if self.steps is not None:
+            ok = len(self.steps) == 2 and isinstance(self.steps[0], int) and self.steps[0] >= 0 and (
+                self.steps[1] is None or self.steps[1] > self.steps[0])
+            if not ok:
+                raise ConfigError(f"{key}.steps: {list(self.steps)} is not [from, to] with 0 <= from < to "
+                                  f"(to excluded; null = to the end), e.g. {key}.steps=[2,5]")
+        if self.max_calls is not None and self.max_calls < 1:
+            raise ConfigError(f"{key}.max_calls: {self.max_calls} must be at least 1 (null: no limit)")
+
+    def first_step(self) -> int:
+        """The step at which the entry's hooks are attached."""
+        return self.steps[0] if self.steps else 0
+
+    def ended(self, step: int, calls: int) -> bool:
+        """Whether the lifetime is over at ``step`` after ``calls`` calls."""
+        end = self.steps[1] if self.steps else None
+        return (end is not None and step >= end) or (self.max_calls is not None and calls >= self.max_calls)
 
 
 class HookType:
@@ -70,6 +111,22 @@ class HookType:
     def explain(self, exc: BaseException) -> str | None:
         """A one-line message when ``exc`` (raised during a pass) is this entry's doing, else ``None``."""
         return None
+
+    @property
+    def expected_kinds(self) -> frozenset[str]:
+        """The kinds this entry records whenever its hooks act: ``HookSession.silent`` reports
+        an entry that matched modules but recorded none of one of them.
+
+        Derived from what module-level types say in public: the spec's ``kinds`` if it has
+        them, else ``record_kinds``, plus the kind of each ``edit_KIND`` that returns an edit
+        (an edit records what it produced). Types that record other kinds override this.
+        """
+        kinds = set(getattr(self.spec, "kinds", None) or getattr(self, "record_kinds", ()))
+        for kind in MODULE_KINDS:
+            edit = getattr(self, f"edit_{kind}", None)
+            if edit is not None and edit() is not None:
+                kinds.add(kind)
+        return frozenset(kinds)
 
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""

@@ -54,6 +54,10 @@ class PostAccumulate(HookType):
     def pytorch_hooks(self) -> str:
         return "Tensor.register_post_accumulate_grad_hook on parameters"
 
+    @property
+    def expected_kinds(self) -> frozenset[str]:
+        return frozenset({"param_grad"})
+
     def attach(self, model: nn.Module, session) -> None:
         modules = self.targets(model)
         self._reject_non_leaves(modules)

@@ -1,26 +1,30 @@
 """The capture buffer that every hook type writes into during a step.
 
 Hook callbacks only append here (a few list appends and the device-side reductions of
-``hooks.stats``, done once per distinct tensor value); turning a step's captures into columns happens once, in ``drain``. The
-recorder knows nothing of parquet: the run loop hands what ``drain`` returns to the writer.
+``hooks.stats``, done once per distinct tensor value); turning a step's captures into columns
+happens once, in ``drain``. The recorder knows nothing of parquet: the run loop hands what
+``drain`` returns to the writer. The schema of a row (columns, kinds, phases) is ``hooks.records``.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from hooks.records import BATCH_KINDS, ID_COLUMNS, StepCaptures  # noqa: F401  (StepCaptures: re-exported)
 from hooks.stats import RAW, reduce_tensor, summarize
 
-#: Columns that identify one captured tensor, in output order (``step`` is added by the writer).
-ID_COLUMNS = ("call", "hook", "layer", "phase", "kind", "slot", "shape", "dtype", "numel")
-#: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
-#: ``sample.channels`` narrow them; parameter gradients have neither).
-BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
+
+class Tally(NamedTuple):
+    """What one entry recorded of one kind since the recorder was made (``drain`` keeps it)."""
+
+    count: int       #: rows
+    nbytes: int      #: bytes of the tensors recorded (numel x itemsize, after sampling)
+    kept_bytes: int  #: bytes kept for ``tensors.parquet`` (float32 values)
 
 
 def sampled_channels(width: int, n: int, seed: int) -> torch.Tensor:
@@ -47,19 +51,6 @@ def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__")):
         for key in obj.keys():
             yield from walk(obj[key], f"{prefix}.{key}" if prefix else str(key))
-
-
-@dataclass
-class StepCaptures:
-    """One step's captures as columns: identifiers, statistics and the kept tensors."""
-
-    columns: dict[str, list] = field(default_factory=dict)
-    stats: dict[str, np.ndarray] = field(default_factory=dict)
-    kept_rows: list[int] = field(default_factory=list)
-    kept: list[torch.Tensor] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.columns.get("hook", ()))
 
 
 class HostCopies:
@@ -93,33 +84,78 @@ class HostCopies:
 class Recorder:
     """Per-step buffer of captures, with the per-module call counters that fill ``call``.
 
-    ``enabled = False`` makes ``record`` a no-op (steps left out by ``sample.every``; hooks that
-    change tensors still do); ``sample_batch`` keeps only the first n samples of activations and
-    ``sample_channels`` a random subset of their channels (dim 1, see ``sampled_channels``).
+    ``set_enabled(False)`` makes ``record`` a no-op (steps left out by ``sample.every``; hooks
+    that change tensors still do); ``relabel(phase)`` gives every record made inside it that
+    phase (eval passes); ``backward_pass()`` marks a running backward, so that a forward call
+    made inside it (activation checkpointing's recompute) is recorded as phase ``recompute`` and
+    numbered apart from the step's forward calls. ``sample_batch`` keeps only the first n samples
+    of activations and ``sample_channels`` a random subset of their channels (dim 1, see
+    ``sampled_channels``). ``statistics=False`` records identifiers and sizes only: no
+    reduction, no copy (``plan=true`` and the meta-device rehearsal); ``drain`` then returns no
+    statistic columns. ``tally()`` counts what each entry recorded, across steps.
     """
 
     def __init__(self, sample_batch: int | None = None, sample_channels: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, statistics: bool = True) -> None:
         self.enabled = True
         self.sample_batch = sample_batch
         self.sample_channels = sample_channels
         self.seed = seed
+        self.statistics = statistics
         self.host = HostCopies()
         self._channel_index: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._relabel: str | None = None
+        self._in_backward = False
+        self._tally: dict[tuple[str, str, str], list[int]] = {}
+        self._calls_total: dict[tuple, int] = {}  # the counts of finished steps
+        self._calls: dict[tuple, int] = {}
+        self._backward_calls: dict[tuple, int] = {}
         self._reset()
 
     def _reset(self) -> None:
-        self._calls: dict[tuple, int] = {}
+        self._calls_total = self.call_counts()
+        self._calls = {}
+        self._backward_calls = {}
         self._columns: dict[str, list] = {c: [] for c in ID_COLUMNS}
         self._raw: list[torch.Tensor] = []
         self._reduced: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
         self._kept_rows: list[int] = []
         self._kept: list[torch.Tensor] = []
 
+    # -- the run loop's controls ----------------------------------------------------------
+    def set_enabled(self, on: bool) -> None:
+        """Record (``True``) or drop (``False``) what hooks hand in from now on."""
+        self.enabled = bool(on)
+
+    @contextlib.contextmanager
+    def relabel(self, phase: str) -> Iterator[None]:
+        """Every record made inside the block gets ``phase`` (e.g. ``eval``), whatever its hook says."""
+        before, self._relabel = self._relabel, phase
+        try:
+            yield
+        finally:
+            self._relabel = before
+
+    @contextlib.contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """Mark the block as a backward pass (``HookSession.backward`` enters it around ``loss.backward()``).
+
+        Forward records made inside are a recompute (``torch.utils.checkpoint``): phase
+        ``recompute``, and ``next_call`` counts apart, so the n-th recompute of a module is
+        ``call`` n like the n-th forward call it repeats (when recomputed in forward order).
+        """
+        before, self._in_backward = self._in_backward, True
+        try:
+            yield
+        finally:
+            self._in_backward = before
+
+    # -- what hooks call --------------------------------------------------------------------
     def next_call(self, key: tuple) -> int:
         """Return how many times ``key`` (e.g. ``(hook, layer)``) was seen before in this step."""
-        n = self._calls.get(key, 0)
-        self._calls[key] = n + 1
+        calls = self._backward_calls if self._in_backward else self._calls
+        n = calls.get(key, 0)
+        calls[key] = n + 1
         return n
 
     def record(self, tensor: torch.Tensor, *, hook: str, layer: str, phase: str, kind: str,
@@ -129,15 +165,37 @@ class Recorder:
         The copy is made now because the tensor may be modified in place after the hook returns
         (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
         Shapes and dtypes are stored as they come and turned into column values in ``drain``.
+        A complex tensor gives two rows, its real and imaginary parts (slots ``SLOT.real``,
+        ``SLOT.imag``), with the complex dtype.
         """
         if not self.enabled:
             return
+        if self._relabel is not None:
+            phase = self._relabel
+        elif self._in_backward and phase == "forward":
+            phase = "recompute"
         if kind in BATCH_KINDS:
             tensor = self._sample(tensor)
+        if tensor.is_complex():
+            for part, values in (("real", tensor.real), ("imag", tensor.imag)):
+                self._append(values, tensor.dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep)
+        else:
+            self._append(tensor, tensor.dtype, hook, layer, phase, kind, slot, call, keep)
+
+    def _append(self, tensor: torch.Tensor, dtype: torch.dtype, hook: str, layer: str, phase: str, kind: str,
+                slot: str, call: int, keep: bool) -> None:
         cols = self._columns
+        numel = tensor.numel()
+        tally = self._tally.get((hook, layer, kind))
+        if tally is None:
+            tally = self._tally[(hook, layer, kind)] = [0, 0, 0]
+        tally[0] += 1
+        tally[1] += numel * tensor.element_size()
         if keep:
-            self._kept_rows.append(len(cols["hook"]))
-            self._kept.append(self.host.copy(tensor))
+            tally[2] += numel * 4  # kept values are stored as float32
+            if self.statistics:
+                self._kept_rows.append(len(cols["hook"]))
+                self._kept.append(self.host.copy(tensor))
         cols["call"].append(call)
         cols["hook"].append(hook)
         cols["layer"].append(layer)
@@ -145,9 +203,30 @@ class Recorder:
         cols["kind"].append(kind)
         cols["slot"].append(slot)
         cols["shape"].append(tensor.shape)
-        cols["dtype"].append(tensor.dtype)
-        cols["numel"].append(tensor.numel())
-        self._raw.append(self._reduce(tensor))
+        cols["dtype"].append(dtype)
+        cols["numel"].append(numel)
+        if self.statistics:
+            self._raw.append(self._reduce(tensor))
+
+    # -- what the session and the run loop read ---------------------------------------------
+    def tally(self, by_layer: bool = False) -> dict[tuple[str, ...], Tally]:
+        """Rows and bytes recorded per ``(hook, kind)`` (``(hook, layer, kind)`` with ``by_layer``)
+        since the recorder was made; ``drain`` does not reset it."""
+        out: dict[tuple[str, ...], list[int]] = {}
+        for (hook, layer, kind), counts in self._tally.items():
+            key = (hook, layer, kind) if by_layer else (hook, kind)
+            total = out.setdefault(key, [0, 0, 0])
+            for i, n in enumerate(counts):
+                total[i] += n
+        return {key: Tally(*counts) for key, counts in out.items()}
+
+    def call_counts(self) -> dict[tuple, int]:
+        """How often each ``next_call`` key was counted since the recorder was made (this step included)."""
+        out = dict(self._calls_total)
+        for counts in (self._calls, self._backward_calls):
+            for key, n in counts.items():
+                out[key] = out.get(key, 0) + n
+        return out
 
     def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """``reduce_tensor``, once per distinct value: an alias seen again reuses the reduction.
@@ -180,16 +259,14 @@ class Recorder:
 
     def drain(self) -> StepCaptures:
         """Return this step's captures (one host transfer for all statistics) and start afresh."""
-        raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
         self.host.wait()
         columns = self._columns
+        stats = {}
+        if self.statistics:
+            raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
+            stats = summarize(raw, np.asarray(columns["numel"], dtype=np.int64))
         columns["shape"] = [list(s) for s in columns["shape"]]
         columns["dtype"] = [str(d).removeprefix("torch.") for d in columns["dtype"]]
-        out = StepCaptures(
-            columns=columns,
-            stats=summarize(raw, np.asarray(self._columns["numel"], dtype=np.int64)),
-            kept_rows=self._kept_rows,
-            kept=self._kept,
-        )
+        out = StepCaptures(columns=columns, stats=stats, kept_rows=self._kept_rows, kept=self._kept)
         self._reset()
         return out

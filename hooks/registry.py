@@ -7,6 +7,7 @@ key, lists what is valid and suggests the closest choice.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,8 +45,24 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
         raise choice_error(f"{key}.type", type_name, HOOK_TYPES, "hook type")
     cls = HOOK_TYPES[type_name]
     spec = typed_config(key, cls.spec_class, entry)
-    spec.check(key)
+    spec.check_lifetime(key)
+    spec.check(key)  # first: a type's own message for a NaN says what it would do
+    check_finite(key, spec)
     return cls(name, spec)
+
+
+def check_finite(key: str, spec: Any) -> None:
+    """Refuse NaN and ±Inf in every float key of ``spec`` (also inside lists), unless the spec
+    names the key in ``nonfinite_ok``: a NaN factor or value would poison every result after it."""
+    allowed = getattr(spec, "nonfinite_ok", ())
+    for f in dataclasses.fields(spec):
+        if f.name in allowed:
+            continue
+        value = getattr(spec, f.name)
+        for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(item, float) and not math.isfinite(item):
+                where = f"{key}.{f.name}" + (f"[{i}]" if isinstance(value, (list, tuple)) else "")
+                raise ConfigError(f"{where}: {item} is not a finite number; hook parameters must be finite")
 
 
 def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: str = "key") -> Any:

@@ -7,9 +7,15 @@ What autograd saves for backward while a selected module runs is packed by ``mod
 * ``offload_disk``: written to a temporary file; the file is deleted when autograd frees the
   saved tensor, never on unpack, so unpacking twice (``retain_graph``) is safe.
 * ``compress``: floating tensors stored as ``dtype`` (float16 or bfloat16); lossy.
+* ``custom``: the researcher's own ``pack`` and ``unpack`` functions (import paths, resolved
+  while the config is checked), called exactly as ``saved_tensors_hooks(pack, unpack)`` would;
+  never on meta tensors (``plan=true`` and the rehearsal keep what they save as it is).
 
-unpack(pack(x)) == x holds exactly for the two offload modes. Each packed tensor is recorded
-(kind ``saved``, phase ``forward``), as packed: bytes per layer = sum of numel × itemsize.
+``min_bytes`` (offload modes): a tensor smaller than that many bytes (numel × itemsize) stays
+where it is, as the tutorial's "only offload large tensors" does. unpack(pack(x)) == x holds
+exactly for the two offload modes. Each packed tensor is recorded (kind ``saved``, phase
+``forward``), as packed (what ``pack`` returned, when that is a tensor): bytes per layer =
+sum of numel × itemsize.
 
 The context is entered by a forward pre-hook and left by an ``always_call`` forward hook; the
 session closes any context still open (Ctrl-C in forward skips ``always_call`` hooks), so the
@@ -30,10 +36,12 @@ import torch
 from torch import nn
 
 from hooks.base import HookSpec, HookType
-from hooks.errors import choice_error
+from hooks.callables import resolve_callable
+from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
 
-MODES = ("offload_cpu", "offload_disk", "compress")
+MODES = ("offload_cpu", "offload_disk", "compress", "custom")
+OFFLOAD_MODES = ("offload_cpu", "offload_disk")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -43,12 +51,32 @@ class SavedSpec(HookSpec):
     mode: str = "offload_cpu"
     dtype: str = "float16"
     directory: Optional[str] = None
+    min_bytes: int = 0
+    pack: Optional[str] = None
+    unpack: Optional[str] = None
 
     def check(self, key: str) -> None:
         if self.mode not in MODES:
             raise choice_error(f"{key}.mode", self.mode, MODES, "mode")
         if self.dtype not in DTYPES:
             raise choice_error(f"{key}.dtype", self.dtype, DTYPES, "dtype")
+        if self.min_bytes < 0:
+            raise ConfigError(f"{key}.min_bytes: {self.min_bytes} must be >= 0 (0: offload every tensor)")
+        if self.min_bytes and self.mode not in OFFLOAD_MODES:
+            raise ConfigError(f"{key}.min_bytes: only for mode={' or '.join(OFFLOAD_MODES)} (got mode={self.mode})")
+        if self.mode == "custom":
+            self.functions(key)
+        elif self.pack is not None or self.unpack is not None:
+            raise ConfigError(f"{key}.{'pack' if self.pack is not None else 'unpack'}: only for mode=custom "
+                              f"(got mode={self.mode})")
+
+    def functions(self, key: str) -> tuple:
+        """``pack`` and ``unpack`` imported and checked to take one argument each."""
+        for name in ("pack", "unpack"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"{key}.{name}: required for mode=custom, e.g. {key}.{name}=mypkg.hooks.my_{name}")
+        return (resolve_callable(self.pack, f"{key}.pack", 1, "pack(tensor)"),
+                resolve_callable(self.unpack, f"{key}.unpack", 1, "unpack(packed)"))
 
 
 class _OnDisk:
@@ -76,10 +104,16 @@ class SavedTensors(HookType):
         super().__init__(name, spec)
         self._open: list[Any] = []  # contexts entered by pre-hooks and not yet left
         self._dir: str | None = None
+        if spec.mode == "custom":
+            self._user_pack, self._user_unpack = spec.functions(self.key)
 
     @property
     def needs_backward(self) -> bool:
         return True
+
+    @property
+    def expected_kinds(self) -> frozenset[str]:
+        return frozenset({"saved"})
 
     @property
     def pytorch_hooks(self) -> str:
@@ -90,6 +124,8 @@ class SavedTensors(HookType):
         if self.spec.mode == "offload_disk":
             self._dir = tempfile.mkdtemp(prefix="saved-tensors-", dir=self.spec.directory)
         pack, unpack = getattr(self, f"_pack_{self.spec.mode}"), getattr(self, f"_unpack_{self.spec.mode}")
+        if self.spec.min_bytes:
+            pack, unpack = _above(self.spec.min_bytes, pack, unpack)
         for layer, module in self.targets(model):
             def enter(module, args, layer=layer):
                 call = self._recorder.next_call((self.name, layer))
@@ -115,7 +151,7 @@ class SavedTensors(HookType):
 
         def on_pack(x: torch.Tensor):
             packed = pack(x)
-            stored = packed[1] if isinstance(packed, tuple) else x
+            stored = packed if isinstance(packed, torch.Tensor) else packed[1] if isinstance(packed, _Packed) else x
             self._recorder.record(stored, hook=self.name, layer=layer, phase="forward", kind="saved",
                                   slot=str(next(slots)), call=call)
             return packed
@@ -125,12 +161,12 @@ class SavedTensors(HookType):
     @staticmethod
     def _pack_offload_cpu(x: torch.Tensor):
         if x.device.type in ("cpu", "meta"):  # already on the host; meta (plan=true) holds no data
-            return x.device, x
+            return _Packed(x.device, x)
         if x.device.type != "cuda":
-            return x.device, x.to("cpu")
+            return _Packed(x.device, x.to("cpu"))
         host = torch.empty(x.shape, dtype=x.dtype, layout=x.layout, pin_memory=True)
         host.copy_(x, non_blocking=True)
-        return x.device, host
+        return _Packed(x.device, host)
 
     @staticmethod
     def _unpack_offload_cpu(packed) -> torch.Tensor:
@@ -148,10 +184,38 @@ class SavedTensors(HookType):
 
     def _pack_compress(self, x: torch.Tensor):
         if not x.is_floating_point() or x.element_size() <= 2:
-            return x.dtype, x
-        return x.dtype, x.to(DTYPES[self.spec.dtype])
+            return _Packed(x.dtype, x)
+        return _Packed(x.dtype, x.to(DTYPES[self.spec.dtype]))
 
     @staticmethod
     def _unpack_compress(packed) -> torch.Tensor:
         dtype, x = packed
         return x.to(dtype)
+
+    def _pack_custom(self, x: torch.Tensor):
+        if x.device.type == "meta":  # the user's pack runs in the real run only
+            return _Packed(None, x)
+        return self._user_pack(x)
+
+    def _unpack_custom(self, packed) -> torch.Tensor:
+        if isinstance(packed, _Packed):
+            return packed[1]
+        return self._user_unpack(packed)
+
+
+class _Packed(tuple):
+    """What a built-in mode packs: ``(how to restore, the tensor kept)``, told apart from a user's tuple."""
+
+    def __new__(cls, restore: Any, tensor: torch.Tensor):
+        return super().__new__(cls, (restore, tensor))
+
+
+def _above(min_bytes: int, pack, unpack):
+    """``pack``/``unpack`` applied only to tensors of at least ``min_bytes``; smaller ones stay as they are."""
+    def pack_large(x: torch.Tensor):
+        return pack(x) if x.numel() * x.element_size() >= min_bytes else _Packed(None, x)
+
+    def unpack_large(packed):
+        return packed[1] if isinstance(packed, _Packed) and packed[0] is None else unpack(packed)
+
+    return pack_large, unpack_large

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -11,6 +12,17 @@ from hooks.recorder import Recorder
 
 if TYPE_CHECKING:
     from hooks.base import HookType
+
+FORWARD_KINDS = frozenset({"input", "output", "saved"})
+
+
+class Silence(NamedTuple):
+    """An entry that matched ``layer`` but recorded nothing of ``kind``, and the likely reason."""
+
+    key: str
+    layer: str
+    kind: str
+    reason: str
 
 
 class HookSession:
@@ -21,27 +33,41 @@ class HookSession:
     the hooks it had before. Tensor hooks that hooks register on activations during forward need
     no handle: they die with the autograd graph of that step.
 
+    Each entry's handles are kept apart, so that its lifetime (``steps``, ``max_calls``, see
+    ``hooks.base.HookSpec``) can end on its own: ``begin_step(step)``, which the run loop calls
+    before each step, attaches entries whose first step it is and removes those whose lifetime
+    is over; ``after_backward`` removes those that reached ``max_calls`` (not earlier: what an
+    entry packed in forward, e.g. ``offload_disk`` files, must outlive backward). With
+    ``lifetimes=False`` (plan, rehearsal) every entry is attached at once and stays.
+
     Example:
         >>> with HookSession(model, build_hooks(cfg.hooks)) as session:
-        ...     loss = model(x).sum(); loss.backward(); session.after_backward()
+        ...     session.begin_step(0)
+        ...     session.backward(model(x).sum())
         ...     captures = session.recorder.drain()
     """
 
-    def __init__(self, model: nn.Module, hooks: Sequence[HookType], recorder: Recorder | None = None) -> None:
+    def __init__(self, model: nn.Module, hooks: Sequence[HookType], recorder: Recorder | None = None,
+                 lifetimes: bool = True) -> None:
         self.model = model
         self.hooks = list(hooks)
         self.recorder = recorder or Recorder()
-        self._handles: list[RemovableHandle] = []
+        self.use_lifetimes = lifetimes
+        self._handles: list[tuple[str | None, RemovableHandle]] = []
+        self._owner: str | None = None       # the entry whose ``attach`` is running
+        self._attached: list[HookType] = []  # in config order
+        self._step = 0
+        self._attached_at: dict[str, int] = {}
+        self._removed_at: dict[str, int] = {}
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
-        """Take ownership of ``handle``; it is removed when the session closes."""
-        self._handles.append(handle)
+        """Take ownership of ``handle``; it is removed when the session closes or its entry's lifetime ends."""
+        self._handles.append((self._owner, handle))
         return handle
 
     def __enter__(self) -> HookSession:
         try:
-            for hook in self.hooks:
-                hook.attach(self.model, self)
+            self._attach([h for h in self.hooks if not self.use_lifetimes or h.spec.first_step() == 0])
         except BaseException:
             self.close()
             raise
@@ -53,11 +79,126 @@ class HookSession:
     def close(self) -> None:
         """Remove every handle, newest first, then let each hook release what else it holds."""
         while self._handles:
-            self._handles.pop().remove()
-        for hook in reversed(self.hooks):
+            self._handles.pop()[1].remove()
+        for hook in reversed(self._attached):
             hook.close()
+        self._attached = []
+
+    # -- lifetimes ----------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Apply lifetimes before ``step`` runs: remove entries whose lifetime is over, attach
+        entries whose first step it is (all attached entries are then registered again in config
+        order, so that entries fire in config order whenever they were attached)."""
+        self._step = step
+        self.check_lifetimes()
+        if not self.use_lifetimes:
+            return
+        starting = [h for h in self.hooks if h.name not in self._attached_at
+                    and h.spec.first_step() <= step and not self._over(h)]
+        if starting:
+            keep = [h for h in self.hooks if h in self._attached or h in starting]
+            self._detach(list(self._attached))
+            self._attach(keep)
+
+    def check_lifetimes(self) -> None:
+        """Remove the handles of every attached entry whose lifetime is over (between passes only)."""
+        if not self.use_lifetimes:
+            return
+        ended = [h for h in self._attached if self._over(h)]
+        if ended:
+            self._detach(ended)
+            for hook in ended:
+                self._removed_at[hook.name] = self._step
+
+    def lifetimes(self) -> dict[str, dict]:
+        """Per entry key: the step its hooks were attached at and removed at (``None``: not
+        attached yet / still attached) and the calls it made, for the run's manifest."""
+        calls = self._calls()
+        return {h.key: {"attached_at_step": self._attached_at.get(h.name),
+                        "removed_at_step": self._removed_at.get(h.name),
+                        "calls": calls.get(h.name, 0)} for h in self.hooks}
+
+    def _over(self, hook: HookType) -> bool:
+        return hook.spec.ended(self._step, self._calls().get(hook.name, 0))
+
+    def _calls(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, n in self.recorder.call_counts().items():
+            out[key[0]] = out.get(key[0], 0) + n
+        return out
+
+    def _attach(self, hooks: list[HookType]) -> None:
+        for hook in hooks:
+            self._owner = hook.name
+            try:
+                hook.attach(self.model, self)
+            finally:
+                self._owner = None
+            self._attached.append(hook)
+            self._attached_at.setdefault(hook.name, self._step)
+
+    def _detach(self, hooks: list[HookType]) -> None:
+        names = {h.name for h in hooks}
+        for owner, handle in reversed(self._handles):
+            if owner in names:
+                handle.remove()
+        self._handles = [(o, h) for o, h in self._handles if o not in names]
+        for hook in reversed(hooks):
+            hook.close()
+        self._attached = [h for h in self._attached if h.name not in names]
+
+    # -- passes -------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """``loss.backward(**kwargs)`` with the recorder told that backward runs (a forward call
+        inside it is activation checkpointing's recompute), then ``after_backward``."""
+        with self.recorder.backward_pass():
+            loss.backward(**kwargs)
+        self.after_backward()
 
     def after_backward(self) -> None:
-        """Let each hook record what exists only once backward is done (accumulated ``.grad``)."""
-        for hook in self.hooks:
+        """Let each hook record what exists only once backward is done (accumulated ``.grad``),
+        then remove entries that reached ``max_calls``."""
+        for hook in self._attached:
             hook.after_backward(self.recorder)
+        self.check_lifetimes()
+
+    # -- silent entries -------------------------------------------------------------------------
+    def silent(self) -> list[Silence]:
+        """Entries that matched modules but recorded nothing of a kind they record (an edit
+        records what it produced, so an edit that never ran is here too), one per matched layer,
+        with the likely reason. Meant for after the first step; entries not attached yet are
+        left out, and a kind that some matched layer recorded is not reported."""
+        tally = self.recorder.tally(by_layer=True)
+        calls = self.recorder.call_counts()
+        called = {(k[0], k[1]) for k in calls if len(k) > 1}
+        out = []
+        for hook in self.hooks:
+            if hook.name not in self._attached_at:
+                continue
+            kinds = [k for k in sorted(hook.expected_kinds)
+                     if not any(key[0] == hook.name and key[2] == k for key in tally)]
+            if not kinds:
+                continue
+            for layer, module in hook.targets(self.model):
+                for kind in kinds:
+                    out.append(Silence(hook.key, layer, kind, _reason(kind, module, (hook.name, layer) in called)))
+        return out
+
+
+def _reason(kind: str, module: nn.Module, called: bool) -> str:
+    """The likely reason why ``module`` gave no ``kind``."""
+    params = list(module.parameters())
+    frozen = bool(params) and not any(p.requires_grad for p in params)
+    if not called and kind in FORWARD_KINDS:
+        return "module never called (forward did not reach it)"
+    if kind not in FORWARD_KINDS and frozen:
+        return "frozen parameters (requires_grad=False) and no input needing grad: no gradient reached it"
+    if not called:
+        return ("its hooks never ran: module never called, no gradient reached it, or its output is not a "
+                "tensor or tuple of tensors (e.g. a dict output), which PyTorch's module backward hooks do not see")
+    if kind in ("input", "output"):
+        return f"its {kind} holds no tensor"
+    if kind == "saved":
+        return "autograd saved nothing while it ran (nothing in it needs grad)"
+    return ("no gradient reached it: its output holds no tensor the loss depends on, or one that "
+            "PyTorch's module backward hooks do not see (e.g. a dict output)")

@@ -4,7 +4,9 @@
 with hundreds of captures costs one host transfer (``summarize`` on the stacked vectors), not
 one per layer or per statistic. fp16/bf16 tensors are summed in float32, so they cannot
 overflow; integer and bool tensors are reduced as numbers. NaN propagates into ``mean``,
-``min`` and ``max`` (a NaN is never hidden) and is counted in ``nan_count``.
+``min`` and ``max`` (a NaN is never hidden) and is counted in ``nan_count``. Finite data never
+report an infinite ``abs_mean`` or ``l2``: a float32 sum that overflows is taken again in float64.
+Complex tensors are not reduced here: the recorder records their real and imaginary parts.
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import warnings
 import numpy as np
 import torch
 
+from hooks.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
+
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
 RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count", "shift")
-#: The statistic columns written to ``stats.parquet`` (float64 unless named ``*_count``).
-STAT_COLUMNS = ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac", "nan_count", "inf_count")
 
 
 #: Tensors with at least this many elements go through the compiled one-pass reduction; below
@@ -40,7 +42,7 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     """
     x = x.detach()
     if x.is_complex():
-        x = x.abs()
+        raise TypeError("reduce_tensor takes real tensors; record a complex tensor's .real and .imag")
     if x.numel() == 0:
         nan = float("nan")
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
@@ -59,17 +61,20 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     """``RAW`` of a flat float32/float64 tensor with eager kernels (one pass per reduction).
 
     Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
-    NaN and ±Inf, ``x != x`` exactly at NaN.
+    NaN and ±Inf, ``x != x`` exactly at NaN. Small tensors (below ``COMPILE_MIN_NUMEL``) and CUDA
+    tensors are summed in float64 outright; a large float32 CPU tensor is summed in float32 (the
+    fast path), and again in float64 only when a sum overflowed although every element is finite.
     """
     lo, hi = torch.aminmax(flat)
     nonfinite = torch.count_nonzero(flat - flat)
     nans = torch.count_nonzero(flat != flat)
     shift = _shift(flat)
-    centered = flat - shift
+    narrow = flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
+    sums = _sums(flat, shift) if narrow else _sums(flat.double(), shift.double())
+    if narrow and not bool(torch.isfinite(torch.stack(sums)).all()) and not bool(nonfinite):
+        sums = _sums(flat.double(), shift.double())
     parts = (
-        centered.sum(),
-        centered.square().sum(),
-        flat.abs().sum(),
+        *sums,
         lo,
         hi,
         flat.numel() - torch.count_nonzero(flat),
@@ -78,6 +83,12 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
         shift,
     )
     return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def _sums(flat: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shifted sum, shifted sum of squares and sum of absolute values, in ``flat``'s dtype."""
+    centered = flat - shift
+    return centered.sum(), centered.square().sum(), flat.abs().sum()
 
 
 def fused_reductions(flat: torch.Tensor) -> torch.Tensor:
@@ -89,7 +100,7 @@ def fused_reductions(flat: torch.Tensor) -> torch.Tensor:
     to float64 in registers: as fast (the loop is bound by memory) and more accurate.
     """
     shift = _shift(flat)
-    centered = (flat - shift).double()
+    centered = flat.double() - shift.double()  # widened first: x - shift may overflow float32
     parts = (
         centered.sum(),
         (centered * centered).sum(),

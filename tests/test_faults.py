@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_ERRORS = [
     (["hooks=clip", "hooks.clip.type=clmap"], "hooks.clip.type: unknown hook type 'clmap'; valid: "),
     (["hooks=clip", "+hooks.clip.maxx=1"], ("hooks.clip.maxx: unknown key", "'maxx'; valid: ", "did you mean 'max'?")),
-    (["hooks=clip", "hooks.clip.max=big"], "hooks.clip.max: Value 'big' of type 'str' could not be converted"),
+    (["hooks=clip", "hooks.clip.max=big"], "hooks.clip.max: 'big' is not a number"),
     (["hooks=clip", "hooks.clip.min=1", "hooks.clip.max=0"], "hooks.clip: min (1.0) > max (0.0); swap them"),
     (["hooks=clip", "hooks.clip.min=null", "hooks.clip.max=null"], "hooks.clip: set min, max or both"),
     (["hooks=clip", "hooks.clip.min=nan"], "hooks.clip.min: NaN is not a bound"),
@@ -149,7 +149,11 @@ def test_sigterm_in_the_model_exits_143_and_restores_the_default_handler(fault):
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
 def test_fault_inside_a_hook_removes_every_hook_and_writes_nothing(fault, tmp_path, monkeypatch, raised):
-    def broken(*args, **kwargs):
+    real_record = Recorder.record
+
+    def broken(self, tensor, **kwargs):
+        if tensor.device.type == "meta":  # the plan's rehearsal: not the step this test breaks
+            return real_record(self, tensor, **kwargs)
         raise raised("hook failed")
 
     monkeypatch.setattr(Recorder, "record", broken)

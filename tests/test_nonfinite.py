@@ -74,19 +74,28 @@ def test_int64_statistics_are_exact_past_float32_precision():
     assert got["mean"][0] == 2**40 + 2 and got["min"][0] == 2**40 + 1 and got["max"][0] == 2**40 + 3
 
 
+def nan_grad(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient hook that writes NaN (``value=nan`` is refused as a hook parameter)."""
+    return torch.full_like(grad, math.nan)
+
+
+#: A tensor hook on fc.bias writing NaN.
+NAN_BIAS = ("+hooks.nan={type:custom,hook:tensor,target:params,layers:fc,params:[bias],fn:test_nonfinite.nan_grad}",)
+
+
 def test_nonfinite_gradient_is_recorded_and_named(fault):
     """A gradient hook that writes NaN: recorded as NaN, and the error names the backward capture."""
-    outcome = fault("hooks=zero_bias", "hooks.zero_bias.value=nan", "on_nonfinite=error", forwards=1)
+    outcome = fault(*NAN_BIAS, "on_nonfinite=error", forwards=1)
     assert outcome.code == 1
     assert outcome.stderr == (
-        "error: step 0: non-finite values first appeared in hooks.zero_bias at layer 'fc' (backward param_grad, "
+        "error: step 0: non-finite values first appeared in hooks.nan at layer 'fc' (backward param_grad, "
         "slot bias, call 0): 5 NaN, 0 Inf (on_nonfinite=error; on_nonfinite=warn records them and goes on)")
 
 
 def test_nonfinite_gradient_is_stored_as_nan_not_null(run_with):
-    with pytest.warns(NonFiniteWarning, match="hooks.zero_bias at layer 'fc' \\(backward param_grad"):
-        out = run_with("model=convnet", "hooks=zero_bias", "hooks.zero_bias.value=nan")
+    with pytest.warns(NonFiniteWarning, match="hooks.nan at layer 'fc' \\(backward param_grad"):
+        out = run_with("model=convnet", *NAN_BIAS)
     table = pq.read_table(out / "stats.parquet")
     assert table["mean"].null_count == 0
     df = stats_of(out, kind="param_grad", slot="bias")
-    assert df.nan_count.tolist() == [5, 5] and df["mean"].isna().all()  # backward and after_backward
+    assert df.nan_count.tolist() == [5] and df["mean"].isna().all()

@@ -93,6 +93,29 @@ def test_compiled_and_eager_paths_match_float64_torch(tensor, path):
     assert_stats_close(summary_of(tensor, path), tensor)
 
 
+def near_max(n: int) -> torch.Tensor:
+    """Finite float32 values near the largest float32, alternating in sign."""
+    t = torch.full((n,), 3.0e38)
+    t[1::2] = -2.9e38
+    return t
+
+
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), reduce_tensor],
+                         ids=["compiled", "eager", "dispatch"])
+@pytest.mark.parametrize("n", [10, N + 3])
+def test_finite_float32_near_max_never_reports_inf(path, n):
+    """A float32 sum of these overflows: ``abs_mean`` and ``l2`` must still be the float64 truth."""
+    tensor = near_max(n)
+    got = summary_of(tensor, path)
+    assert math.isfinite(got["abs_mean"]) and math.isfinite(got["l2"]) and got["inf_count"] == 0
+    assert_stats_close(got, tensor)
+
+
+def test_complex_tensors_are_not_reduced_as_magnitudes():
+    with pytest.raises(TypeError, match="real and"):
+        reduce_tensor(torch.ones(3, dtype=torch.complex64))
+
+
 def test_nan_and_inf_are_counted_and_propagate():
     t = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
     got = summary_of(t)

@@ -6,6 +6,7 @@ Plain code, no Hydra globals: tests compile a config from Hydra's compose API an
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,7 +47,8 @@ def run(plan: Plan, out_dir: str | Path) -> Path:
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes,
                         s.overwrite) as outputs, progress_bar(s.steps, s.progress) as bar:
             for step in range(s.steps):
-                recorder.enabled = step % s.sample.every == 0
+                session.begin_step(step)
+                recorder.set_enabled(step % s.sample.every == 0)
                 batch = next(data)
                 if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
                     recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
@@ -55,8 +57,10 @@ def run(plan: Plan, out_dir: str | Path) -> Path:
                 start = time.perf_counter()
                 loss = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session, optimizer)
                 _write_step(outputs, guard, peak, step, recorder.drain(), loss, start)
+                if step == 0:
+                    _report_silent(session, s.on_silent.value)
                 if plan.schedule.due(step):
-                    recorder.enabled = True  # eval passes are rare: always recorded
+                    recorder.set_enabled(True)  # eval passes are rare: always recorded
                     peak.reset()
                     start = time.perf_counter()
                     _write_step(outputs, guard, peak, step, *eval_passes(forward, model, held_out, plan.loss_fn,
@@ -64,6 +68,22 @@ def run(plan: Plan, out_dir: str | Path) -> Path:
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
     return out_dir
+
+
+class SilentEntryWarning(UserWarning):
+    """An entry matched modules but recorded or changed nothing in the first step."""
+
+
+def _report_silent(session: HookSession, policy: str) -> None:
+    """After the first step: an entry that matched but did nothing is said, or (``on_silent=error``) refused."""
+    if policy == "ignore":
+        return
+    for silence in session.silent():
+        message = (f"{silence.key} recorded no {silence.kind} on '{silence.layer or '(model)'}' in step 0: "
+                   f"{silence.reason}")
+        if policy == "error":
+            raise ConfigError(f"{message} (on_silent=error; on_silent=warn records the run and says so)")
+        warnings.warn(message, SilentEntryWarning, stacklevel=2)
 
 
 def _available(name: str) -> torch.device:

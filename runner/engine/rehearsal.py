@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from collections import defaultdict
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -49,20 +50,6 @@ class Rehearsal:
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
 
 
-class _Counting(Recorder):
-    """Counts what would be recorded, by (entry, kind); computes no statistics."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-
-    def record(self, tensor, *, hook, layer, phase, kind, slot, call, keep=False) -> None:
-        entry = self.counts[(hook, kind)]
-        entry[0] += 1
-        entry[1] += tensor.numel() * tensor.element_size()
-        entry[2] += tensor.numel() * 4 if keep else 0  # kept values are stored as float32
-
-
 def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
              loss_fn: LossFn | None) -> Rehearsal | None:
     """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable."""
@@ -80,7 +67,7 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
     for hook in hooks:
         found.matches[hook.key] = [name or "(model)" for name, _ in hook.targets(model)]
     x = torch.empty(source.input_shape, dtype=source.input_dtype, device="meta")
-    recorder = _Counting()
+    recorder = Recorder(statistics=False)
     shapes = _ModuleShapes(model)
     try:
         with shapes, contextlib.redirect_stdout(io.StringIO()):  # ``print`` hooks print in the real run only
@@ -93,21 +80,20 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
             return None
         raise explained from None
     found.modules = [(name, type(m).__name__, shapes.seen.get(name, "-")) for name, m in model.named_modules()]
-    found.records = dict(recorder.counts)
+    found.records = {key: list(tally) for key, tally in recorder.tally().items()}
     return found
 
 
 def _step(model: nn.Module, x: torch.Tensor, hooks: Sequence[HookType], loss_fn: LossFn | None,
           recorder: Recorder) -> None:
-    with HookSession(model, hooks, recorder) as session:
+    with HookSession(model, hooks, recorder, lifetimes=False) as session:  # entries starting late too
         if loss_fn is None:
             with torch.no_grad():
                 model(x)
             return
         out = model(x)
         targets = torch.zeros(x.shape[0], dtype=torch.long, device="meta")
-        loss_fn(first_tensor(out), targets).backward()
-        session.after_backward()
+        session.backward(loss_fn(first_tensor(out), targets))
 
 
 def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShapes,
@@ -120,11 +106,20 @@ def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShape
     text = " ".join(str(exc).split())
     if not isinstance(exc, (RuntimeError, ValueError, IndexError)) or _META_LIMIT.search(text):
         return None
-    if shapes.failed is None:
-        return None
+    if shapes.failed is None or not _raised_by_torch(exc):
+        return None  # the model's or a hook's own code failed: the real run shows where
     name, cls = shapes.failed
     return ConfigError(f"data.shape: {list(source.input_shape)} does not fit the model: module "
                        f"'{name or '(model)'}' ({cls}) failed on it: {text[:240]}")
+
+
+def _raised_by_torch(exc: BaseException) -> bool:
+    """Whether the innermost Python frame is PyTorch's own (a layer refusing its input), not user code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_TORCH_DIR)
+
+
+_TORCH_DIR = Path(torch.__file__).resolve().parent
 
 
 class _ModuleShapes:

@@ -94,8 +94,7 @@ def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn
             forward(batch.x)
         return None
     loss = loss_fn(first_tensor(forward(batch.x)), batch.targets)
-    loss.backward()
-    session.after_backward()
+    session.backward(loss)
     if optimizer is not None:
         optimizer.step()
     return float(loss.detach())
@@ -112,13 +111,11 @@ def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_
     model.eval()
     losses = []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recorder.relabel("eval"):
             for batch in held_out:
                 out = forward(batch.x)
                 if loss_fn is not None:
                     losses.append(float(loss_fn(first_tensor(out), batch.targets)))
     finally:
         model.train(was_training)
-    captures = recorder.drain()
-    captures.columns["phase"] = ["eval"] * len(captures)
-    return captures, statistics.fmean(losses) if losses else None
+    return recorder.drain(), statistics.fmean(losses) if losses else None

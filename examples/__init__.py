@@ -1,0 +1,1 @@
+"""Hooks written as plain functions, used from a config through ``type: custom`` or ``mode: custom``."""

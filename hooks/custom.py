@@ -1,0 +1,259 @@
+"""``custom``: a researcher's own function registered as any PyTorch hook, exactly as by hand.
+
+``fn: mypkg.hooks.my_hook`` names an importable callable (resolved and its arity checked while
+the config is checked, see ``hooks.callables``); ``hook`` says which PyTorch function registers
+it on each selected module, called with PyTorch's own arguments:
+
+=================  =====================================================  ==================
+``hook``           registered with                                        records
+=================  =====================================================  ==================
+``forward_pre``    ``register_forward_pre_hook`` (``with_kwargs``)        ``input``
+``forward``        ``register_forward_hook`` (``with_kwargs``,            ``output``
+                   ``always_call``)
+``full_backward``  ``register_full_backward_hook``                        ``grad_input``,
+                                                                          ``grad_output``
+``backward_pre``   ``register_full_backward_pre_hook``                    ``grad_output``
+``tensor``         ``Tensor.register_hook`` on each output (``target:     ``grad_output`` /
+                   output``, from a forward hook) or parameter            ``param_grad``
+                   (``target: params``)
+``post_accumulate`` ``Tensor.register_post_accumulate_grad_hook``         ``param_grad``
+=================  =====================================================  ==================
+
+What ``fn`` returns is returned to PyTorch unchanged, so a replacement (new inputs, output or
+gradients) acts exactly as in PyTorch. Each call's tensors go to the same tables as every
+other type's: those ``fn`` returned when it returned a replacement, else those it saw.
+``prepend`` is PyTorch's (module hooks only: ``Tensor.register_hook`` has none). ``fn`` is never
+called on meta tensors (``plan=true`` and the rehearsal compute nothing): it runs in the real
+run only.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from omegaconf import MISSING
+from torch import nn
+
+from hooks.base import HookSpec, HookType
+from hooks.callables import resolve_callable
+from hooks.errors import ConfigError, choice_error
+from hooks.gradients import select_params
+from hooks.recorder import walk
+from hooks.registry import register
+
+#: Each hook kind: the arguments PyTorch calls it with (without and with ``with_kwargs``).
+SIGNATURES = {
+    "forward_pre": ("(module, args)", "(module, args, kwargs)"),
+    "forward": ("(module, args, output)", "(module, args, kwargs, output)"),
+    "full_backward": ("(module, grad_input, grad_output)", None),
+    "backward_pre": ("(module, grad_output)", None),
+    "tensor": ("(grad)", None),
+    "post_accumulate": ("(param)", None),
+}
+TARGETS = ("output", "params")
+MODULE_HOOKS = ("forward_pre", "forward", "full_backward", "backward_pre")
+
+
+@dataclass
+class CustomSpec(HookSpec):
+    fn: str = MISSING
+    hook: str = "forward"
+    target: str = "output"
+    params: Optional[list[str]] = None
+    with_kwargs: bool = False
+    prepend: bool = False
+    always_call: bool = False
+
+    def check(self, key: str) -> None:
+        if self.hook not in SIGNATURES:
+            raise choice_error(f"{key}.hook", self.hook, SIGNATURES, "hook kind")
+        if self.target not in TARGETS:
+            raise choice_error(f"{key}.target", self.target, TARGETS, "target")
+        if self.target != "output" and self.hook != "tensor":
+            raise ConfigError(f"{key}.target: only meaningful with hook=tensor (got hook={self.hook})")
+        if self.with_kwargs and self.hook not in ("forward_pre", "forward"):
+            raise ConfigError(f"{key}.with_kwargs: PyTorch passes kwargs to forward_pre and forward hooks only")
+        if self.always_call and self.hook != "forward":
+            raise ConfigError(f"{key}.always_call: PyTorch offers always_call for forward hooks only")
+        if self.prepend and self.hook not in MODULE_HOOKS:
+            raise ConfigError(f"{key}.prepend: PyTorch has no prepend for tensor or post-accumulate hooks; "
+                              f"entries on one tensor fire in config order")
+        param_hook = self.hook == "post_accumulate" or (self.hook == "tensor" and self.target == "params")
+        if self.params is not None and not param_hook:
+            raise ConfigError(f"{key}.params: only meaningful with hook=post_accumulate or hook=tensor target=params")
+        if self.params is not None and not self.params:
+            raise ConfigError(f"{key}.params: empty list; use null for every parameter or name some, e.g. [bias]")
+        self.callable(key)
+
+    def callable(self, key: str) -> Callable:
+        """``fn`` imported and checked against the arguments PyTorch passes to this hook kind."""
+        called_as = SIGNATURES[self.hook][self.with_kwargs]
+        return resolve_callable(self.fn, f"{key}.fn", called_as.count(",") + 1, f"a {self.hook} hook {called_as}")
+
+
+@register("custom")
+class Custom(HookType):
+    """Registers ``spec.fn`` with the PyTorch function ``spec.hook`` names; records what it saw or returned."""
+
+    spec_class = CustomSpec
+
+    def __init__(self, name: str, spec: CustomSpec) -> None:
+        super().__init__(name, spec)
+        self.fn = spec.callable(self.key)
+        self._made = 0  # calls passed to ``fn`` over the run: max_calls stops them exactly
+
+    @property
+    def needs_backward(self) -> bool:
+        return self.spec.hook not in ("forward_pre", "forward")
+
+    @property
+    def pytorch_hooks(self) -> str:
+        spec = self.spec
+        if spec.hook == "tensor":
+            where = "parameters" if spec.target == "params" else "outputs (from register_forward_hook)"
+            return f"Tensor.register_hook({spec.fn}) on {where}"
+        if spec.hook == "post_accumulate":
+            return f"Tensor.register_post_accumulate_grad_hook({spec.fn}) on parameters"
+        name = {"forward_pre": "register_forward_pre_hook", "forward": "register_forward_hook",
+                "full_backward": "register_full_backward_hook",
+                "backward_pre": "register_full_backward_pre_hook"}[spec.hook]
+        return f"{name}({spec.fn})"
+
+    @property
+    def expected_kinds(self) -> frozenset[str]:
+        hook, target = self.spec.hook, self.spec.target
+        if hook == "post_accumulate" or (hook == "tensor" and target == "params"):
+            return frozenset({"param_grad"})
+        return frozenset({"forward_pre": {"input"}, "forward": {"output"}, "tensor": {"grad_output"},
+                          "full_backward": {"grad_input", "grad_output"}, "backward_pre": {"grad_output"}}[hook])
+
+    # -- registration ---------------------------------------------------------------------------
+    def attach(self, model: nn.Module, session) -> None:
+        self._recorder = session.recorder
+        spec = self.spec
+        modules = self.targets(model)
+        if spec.hook == "post_accumulate" or (spec.hook == "tensor" and spec.target == "params"):
+            for layer, pname, p in select_params(self, modules, spec.params):
+                if spec.hook == "tensor":
+                    session.add(p.register_hook(self._param_grad_hook(layer, pname)))
+                else:
+                    session.add(p.register_post_accumulate_grad_hook(self._accumulated_hook(layer, pname)))
+            return
+        for layer, module in modules:
+            if spec.hook == "forward_pre":
+                session.add(module.register_forward_pre_hook(
+                    self._pre_hook(layer), prepend=spec.prepend, with_kwargs=spec.with_kwargs))
+            elif spec.hook == "forward":
+                session.add(module.register_forward_hook(
+                    self._forward_hook(layer), prepend=spec.prepend, with_kwargs=spec.with_kwargs,
+                    always_call=spec.always_call))
+            elif spec.hook == "full_backward":
+                session.add(module.register_full_backward_hook(self._backward_hook(layer), prepend=spec.prepend))
+            elif spec.hook == "backward_pre":
+                session.add(module.register_full_backward_pre_hook(self._backward_pre_hook(layer),
+                                                                   prepend=spec.prepend))
+            else:  # tensor hooks on this call's outputs
+                session.add(module.register_forward_hook(self._output_tensor_hook(layer)))
+
+    def _start(self, key: tuple, *tensors: Any) -> int | None:
+        """The call number, or ``None`` when ``fn`` must not run: past ``max_calls``, or meta tensors."""
+        if self.spec.max_calls is not None and self._made >= self.spec.max_calls:
+            return None
+        if any(t.device.type == "meta" for obj in tensors for _, t in walk(obj)):
+            return None
+        self._made += 1
+        return self._recorder.next_call(key)
+
+    def _record(self, obj: Any, layer: str, phase: str, kind: str, call: int, prefix: str = "") -> None:
+        for slot, t in walk(obj, prefix):
+            self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot, call=call)
+
+    # -- callbacks: fn's arguments and return value pass through untouched ----------------------
+    def _pre_hook(self, layer: str):
+        def on_pre(module, args, *kwargs):
+            call = self._start((self.name, layer), args, *kwargs)
+            if call is None:
+                return None
+            result = self.fn(module, args, *kwargs)
+            if kwargs:  # with_kwargs: PyTorch takes None or (args, kwargs)
+                new_args, new_kwargs = (args, kwargs[0]) if result is None else result
+                self._record(new_args, layer, "forward", "input", call)
+                for name, value in new_kwargs.items():
+                    self._record(value, layer, "forward", "input", call, name)
+            else:  # PyTorch wraps a single returned value in a tuple
+                new = args if result is None else (result if isinstance(result, tuple) else (result,))
+                self._record(new, layer, "forward", "input", call)
+            return result
+        return on_pre
+
+    def _forward_hook(self, layer: str):
+        def on_forward(module, args, *rest):  # rest: (output,) or (kwargs, output)
+            call = self._start((self.name, layer), args, rest[-1])
+            if call is None:
+                return None
+            result = self.fn(module, args, *rest)
+            self._record(rest[-1] if result is None else result, layer, "forward", "output", call)
+            return result
+        return on_forward
+
+    def _backward_hook(self, layer: str):
+        def on_backward(module, grad_input, grad_output):
+            call = self._start((self.name, layer), grad_input, grad_output)
+            if call is None:
+                return None
+            result = self.fn(module, grad_input, grad_output)
+            self._record(grad_output, layer, "backward", "grad_output", call)
+            self._record(grad_input if result is None else result, layer, "backward", "grad_input", call)
+            return result
+        return on_backward
+
+    def _backward_pre_hook(self, layer: str):
+        def on_backward_pre(module, grad_output):
+            call = self._start((self.name, layer), grad_output)
+            if call is None:
+                return None
+            result = self.fn(module, grad_output)
+            self._record(grad_output if result is None else result, layer, "backward", "grad_output", call)
+            return result
+        return on_backward_pre
+
+    def _output_tensor_hook(self, layer: str):
+        def on_forward(module, args, output):
+            call = self._start((self.name, layer), output)
+            if call is None:
+                return None
+            for slot, t in walk(output):
+                if t.requires_grad:
+                    t.register_hook(self._grad_hook(layer, "grad_output", slot, call))
+            return None
+        return on_forward
+
+    def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
+        def on_grad(grad: torch.Tensor):
+            result = self.fn(grad)
+            self._record(grad if result is None else result, layer, "backward", kind, call, slot)
+            return result
+        return on_grad
+
+    def _param_grad_hook(self, layer: str, pname: str):
+        def on_grad(grad: torch.Tensor):
+            call = self._start((self.name, layer, pname), grad)
+            if call is None:
+                return None
+            result = self.fn(grad)
+            self._record(grad if result is None else result, layer, "backward", "param_grad", call, pname)
+            return result
+        return on_grad
+
+    def _accumulated_hook(self, layer: str, pname: str):
+        def on_accumulated(p: torch.Tensor):
+            call = self._start((self.name, layer, pname), p)
+            if call is None:
+                return None
+            result = self.fn(p)
+            if p.grad is not None:
+                self._record(p.grad, layer, "backward", "param_grad", call, pname)
+            return result
+        return on_accumulated

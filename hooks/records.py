@@ -1,0 +1,69 @@
+"""The record schema, in one place: what a row of ``stats.parquet`` / ``tensors.parquet`` is.
+
+The recorder fills these columns, the writer turns them into Arrow with these types, the
+analysis and the tests read them by these names. A new column, kind or phase is added here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+#: Columns that identify one captured tensor, with their Arrow types, in output order. ``step``
+#: is added by the writer; the recorder fills the others.
+ID_FIELDS = (
+    pa.field("step", pa.int64()),
+    pa.field("call", pa.int64()),
+    pa.field("hook", pa.string()),
+    pa.field("layer", pa.string()),
+    pa.field("phase", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("slot", pa.string()),
+    pa.field("shape", pa.list_(pa.int64())),
+    pa.field("dtype", pa.string()),
+    pa.field("numel", pa.int64()),
+)
+#: The identifier columns the recorder fills (every ``ID_FIELDS`` name but ``step``).
+ID_COLUMNS = tuple(f.name for f in ID_FIELDS if f.name != "step")
+
+#: Statistic columns with their Arrow types (see ``hooks.stats.summarize`` for their meaning).
+STAT_FIELDS = (
+    pa.field("mean", pa.float64()),
+    pa.field("std", pa.float64()),
+    pa.field("min", pa.float64()),
+    pa.field("max", pa.float64()),
+    pa.field("abs_mean", pa.float64()),
+    pa.field("l2", pa.float64()),
+    pa.field("zero_frac", pa.float64()),
+    pa.field("nan_count", pa.int64()),
+    pa.field("inf_count", pa.int64()),
+)
+STAT_COLUMNS = tuple(f.name for f in STAT_FIELDS)
+
+#: What a row holds. Activations and module gradients come per call; ``param_grad`` per
+#: parameter; ``saved`` is what autograd saved (as packed). A complex tensor gets two rows per
+#: capture, one per part, with slots ``SLOT.real`` and ``SLOT.imag`` (its dtype column stays
+#: complex; the statistics are those of the part, never of ``|z|``).
+KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved")
+#: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
+#: ``sample.channels`` narrow them; parameter gradients have neither).
+BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
+#: When a row was recorded: during forward, during backward, after backward (accumulated
+#: ``.grad``), in an evaluation pass, or while activation checkpointing recomputed a forward
+#: inside backward (``recompute``: the same call again, not a new one).
+PHASES = ("forward", "backward", "after_backward", "eval", "recompute")
+
+
+@dataclass
+class StepCaptures:
+    """One step's captures as columns: identifiers, statistics and the kept tensors."""
+
+    columns: dict[str, list] = field(default_factory=dict)
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    kept_rows: list[int] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.columns.get("hook", ()))
