@@ -147,8 +147,14 @@ class ModuleBackward(Tap):
                 hook.calls[id(module)] = self._recorder.next_call((self.name, layer))
 
         def on_forward(module, args, output):
-            if name_of(module) is not None:
-                hook.renew()
+            layer = name_of(module)
+            if layer is None:
+                return
+            hook.renew()
+            if not isinstance(output, (torch.Tensor, tuple)):  # PyTorch only warns and skips the hooks
+                raise ConfigError(f"{self.key}.mechanism=module: '{layer}' returns {type(output).__name__}, and "
+                                  f"PyTorch's module backward hooks fire only for a tensor or a tuple of "
+                                  f"tensors; use mechanism=tensor, which hooks every tensor inside")
 
         session.add(register_pre(on_pre))
         session.add(register_forward(on_forward))
