@@ -127,10 +127,13 @@ class ModuleBackward(Tap):
                                                   edits=self.spec.replace is not None))
         if self.spec.scope == "global":
             names = {id(m): n for n, m in targets}
-            hook = PerCall(self.global_register, lambda calls: self._module_hook(names.get, calls))
+            def name_of(module):
+                return names.get(id(module))
+
+            hook = PerCall(self.global_register, lambda calls: self._module_hook(name_of, calls))
             session.add(hook)
             self._number_calls(session, hook, nn_module.register_module_forward_pre_hook,
-                               nn_module.register_module_forward_hook, names.get)
+                               nn_module.register_module_forward_hook, name_of)
             return
         for layer, module in targets:
             hook = PerCall(lambda cb, module=module: self.local_register(module, cb),

@@ -20,17 +20,18 @@ from runner.run import run
 MECHANISMS = ["tensor", "module"]
 
 
-def hooked_step(model: nn.Module, x, entries: dict, loss=lambda out: out.sum()) -> list[dict]:
-    """One forward and backward with ``entries`` attached; every recorded row, in recording order,
-    with its kept tensor (``capture`` entries) under ``tensor``. The model keeps no hook."""
+def hooked_step(model: nn.Module, x, entries: dict, loss=lambda out: out.sum(), call=None) -> list[dict]:
+    """One forward (``model(x)``, or ``call(model)``) and backward with ``entries`` attached; every
+    recorded row, in recording order, with its kept tensor (``capture`` entries) under ``tensor``.
+    The model keeps no hook."""
     with HookSession(model, build_hooks(entries)) as session:
-        loss(model(x)).backward()
+        loss(model(x) if call is None else call(model)).backward()
         session.after_backward()
         caps = session.recorder.drain()
     assert hook_count(model) == 0
     kept = dict(zip(caps.kept_rows, caps.kept))
     cols = caps.columns
-    return [{**{c: cols[c][i] for c in ("hook", "layer", "phase", "kind", "slot", "call")},
+    return [{**{c: cols[c][i] for c in ("hook", "layer", "phase", "kind", "slot", "call", "shape")},
              "mean": caps.stats["mean"][i], "l2": caps.stats["l2"][i], "tensor": kept.get(i)}
             for i in range(len(caps))]
 
