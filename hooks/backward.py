@@ -14,7 +14,11 @@ full backward hooks raise "Output 0 of BackwardHookFunction is a view and is bei
 inplace". ``mechanism: module`` registers PyTorch's ``register_full_backward_hook`` /
 ``register_full_backward_pre_hook`` (``register_module_full_backward_*`` for ``scope: global``)
 exactly; the deprecated ``register_backward_hook`` is never used. Its rows carry the forward
-call they belong to (see ``PerCall``), so they join forward rows on ``(layer, call)``.
+call they belong to (see ``PerCall``), so they join forward rows on ``(layer, call)``. Entries of
+the two mechanisms on one module cannot keep config order between them (PyTorch runs module
+backward hooks inside the tensor hooks around the module): when one of them changes gradients,
+attaching fails with one line. ``node`` hooks fire after every tensor hook on the same output
+(PyTorch's order: tensor hooks, then the Node's pre-hooks, the Node, its post-hooks).
 """
 from __future__ import annotations
 

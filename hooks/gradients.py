@@ -127,6 +127,7 @@ class GradTransform(Tap):
         return on_grad
 
     def after_backward(self, recorder) -> None:
+        super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
         for layer, pname, p in self._params:
             if p.grad is not None:
                 recorder.record(p.grad, hook=self.name, layer=layer, phase="after_backward",

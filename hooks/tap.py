@@ -7,7 +7,7 @@ of the kinds its entry asks for and optionally replaces them:
 ``input``       forward pre-hook (``with_kwargs=True``): before forward, so a module that
                 changes its input in place cannot rewrite what was recorded
 ``output``      forward hook
-``grad_output`` ``Tensor.register_hook`` on each output, registered from the forward hook
+``grad_output`` ``Tensor.register_hook`` on each output the caller gets (after every forward hook)
 ``grad_input``  a tensor hook on a ``view_as`` of each grad-requiring input (a copy for a module
                 with ``inplace=True``), so the hook sees this module's share of the input
                 gradient only
@@ -16,6 +16,7 @@ of the kinds its entry asks for and optionally replaces them:
 The two gradient kinds go through the module's ``hooks.junction.Junction``: one view and one
 tensor hook per input and output, shared by every entry on the module, calling the entries in
 PyTorch's order (global, then ``prepend``, then config order), each on what the previous returned.
+A hook PyTorch drops (a view changed in place before use) fails the step in ``after_backward``.
 
 Gradients are taken with tensor hooks rather than ``register_full_backward_hook`` because full
 backward hooks raise on every module whose output is later modified in place (most of a

@@ -198,3 +198,17 @@ class CalledTwice(Tracked):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x + 0) + 3 * self.fc(2 * x)
+
+
+class IdentityThenInplace(Tracked):
+    """Linear -> Identity -> ReLU(inplace=True) -> Linear: the Identity's output is its input, which
+    the ReLU then changes in place (PyTorch drops a hook on the Identity's input view)."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.id, self.relu, self.fc2 = nn.Linear(3, 3), nn.Identity(), nn.ReLU(inplace=True), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.id(self.fc1(x))))

@@ -274,10 +274,11 @@ class MutatesInput(nn.Module):
     (nn.Sequential(nn.Linear(3, 3), MutatesInput(), nn.Linear(3, 1)), "1"),
     (nn.Sequential(nn.Linear(3, 3), nn.Identity(), nn.ReLU(inplace=True), nn.Linear(3, 1)), "1"),
 ], ids=["module-mutates-its-input", "identity-then-inplace"])
-def test_a_hook_pytorch_drops_fails_in_one_line(model, layer):
+@pytest.mark.parametrize("entry", [{"type": "stats", "kinds": ["grad_input", "grad_output"]},
+                                   {"type": "clamp", "target": "input", "min": 0.0}], ids=["observer", "edit"])
+def test_a_hook_pytorch_drops_fails_in_one_line(model, layer, entry):
     with pytest.raises(ConfigError, match=rf"hooks.g: PyTorch dropped the grad_input hook of '{layer}' slot 0"):
-        hooked_step(model, torch.randn(2, 3), {"g": {"type": "stats", "layers": layer,
-                                                      "kinds": ["grad_input", "grad_output"]}})
+        hooked_step(model, torch.randn(2, 3), {"g": {**entry, "layers": layer}})
     assert hook_count(model) == 0
 
 
@@ -306,3 +307,10 @@ def test_mechanism_module_refuses_a_dict_output_it_would_never_see():
     rows = hooked_step(model, torch.randn(2, 3, requires_grad=True),
                        {"fb": {"type": "full_backward", "layers": "0"}}, loss=lambda out: out["y"].sum())
     assert {(r["kind"], r["slot"]) for r in rows} == {("grad_input", "0"), ("grad_output", "y")}
+
+
+def test_a_dropped_hook_fails_before_the_first_step_from_the_cli(fault):
+    outcome = fault("model=custom", "model._target_=models_for_tests.IdentityThenInplace", "data.shape=[2,3]",
+                    "hooks=full_backward", "hooks.full_backward.layers=id")
+    assert outcome.code != 0
+    assert "hooks.full_backward: PyTorch dropped the grad_input hook of 'id' slot 0" in outcome.stderr
