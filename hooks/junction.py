@@ -19,9 +19,14 @@ copy of each hooked input (``clone``, tracked by autograd) instead of a view: it
 copy, the hook on the copy stays bound to the value before the change, and the numbers are
 those of the same module with ``inplace=False``. The caller's tensor is then left unmodified (the
 module's output carries the result, which is what every ``torch.nn`` in-place module returns and
-what torchvision models use). A module that modifies its input in place without saying so
-(``inplace`` absent) is caught in its forward hook and named in a ``ConfigError``: its
-``grad_input`` could not be taken.
+what torchvision models use). Any other hook PyTorch drops (a module that changes its input in
+place without an ``inplace`` attribute saying so; a module returning a view, such as ``Identity``
+or a reshape, whose output the caller then changes in place) is found after backward by
+``check`` and named in a one-line ``ConfigError``; the runner's meta-device rehearsal runs it
+before the first step.
+
+Entries with ``mechanism: module`` join too, without taps, so that mixing mechanisms on a module
+where an entry changes gradients fails when attaching (see ``Junction.join``).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class Subscription:
 
     def __init__(self, lineup: Lineup, owner: Any, rank: tuple[int, int], callback: Any = None) -> None:
         self.lineup, self.owner, self.rank, self.callback = lineup, owner, rank, callback
+        self.mechanism, self.edits = "tensor", False
 
     def remove(self) -> None:
         self.lineup.leave(self)

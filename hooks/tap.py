@@ -112,7 +112,9 @@ class Tap(HookType):
     * ``keep``: keep a copy of every recorded tensor (``capture``);
     * ``on_record``: called for every recorded tensor (``print`` prints here);
     * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
-      needs one, and what to do in it (``node`` registers its Node hooks there).
+      needs one, and what to do in it (``node`` registers its Node hooks there);
+    * ``attach`` and ``after_backward`` (``HookType``'s), calling ``super()`` for what the Tap
+      does there (``clamp`` with ``target: params`` hooks parameters instead).
     """
 
     spec_class = TapSpec
