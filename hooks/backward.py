@@ -123,7 +123,7 @@ class ModuleBackward(Tap):
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.mechanism == "tensor":
             return super().attach(model, session)
-        self._recorder = session.recorder
+        self._start(session)
         targets = self.targets(model)
         for layer, module in targets:  # checked against tensor-mechanism entries on the same module
             session.add(junction_for(module).join(self, is_global=self.spec.scope == "global",
@@ -267,6 +267,10 @@ class NodeHooks(Tap):
     @property
     def wants_forward_hook(self) -> bool:
         return True
+
+    @property
+    def expected_kinds(self) -> set[str]:
+        return set(self.spec.kinds)
 
     @property
     def pytorch_hooks(self) -> str:

@@ -110,6 +110,7 @@ class GradTransform(Tap):
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.target != "params":
             return super().attach(model, session)
+        self._start(session)
         self._params = select_params(self, self.targets(model), self.spec.params)
         for layer, pname, p in self._params:  # one shared hook per parameter orders the entries
             session.add(param_lineup(p).join(self, prepend=self.spec.prepend,

@@ -113,6 +113,7 @@ class Tap(HookType):
     * ``on_record``: called for every recorded tensor (``print`` prints here);
     * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
       needs one, and what to do in it (``node`` registers its Node hooks there);
+    * ``expected_kinds``: what ``unrecorded_kinds`` checks (``node`` records its own kinds);
     * ``attach`` and ``after_backward`` (``HookType``'s), calling ``super()`` for what the Tap
       does there (``clamp`` with ``target: params`` hooks parameters instead).
     """
@@ -190,8 +191,20 @@ class Tap(HookType):
             names.append("Tensor.register_hook on output (shared)")
         return " + ".join(names)
 
+    @property
+    def expected_kinds(self) -> set[str]:
+        """The kinds every matched call should record: those recorded or changed."""
+        edits = {"input": self.edit_input(), "output": self.edit_output(),
+                 "grad_input": self.edit_grad_input(), "grad_output": self.edit_grad_output()}
+        return set(self.record_kinds) | {kind for kind, edit in edits.items() if edit is not None}
+
+    def unrecorded_kinds(self) -> list[str]:
+        """Kinds of ``expected_kinds`` that no call recorded since ``attach`` (rows that
+        ``sample.every`` leaves out count as recorded), for the run's closing warning."""
+        return sorted(self.expected_kinds - self._seen_kinds)
+
     def attach(self, model: nn.Module, session) -> None:
-        self._recorder = session.recorder
+        self._start(session)
         self._open: dict[str, list[int]] = {}
         # Resolved once here, not per call: the callbacks below run for every module call.
         self._kinds = frozenset(self.record_kinds)
@@ -344,7 +357,12 @@ class Tap(HookType):
 
         return on_grad
 
+    def _start(self, session) -> None:
+        self._recorder = session.recorder
+        self._seen_kinds: set[str] = set()
+
     def _record(self, t: torch.Tensor, layer: str, phase: str, kind: str, slot: str, call: int) -> None:
+        self._seen_kinds.add(kind)
         self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,
                               call=call, keep=self.keep)
         self.on_record(layer, kind, slot, t)

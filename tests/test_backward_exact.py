@@ -2,6 +2,7 @@
 chaining, ``call`` numbering, and in-place modules against a copy with in-place ops turned off."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 
@@ -314,3 +315,23 @@ def test_a_dropped_hook_fails_before_the_first_step_from_the_cli(fault):
                     "hooks=full_backward", "hooks.full_backward.layers=id")
     assert outcome.code != 0
     assert "hooks.full_backward: PyTorch dropped the grad_input hook of 'id' slot 0" in outcome.stderr
+
+
+@pytest.mark.parametrize("entry, missing", [
+    ({"type": "stats", "layers": "conv", "kinds": ["grad_input", "grad_output"]}, ["grad_input"]),
+    ({"type": "full_backward", "layers": "conv", "mechanism": "module"}, ["grad_input"]),
+    ({"type": "node", "layers": "fc"}, []),
+    ({"type": "clamp", "layers": "fc", "target": "params", "min": 0.0}, []),
+])
+def test_unrecorded_kinds_names_what_a_matched_entry_never_recorded(entry, missing):
+    """The first layer's input needs no gradient: PyTorch gives no grad_input there (None)."""
+    from runner.models import ConvNet
+
+    model = ConvNet()
+    (hook,) = build_hooks({"e": entry})
+    with (pytest.warns(UserWarning, match="no inputs require gradients") if entry["type"] == "full_backward"
+          else contextlib.nullcontext()):
+        with HookSession(model, [hook]) as session:
+            model(torch.randn(1, 3, 8, 8)).sum().backward()
+            session.after_backward()
+    assert hook.unrecorded_kinds() == missing
