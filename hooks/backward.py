@@ -13,7 +13,12 @@ module's output is modified in place afterwards (a stock torchvision ResNet), wh
 full backward hooks raise "Output 0 of BackwardHookFunction is a view and is being modified
 inplace". ``mechanism: module`` registers PyTorch's ``register_full_backward_hook`` /
 ``register_full_backward_pre_hook`` (``register_module_full_backward_*`` for ``scope: global``)
-exactly; the deprecated ``register_backward_hook`` is never used.
+exactly; the deprecated ``register_backward_hook`` is never used. Its rows carry the forward
+call they belong to (see ``PerCall``), so they join forward rows on ``(layer, call)``. Entries of
+the two mechanisms on one module cannot keep config order between them (PyTorch runs module
+backward hooks inside the tensor hooks around the module): when one of them changes gradients,
+attaching fails with one line. ``node`` hooks fire after every tensor hook on the same output
+(PyTorch's order: tensor hooks, then the Node's pre-hooks, the Node, its post-hooks).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from hooks.errors import ConfigError, choice_error
+from hooks.junction import junction_for
 from hooks.recorder import walk
 from hooks.registry import register
 from hooks.tap import Tap, TapSpec, check_kinds, checked
@@ -44,6 +50,31 @@ class BackwardSpec(TapSpec):
             raise choice_error(f"{key}.mechanism", self.mechanism, MECHANISMS, "mechanism")
         if self.replace is not None and math.isnan(self.replace):
             raise ConfigError(f"{key}.replace: NaN is not a gradient value")
+
+
+class PerCall:
+    """A PyTorch module backward hook whose callback knows the forward call it belongs to.
+
+    PyTorch copies a module's backward hooks when a call starts and calls that copy in backward,
+    passing only the module. So the callback registered at the start of call ``c`` is bound to a
+    fresh ``calls`` dict that the forward pre-hook of call ``c`` fills (module id -> call number),
+    and the forward hook of call ``c`` registers the next callback in its place (``renew``).
+    Renewing in config order, prepended entries at the front and the others at the back, keeps
+    the order PyTorch gives hooks registered once. ``remove`` is the handle the session holds.
+    """
+
+    def __init__(self, register, make_callback) -> None:
+        self._register, self._make = register, make_callback
+        self.calls: dict[int, int] = {}
+        self._handle = register(make_callback(self.calls))
+
+    def renew(self) -> None:
+        self._handle.remove()
+        self.calls = {}
+        self._handle = self._register(self._make(self.calls))
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 class ModuleBackward(Tap):
@@ -73,29 +104,67 @@ class ModuleBackward(Tap):
     def pytorch_hooks(self) -> str:
         if self.spec.mechanism == "tensor":
             return super().pytorch_hooks
-        return self.global_register.__doc__ if self.spec.scope == "global" else self.local_register.__doc__
+        register = self.global_register if self.spec.scope == "global" else self.local_register
+        prefix = "register_module_" if self.spec.scope == "global" else "register_"
+        return f"{register.__doc__} (+ {prefix}forward_pre_hook / {prefix}forward_hook numbering calls)"
+
+    def explain(self, exc: BaseException) -> str | None:
+        """The one-line fix for PyTorch's in-place error under ``mechanism: module``, else ``None``.
+
+        PyTorch raises it (during forward, at the in-place op after the hooked module) with
+        "BackwardHookFunction" in the message ("BackwardHookFunctionBackward" before torch 2.1).
+        """
+        if self.spec.mechanism != "module" or "BackwardHookFunction" not in str(exc):
+            return None
+        return (f"{self.key}.mechanism=module: PyTorch's full backward hook fails on a module whose output "
+                f"or input is modified in place (e.g. by ReLU(inplace=True) or 'out += identity'); "
+                f"use mechanism=tensor, which records the same gradients")
 
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.mechanism == "tensor":
             return super().attach(model, session)
-        self._recorder = session.recorder
+        self._start(session)
         targets = self.targets(model)
+        for layer, module in targets:  # checked against tensor-mechanism entries on the same module
+            session.add(junction_for(module).join(self, is_global=self.spec.scope == "global",
+                                                  prepend=self.spec.prepend, layer=layer, mechanism="module",
+                                                  edits=self.spec.replace is not None))
         if self.spec.scope == "global":
             names = {id(m): n for n, m in targets}
-            callback = self._module_hook(lambda module: names.get(id(module)))
-            session.add(self.global_register(callback))
+            def name_of(module):
+                return names.get(id(module))
+
+            hook = PerCall(self.global_register, lambda calls: self._module_hook(name_of, calls))
+            session.add(hook)
+            self._number_calls(session, hook, nn_module.register_module_forward_pre_hook,
+                               nn_module.register_module_forward_hook, name_of)
             return
         for layer, module in targets:
-            callback = self._module_hook(lambda module, layer=layer: layer)
-            session.add(self.local_register(module, callback))
+            hook = PerCall(lambda cb, module=module: self.local_register(module, cb),
+                           lambda calls, layer=layer: self._module_hook(lambda _m: layer, calls))
+            session.add(hook)
+            self._number_calls(session, hook, module.register_forward_pre_hook,
+                               module.register_forward_hook, lambda _m, layer=layer: layer)
 
-    def explain(self, exc: BaseException) -> str | None:
-        """PyTorch's in-place error under ``mechanism: module``, as the one-line fix."""
-        if self.spec.mechanism != "module" or "BackwardHookFunction" not in str(exc):
-            return None
-        return (f"{self.key}.mechanism=module: PyTorch's full backward hook fails on a module whose output is "
-                f"then modified in place (e.g. by ReLU(inplace=True) or 'out += identity'); use "
-                f"mechanism=tensor, which records the same gradients")
+    def _number_calls(self, session, hook: PerCall, register_pre, register_forward, name_of) -> None:
+        """Fill ``hook.calls`` at each call's start and renew ``hook`` after the call."""
+        def on_pre(module, args):
+            layer = name_of(module)
+            if layer is not None:
+                hook.calls[id(module)] = self._recorder.next_call((self.name, layer))
+
+        def on_forward(module, args, output):
+            layer = name_of(module)
+            if layer is None:
+                return
+            hook.renew()
+            if not isinstance(output, (torch.Tensor, tuple)):  # PyTorch only warns and skips the hooks
+                raise ConfigError(f"{self.key}.mechanism=module: '{layer}' returns {type(output).__name__}, and "
+                                  f"PyTorch's module backward hooks fire only for a tensor or a tuple of "
+                                  f"tensors; use mechanism=tensor, which hooks every tensor inside")
+
+        session.add(register_pre(on_pre))
+        session.add(register_forward(on_forward))
 
     def _replace_all(self, grads: tuple, kind: str, layer: str):
         fill = self._filler()
@@ -126,12 +195,12 @@ class FullBackward(ModuleBackward):
         """register_module_full_backward_hook"""
         return nn_module.register_module_full_backward_hook(callback)
 
-    def _module_hook(self, name_of):
+    def _module_hook(self, name_of, calls: dict[int, int]):
         def on_backward(module, grad_input, grad_output):
             layer = name_of(module)
             if layer is None:
                 return None
-            call = self._recorder.next_call((self.name, layer))
+            call = calls[id(module)]
             self._record_all(grad_output, "grad_output", layer, call)
             new = self._replace_all(grad_input, "grad_input", layer)
             self._record_all(new if new is not None else grad_input, "grad_input", layer, call)
@@ -158,14 +227,13 @@ class BackwardPre(ModuleBackward):
         """register_module_full_backward_pre_hook"""
         return nn_module.register_module_full_backward_pre_hook(callback)
 
-    def _module_hook(self, name_of):
+    def _module_hook(self, name_of, calls: dict[int, int]):
         def on_backward_pre(module, grad_output):
             layer = name_of(module)
             if layer is None:
                 return None
             new = self._replace_all(grad_output, "grad_output", layer)
-            self._record_all(new if new is not None else grad_output, "grad_output", layer,
-                             self._recorder.next_call((self.name, layer)))
+            self._record_all(new if new is not None else grad_output, "grad_output", layer, calls[id(module)])
             return new
 
         return on_backward_pre
@@ -197,16 +265,19 @@ class NodeHooks(Tap):
         return True
 
     @property
-    def record_kinds(self) -> set[str]:
-        return {"output"}  # makes Tap register the forward hook; _forward is ours
+    def wants_forward_hook(self) -> bool:
+        return True
+
+    @property
+    def expected_kinds(self) -> set[str]:
+        return set(self.spec.kinds)
 
     @property
     def pytorch_hooks(self) -> str:
         prefix = "register_module_" if self.spec.scope == "global" else "register_"
         return f"{prefix}forward_hook + grad_fn.register_prehook / grad_fn.register_hook on output"
 
-    def _forward(self, layer: str, args: tuple, output, paired: bool):
-        call = self._recorder.next_call((self.name, layer))
+    def on_forward(self, layer: str, call: int, args: tuple, output) -> None:
         kinds = set(self.spec.kinds)
         for slot, t in walk(output):
             node = t.grad_fn
@@ -216,7 +287,6 @@ class NodeHooks(Tap):
                 node.register_prehook(self._node_hook(layer, slot, call, "grad_output"))
             if "grad_input" in kinds:
                 node.register_hook(self._node_hook(layer, slot, call, "grad_input"))
-        return None
 
     def _node_hook(self, layer: str, slot: str, call: int, kind: str):
         def on_node(*grads) -> None:  # pre-hook: (grad_outputs,); post-hook: (grad_inputs, grad_outputs)

@@ -4,7 +4,9 @@ One mechanism, three transforms. ``target`` says where the gradient is taken:
 
 * ``params``: ``Tensor.register_hook`` on each parameter of the selected modules (optionally
   only those named in ``params``, e.g. ``[bias]``), as the tutorials' ``gradient_clipper`` does;
-  the accumulated ``.grad`` is recorded again after backward (phase ``after_backward``).
+  the accumulated ``.grad`` is recorded again after backward (phase ``after_backward``). Entries
+  on one parameter share one tensor hook (``hooks.junction.ParamLineup``) that calls them in
+  config order, ``prepend`` first, each on what the previous returned.
 * ``output``: a tensor hook on each output (kind ``grad_output``; see ``hooks.tap``).
 * ``input``: a tensor hook on this module's view of each positional or keyword input
   (kind ``grad_input``), so other consumers of the same tensor are not affected.
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from hooks.errors import ConfigError, choice_error
+from hooks.junction import param_lineup
 from hooks.registry import register
 from hooks.tap import Tap, TapSpec, checked
 
@@ -102,16 +105,16 @@ class GradTransform(Tap):
 
     @property
     def pytorch_hooks(self) -> str:
-        return "Tensor.register_hook on parameters" if self.spec.target == "params" else super().pytorch_hooks
+        return "Tensor.register_hook on parameters (shared)" if self.spec.target == "params" else super().pytorch_hooks
 
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.target != "params":
             return super().attach(model, session)
+        self._start(session)
         self._params = select_params(self, self.targets(model), self.spec.params)
-        for layer, pname, p in self._params:
-            handle = session.add(p.register_hook(self._param_hook(session.recorder, layer, pname)))
-            if self.spec.prepend:  # Tensor.register_hook has no prepend: move ours to the front
-                p._backward_hooks.move_to_end(handle.id, last=False)
+        for layer, pname, p in self._params:  # one shared hook per parameter orders the entries
+            session.add(param_lineup(p).join(self, prepend=self.spec.prepend,
+                                             callback=self._param_hook(session.recorder, layer, pname)))
 
     def _param_hook(self, recorder, layer: str, slot: str):
         where = f"{self.key} on '{layer}' param_grad {slot}"
@@ -125,6 +128,7 @@ class GradTransform(Tap):
         return on_grad
 
     def after_backward(self, recorder) -> None:
+        super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
         for layer, pname, p in self._params:
             if p.grad is not None:
                 recorder.record(p.grad, hook=self.name, layer=layer, phase="after_backward",

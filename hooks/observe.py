@@ -84,7 +84,6 @@ class Print(Observe):
             text += f" {tensor.detach()}"
         print(text, flush=True)
 
-    def _forward(self, layer: str, args: tuple, output, paired: bool):
+    def on_forward(self, layer: str, call: int, args: tuple, output) -> None:
         if output is None and self.spec.always_call:  # PyTorch passes None when forward raised
             print(f"{layer or '(model)'}: no output (forward raised)", flush=True)
-        return super()._forward(layer, args, output, paired)

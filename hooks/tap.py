@@ -7,10 +7,16 @@ of the kinds its entry asks for and optionally replaces them:
 ``input``       forward pre-hook (``with_kwargs=True``): before forward, so a module that
                 changes its input in place cannot rewrite what was recorded
 ``output``      forward hook
-``grad_output`` ``Tensor.register_hook`` on each output, registered from the forward hook
-``grad_input``  the pre-hook passes each grad-requiring input through ``view_as`` and hooks
-                the view, so the hook sees this module's share of the input gradient only
+``grad_output`` ``Tensor.register_hook`` on each output the caller gets (after every forward hook)
+``grad_input``  a tensor hook on a ``view_as`` of each grad-requiring input (a copy for a module
+                with ``inplace=True``), so the hook sees this module's share of the input
+                gradient only
 ==============  =========================================================================
+
+The two gradient kinds go through the module's ``hooks.junction.Junction``: one view and one
+tensor hook per input and output, shared by every entry on the module, calling the entries in
+PyTorch's order (global, then ``prepend``, then config order), each on what the previous returned.
+A hook PyTorch drops (a view changed in place before use) fails the step in ``after_backward``.
 
 Gradients are taken with tensor hooks rather than ``register_full_backward_hook`` because full
 backward hooks raise on every module whose output is later modified in place (most of a
@@ -36,6 +42,7 @@ from torch.nn.modules import module as nn_module
 
 from hooks.base import HookSpec, HookType
 from hooks.errors import ConfigError, choice_error
+from hooks.junction import Junction, existing_junction, junction_for
 from hooks.recorder import walk
 
 KINDS = ("input", "output", "grad_input", "grad_output")
@@ -93,15 +100,27 @@ def _dtype(t: torch.Tensor) -> str:
 
 
 class Tap(HookType):
-    """Base of module-level hook types; subclasses choose kinds and edits.
+    """Base of module-level hook types; a family says what to record and what to change.
 
-    Override ``record_kinds`` (what to record), ``edit_input`` / ``edit_output`` /
-    ``edit_grad_input`` / ``edit_grad_output`` (return an ``Edit`` or ``None`` to observe only),
-    ``input_slot`` (which input an input edit applies to), ``keep`` and ``on_record``.
+    What a family may override (the public extension points; everything with a leading
+    underscore is the engine's own):
+
+    * ``record_kinds``: the kinds to record (subset of ``KINDS``);
+    * ``edit_input`` / ``edit_output`` / ``edit_grad_input`` / ``edit_grad_output``: return an
+      ``Edit`` (``edit_output``'s also receives the call's ``args``) or ``None`` to observe only;
+    * ``input_slot``: which input (position or keyword name) ``edit_input`` applies to;
+    * ``keep``: keep a copy of every recorded tensor (``capture``);
+    * ``on_record``: called for every recorded tensor (``print`` prints here);
+    * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
+      needs one, and what to do in it (``node`` registers its Node hooks there);
+    * ``expected_kinds``: what ``HookSession.silent`` checks (``node`` records its own kinds);
+    * ``attach`` and ``after_backward`` (``HookType``'s), calling ``super()`` for what the Tap
+      does there (``clamp`` with ``target: params`` hooks parameters instead).
     """
 
     spec_class = TapSpec
     keep = False
+    _junctions: dict[int, Junction] = {}  # per module id, once attached
 
     @property
     def record_kinds(self) -> set[str]:
@@ -127,6 +146,15 @@ class Tap(HookType):
         """Called for every recorded tensor (``print`` prints here)."""
 
     @property
+    def wants_forward_hook(self) -> bool:
+        """Register the forward hook even when no kind or edit needs it (for ``on_forward``)."""
+        return False
+
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        """Called in the forward hook of every call, before output edits; ``output`` is ``None``
+        when forward raised (``always_call``)."""
+
+    @property
     def needs_backward(self) -> bool:
         return bool({"grad_input", "grad_output"} & self.record_kinds) or bool(
             self.edit_grad_input() or self.edit_grad_output())
@@ -148,7 +176,8 @@ class Tap(HookType):
         grad_in = "grad_input" in kinds or self.edit_grad_input() is not None
         grad_out = "grad_output" in kinds or self.edit_grad_output() is not None
         wants_pre = "input" in kinds or grad_in or self.edit_input() is not None
-        wants_fwd = "output" in kinds or grad_out or self.edit_output() is not None
+        wants_fwd = ("output" in kinds or grad_out or self.edit_output() is not None
+                     or self.wants_forward_hook)
         return wants_pre, wants_fwd, grad_in, grad_out
 
     @property
@@ -157,13 +186,20 @@ class Tap(HookType):
         prefix = "register_module_" if self.spec.scope == "global" else "register_"
         names = [f"{prefix}forward_pre_hook"] * wants_pre + [f"{prefix}forward_hook"] * wants_fwd
         if grad_in:
-            names.append("Tensor.register_hook on view_as(input)")
+            names.append("Tensor.register_hook on a shared view_as(input) (a copy for inplace modules)")
         if grad_out:
-            names.append("Tensor.register_hook on output")
+            names.append("Tensor.register_hook on output (shared)")
         return " + ".join(names)
 
+    @property
+    def expected_kinds(self) -> set[str]:
+        """The kinds every matched call should record: those recorded or changed."""
+        edits = {"input": self.edit_input(), "output": self.edit_output(),
+                 "grad_input": self.edit_grad_input(), "grad_output": self.edit_grad_output()}
+        return set(self.record_kinds) | {kind for kind, edit in edits.items() if edit is not None}
+
     def attach(self, model: nn.Module, session) -> None:
-        self._recorder = session.recorder
+        self._start(session)
         self._open: dict[str, list[int]] = {}
         # Resolved once here, not per call: the callbacks below run for every module call.
         self._kinds = frozenset(self.record_kinds)
@@ -173,15 +209,45 @@ class Tap(HookType):
         targets = self.targets(model)
         if self.spec.scope == "global":
             self._attach_global(model, targets, session, wants_pre, wants_fwd)
+        else:
+            for layer, module in targets:
+                if wants_pre:
+                    session.add(module.register_forward_pre_hook(
+                        self._pre_hook(layer, wants_fwd), with_kwargs=True, prepend=self.spec.prepend))
+                if wants_fwd:
+                    session.add(module.register_forward_hook(
+                        self._forward_hook(layer, wants_pre), prepend=self.spec.prepend,
+                        always_call=self.spec.always_call))
+        self._join_junctions(targets, session)
+
+    def _join_junctions(self, targets, session) -> None:
+        """Share each module's gradient taps, or keep an existing junction after our new hooks."""
+        is_global = self.spec.scope == "global"
+        self._junctions = {}
+        if not (self._grad_in or self._grad_out):
+            for junction in [existing_junction(m) for _, m in targets] + [existing_junction(None)] * is_global:
+                if junction is not None:
+                    junction.move_last()
             return
+        edits = self._edits["grad_input"] is not None or self._edits["grad_output"] is not None
         for layer, module in targets:
-            if wants_pre:
-                session.add(module.register_forward_pre_hook(
-                    self._pre_hook(layer, wants_fwd), with_kwargs=True, prepend=self.spec.prepend))
-            if wants_fwd:
-                session.add(module.register_forward_hook(
-                    self._forward_hook(layer, wants_pre), prepend=self.spec.prepend,
-                    always_call=self.spec.always_call))
+            junction = junction_for(module)
+            session.add(junction.join(self, is_global=is_global, prepend=self.spec.prepend, layer=layer,
+                                      edits=edits))
+            self._junctions[id(module)] = junction
+        if is_global and self.spec.layers == "**":  # modules created inside forward
+            session.add(junction_for(None).join(self, is_global=True, prepend=False))
+
+    def after_backward(self, recorder) -> None:
+        """Fail with one line if PyTorch dropped a gradient hook of this step (``Junction.check``)."""
+        for junction in {id(j): j for j in self._junctions.values()}.values():
+            junction.check()
+        if self.spec.scope == "global" and existing_junction(None) is not None:
+            existing_junction(None).check()
+
+    def _junction(self, module: nn.Module) -> Junction:
+        junction = self._junctions.get(id(module))
+        return junction if junction is not None else junction_for(None)
 
     def _attach_global(self, model, targets, session, wants_pre: bool, wants_fwd: bool) -> None:
         names = {id(m): n for n, m in targets}
@@ -204,7 +270,7 @@ class Tap(HookType):
             def on_fwd(module, args, output):
                 layer = name_of(module)
                 if layer is not None:
-                    return self._forward(layer, args, output, wants_pre)
+                    return self._forward(layer, module, args, output, wants_pre)
             session.add(nn_module.register_module_forward_hook(on_fwd, always_call=self.spec.always_call))
 
     # -- callbacks ----------------------------------------------------------------------
@@ -215,14 +281,18 @@ class Tap(HookType):
 
     def _forward_hook(self, layer: str, paired: bool):
         def on_forward(module, args, output):
-            return self._forward(layer, args, output, paired)
+            return self._forward(layer, module, args, output, paired)
         return on_forward
 
     def _pre(self, layer: str, module, args: tuple, kwargs: dict | None, pairs_with_forward: bool):
         call = self._recorder.next_call((self.name, layer))
         if pairs_with_forward:
             self._open.setdefault(layer, []).append(call)
+        if self._grad_in:
+            self._junction(module).expect(module, layer, "grad_input", self, self._wish(layer, call))
         edit, kinds = self._edits["input"], self._kinds
+        if edit is None and "input" not in kinds:
+            return None
         new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
         items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
         for slot, value in items:
@@ -231,44 +301,47 @@ class Tap(HookType):
                     for sub, t in walk(value, slot):
                         self._record(t, layer, "forward", "input", sub, call)
                 continue
-            if edit is not None and self.input_slot(slot):
+            edits_here = edit is not None and self.input_slot(slot)
+            if edits_here:
                 value = checked(edit(value), value, f"{self.key} on '{layer}' input {slot}")
                 changed = True
-            if "input" in kinds or (edit is not None and self.input_slot(slot)):
+                if slot.isdigit():
+                    new_args[int(slot)] = value
+                else:
+                    new_kwargs[slot] = value
+            if "input" in kinds or edits_here:
                 self._record(value, layer, "forward", "input", slot, call)
-            if self._grad_in and value.requires_grad:
-                value = value.view_as(value)
-                value.register_hook(self._grad_hook(layer, "grad_input", slot, call))
-                changed = True
-            if slot.isdigit():
-                new_args[int(slot)] = value
-            else:
-                new_kwargs[slot] = value
         if not changed:
             return None
         return (tuple(new_args), new_kwargs) if kwargs is not None else tuple(new_args)
 
-    def _forward(self, layer: str, args: tuple, output: Any, paired: bool):
+    def _forward(self, layer: str, module, args: tuple, output: Any, paired: bool):
         if paired and self._open.get(layer):
             call = self._open[layer].pop()
         else:
             call = self._recorder.next_call((self.name, layer))
+        self.on_forward(layer, call, args, output)
         edit = self._edits["output"]
         new_output = None
         if edit is not None and isinstance(output, torch.Tensor):
             new_output = checked(edit(output, args), output, f"{self.key} on '{layer}' output")
             output = new_output
-        record_output = "output" in self._kinds or edit is not None
-        for slot, t in walk(output):
-            if record_output:
+        if "output" in self._kinds or edit is not None:
+            for slot, t in walk(output):
                 self._record(t, layer, "forward", "output", slot, call)
-            if self._grad_out and t.requires_grad:
-                t.register_hook(self._grad_hook(layer, "grad_output", slot, call))
+        if self._grad_out and output is not None:
+            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call))
         return new_output
+
+    def _wish(self, layer: str, call: int):
+        """What this entry does with a gradient of this call, asked per kind and slot by the junction."""
+        return lambda kind, slot: self._grad_hook(layer, kind, slot, call)
 
     def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
         edit = self._edits[kind]
         record = kind in self._kinds or edit is not None
+        if edit is None and not record:
+            return None
         where = None if edit is None else f"{self.key} on '{layer}' {kind} {slot}"
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
@@ -278,6 +351,9 @@ class Tap(HookType):
             return new
 
         return on_grad
+
+    def _start(self, session) -> None:
+        self._recorder = session.recorder
 
     def _record(self, t: torch.Tensor, layer: str, phase: str, kind: str, slot: str, call: int) -> None:
         self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,

@@ -184,3 +184,31 @@ class SelfTerminated(Exploding):
             return out
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("SIGTERM did not interrupt the forward pass")
+
+
+class CalledTwice(Tracked):
+    """One Linear called twice per forward, on different inputs, its outputs weighted 1 and 3, so
+    the two calls' inputs and gradients differ; each call's input feeds that call only."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x + 0) + 3 * self.fc(2 * x)
+
+
+class IdentityThenInplace(Tracked):
+    """Linear -> Identity -> ReLU(inplace=True) -> Linear: the Identity's output is its input, which
+    the ReLU then changes in place (PyTorch drops a hook on the Identity's input view)."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.id, self.relu, self.fc2 = nn.Linear(3, 3), nn.Identity(), nn.ReLU(inplace=True), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.id(self.fc1(x))))

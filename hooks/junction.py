@@ -1,0 +1,304 @@
+"""One gradient tap per module input and output, shared by every ``Tap`` entry on that module.
+
+Why shared: if each entry wrapped the input in its own ``view_as``, the last-listed view would
+sit nearest the module and fire first, so entries would see ``grad_input`` in reverse config
+order. A ``Junction`` instead makes one view (and one tensor hook) per input and one tensor hook
+per output, and calls the entries' callbacks in PyTorch's order for module hooks: entries with
+``scope: global`` first (PyTorch runs global hooks before a module's own), then ``prepend``
+entries (the one attached last first), then the rest in config order. Each callback receives
+what the previous one returned, as chained PyTorch hooks do.
+
+The junction's forward pre-hook is kept after every forward pre-hook the runner registers on the
+module, and its forward hook after every forward hook: the view is made of the input ``forward``
+really receives, and the output hook sits on the output the caller really gets, which is where
+``register_full_backward_hook`` takes ``grad_input`` and ``grad_output``.
+
+In-place modules: PyTorch drops a tensor hook registered on a view that is then modified in
+place. A module with ``inplace=True`` (``ReLU(inplace=True)`` and the like) therefore receives a
+copy of each hooked input (``clone``, tracked by autograd) instead of a view: it modifies the
+copy, the hook on the copy stays bound to the value before the change, and the numbers are
+those of the same module with ``inplace=False``. The caller's tensor is then left unmodified (the
+module's output carries the result, which is what every ``torch.nn`` in-place module returns and
+what torchvision models use). Any other hook PyTorch drops (a module that changes its input in
+place without an ``inplace`` attribute saying so; a module returning a view, such as ``Identity``
+or a reshape, whose output the caller then changes in place) is found after backward by
+``check`` and named in a one-line ``ConfigError``; the runner's meta-device rehearsal runs it
+before the first step.
+
+Entries with ``mechanism: module`` join too, without taps, so that mixing mechanisms on a module
+where an entry changes gradients fails when attaching (see ``Junction.join``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from hooks.errors import ConfigError
+from hooks.recorder import walk
+
+GradCallback = Callable[[torch.Tensor], Optional[torch.Tensor]]
+#: ``(kind, slot) -> callback or None``: what one entry wants done with one gradient of one call.
+Wish = Callable[[str, str], Optional[GradCallback]]
+
+
+class Subscription:
+    """The handle an entry gives its session; removing it leaves the lineup (and the last one
+    to leave removes the lineup's PyTorch hooks)."""
+
+    def __init__(self, lineup: Lineup, owner: Any, rank: tuple[int, int], callback: Any = None) -> None:
+        self.lineup, self.owner, self.rank, self.callback = lineup, owner, rank, callback
+        self.mechanism, self.edits = "tensor", False
+
+    def remove(self) -> None:
+        self.lineup.leave(self)
+
+
+class Lineup:
+    """Entries sharing one set of PyTorch hooks, kept in PyTorch's firing order: global entries
+    first, then ``prepend`` entries (last joined first), then the others in the order they joined."""
+
+    def __init__(self, key: Any, registry: dict) -> None:
+        self.key, self.registry = key, registry
+        self.members: list[Subscription] = []
+        self._counter = 0
+        self._handles: list = []
+        self._register()
+
+    def join(self, owner: Any, *, is_global: bool = False, prepend: bool = False,
+             callback: Any = None) -> Subscription:
+        self._counter += 1
+        rank = (0, self._counter) if is_global else (1, -self._counter if prepend else self._counter)
+        sub = Subscription(self, owner, rank, callback)
+        self.members.append(sub)
+        self.members.sort(key=lambda s: s.rank)
+        return sub
+
+    def leave(self, sub: Subscription) -> None:
+        if sub in self.members:
+            self.members.remove(sub)
+        if not self.members:
+            self._unregister()
+            if self.registry.get(self.key) is self:
+                del self.registry[self.key]
+
+    def _register(self) -> None:
+        raise NotImplementedError
+
+    def _unregister(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class Junction(Lineup):
+    """The shared gradient taps of one module (or, for ``GLOBAL``, of modules seen only by
+    global hooks). Entries call ``expect`` from their own hooks for each call they want."""
+
+    def __init__(self, site: nn.Module | None, registry: dict) -> None:
+        self.site = site
+        self._pending: dict[tuple[int, str], Any] = {}
+        self._watched: list[tuple] = []
+        super().__init__(GLOBAL if site is None else id(site), registry)
+
+    def join(self, owner: Any, *, is_global: bool = False, prepend: bool = False,
+             callback: Any = None, layer: str = "", mechanism: str = "tensor",
+             edits: bool = False) -> Subscription:
+        """Add ``owner`` in PyTorch's order and move the junction's hooks after everyone's.
+
+        Entries with ``mechanism: module`` join too, only to be checked against the others:
+        PyTorch calls module backward hooks inside the tensor hooks taken around the module, so
+        when one of the entries changes gradients, config order cannot hold across mechanisms.
+        """
+        sub = super().join(owner, is_global=is_global, prepend=prepend)
+        sub.mechanism, sub.edits = mechanism, edits
+        if len({s.mechanism for s in self.members}) > 1 and any(s.edits for s in self.members):
+            super().leave(sub)
+            editor = next(s for s in self.members + [sub] if s.edits)
+            other = next(s for s in self.members + [sub] if s.mechanism != editor.mechanism)
+            raise ConfigError(
+                f"{editor.owner.key} (mechanism={editor.mechanism}) and {other.owner.key} "
+                f"(mechanism={other.mechanism}) on '{layer}': PyTorch runs module backward hooks inside "
+                f"the tensor hooks around the module, so these cannot fire in config order, and "
+                f"{editor.owner.key} changes gradients; give both the same mechanism")
+        self.move_last()
+        return sub
+
+    def leave(self, sub: Subscription) -> None:
+        super().leave(sub)
+        if not self.members:  # the session is closing: let go of the step's tensors
+            self._watched.clear()
+            self._pending.clear()
+
+    def move_last(self) -> None:
+        """Re-register the junction's hooks so they run after every hook registered so far."""
+        self._unregister()
+        self._register()
+
+    def _register(self) -> None:
+        if self.site is None:
+            self._handles += [nn_module.register_module_forward_pre_hook(self._global_pre),
+                              nn_module.register_module_forward_hook(self._global_forward)]
+        else:
+            self._handles += [self.site.register_forward_pre_hook(self._on_pre, with_kwargs=True),
+                              self.site.register_forward_hook(self._on_forward)]
+
+    # -- per call ------------------------------------------------------------------------
+    def expect(self, module: nn.Module, layer: str, kind: str, owner: Any, wish: Wish) -> None:
+        """``owner`` wants this call's gradients of ``kind`` (``grad_input``/``grad_output``);
+        called from the owner's forward pre-hook or forward hook, before the junction's own."""
+        self._pending.setdefault((id(module), kind), {})[owner] = wish
+        self._pending[(id(module), "layer")] = layer
+
+    def _take(self, module: nn.Module, kind: str) -> list[Wish]:
+        wanted = self._pending.pop((id(module), kind), None)
+        if not wanted:
+            return []
+        return [wanted[s.owner] for s in self.members if s.owner in wanted]
+
+    def _global_pre(self, module, args):
+        if id(module) not in self.registry:  # a module with its own junction is served there
+            return self._on_pre(module, args, None)
+
+    def _global_forward(self, module, args, output):
+        if id(module) not in self.registry:
+            return self._on_forward(module, args, output)
+
+    def _on_pre(self, module: nn.Module, args: tuple, kwargs: dict | None):
+        wishes = self._take(module, "grad_input")
+        if not wishes:
+            return None
+        copy = getattr(module, "inplace", False) is True
+        layer = self._pending.pop((id(module), "layer"), "?")
+        new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
+        items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
+        for slot, value in items:
+            if not isinstance(value, torch.Tensor) or not value.requires_grad:
+                continue
+            callbacks = [cb for cb in (w("grad_input", slot) for w in wishes) if cb is not None]
+            if not callbacks:
+                continue
+            tapped = value.clone() if copy else value.view_as(value)
+            self._tap(tapped, callbacks, layer, "grad_input", slot)
+            if slot.isdigit():
+                new_args[int(slot)] = tapped
+            else:
+                new_kwargs[slot] = tapped
+            changed = True
+        if not changed:
+            return None
+        return (tuple(new_args), new_kwargs) if kwargs is not None else tuple(new_args)
+
+    def _on_forward(self, module: nn.Module, args: tuple, output: Any):
+        wishes = self._take(module, "grad_output")
+        layer = self._pending.pop((id(module), "layer"), "?")
+        if not wishes or output is None:
+            return None
+        for slot, t in walk(output):
+            if not t.requires_grad:
+                continue
+            callbacks = [cb for cb in (w("grad_output", slot) for w in wishes) if cb is not None]
+            if callbacks:
+                self._tap(t, callbacks, layer, "grad_output", slot)
+        return None
+
+    # -- hooks PyTorch dropped -------------------------------------------------------------
+    def _tap(self, t: torch.Tensor, callbacks: list[GradCallback], layer: str, kind: str, slot: str) -> None:
+        """Hook ``t`` and watch it until ``check`` (after backward)."""
+        fired = [False]
+        chained = _chain(callbacks)
+
+        def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
+            fired[0] = True
+            return chained(grad)
+
+        t.register_hook(on_grad)
+        self._watched.append((t, t.grad_fn, fired, layer, kind, slot))
+
+    def check(self) -> None:
+        """Raise if PyTorch dropped one of this step's hooks; then forget the step's tensors.
+
+        PyTorch drops a tensor hook when the tensor is a view that is modified in place (through
+        itself or another view of the same data) before an operation used it: the module
+        modified its input in place without an ``inplace`` attribute saying so, or the module
+        returned a view (its input as-is, a reshape) that the caller then modified in place.
+        Such a hook did not fire and the tensor's ``grad_fn`` changed; a hook that did not fire
+        because the tensor was not on the loss path leaves ``grad_fn`` as it was.
+        """
+        watched, self._watched = self._watched, []
+        for t, node, fired, layer, kind, slot in watched:
+            if not fired[0] and t.grad_fn is not node:
+                owners = ", ".join(sorted({getattr(s.owner, "key", "?") for s in self.members}))
+                raise ConfigError(
+                    f"{owners}: PyTorch dropped the {kind} hook of '{layer}' slot {slot}: that tensor is a "
+                    f"view modified in place before use (by the module itself, or later through another "
+                    f"view, e.g. Identity or a reshape followed by ReLU(inplace=True)); select another "
+                    f"layer or make that operation out of place")
+
+
+def _chain(callbacks: list[GradCallback]) -> GradCallback:
+    """One tensor hook calling ``callbacks`` in order, each on what the previous returned."""
+    if len(callbacks) == 1:
+        return callbacks[0]
+
+    def dispatch(grad: torch.Tensor) -> Optional[torch.Tensor]:
+        changed = False
+        for cb in callbacks:
+            new = cb(grad)
+            if new is not None:
+                grad, changed = new, True
+        return grad if changed else None
+
+    return dispatch
+
+
+class ParamLineup(Lineup):
+    """One tensor hook on a parameter calling every entry's callback in PyTorch's order.
+
+    ``Tensor.register_hook`` has no ``prepend``; sharing one hook gives entries the order
+    ``prepend`` promises among themselves without touching PyTorch's hook dict. A hook registered
+    on the parameter outside the runner keeps its place relative to this one.
+    """
+
+    def __init__(self, param: torch.Tensor, registry: dict) -> None:
+        self.param = param
+        super().__init__(("param", id(param)), registry)
+
+    def _register(self) -> None:
+        self._handles.append(self.param.register_hook(self._dispatch))
+
+    def _dispatch(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        return _chain([s.callback for s in self.members])(grad)
+
+
+def param_lineup(param: torch.Tensor) -> ParamLineup:
+    """The shared tensor hook of ``param``, created on first use."""
+    key = ("param", id(param))
+    lineup = _JUNCTIONS.get(key)
+    if lineup is None or lineup.param is not param:
+        lineup = _JUNCTIONS[key] = ParamLineup(param, _JUNCTIONS)
+    return lineup
+
+
+#: Registry key of the junction serving modules that only global hooks see.
+GLOBAL = "global"
+#: Every live junction and parameter lineup; an entry leaves when its session removes its handle.
+_JUNCTIONS: dict[Any, Lineup] = {}
+
+
+def junction_for(module: nn.Module | None) -> Junction:
+    """The junction of ``module`` (``None``: the global one), created on first use."""
+    key = GLOBAL if module is None else id(module)
+    junction = _JUNCTIONS.get(key)
+    if junction is None or (module is not None and junction.site is not module):
+        junction = _JUNCTIONS[key] = Junction(module, _JUNCTIONS)
+    return junction
+
+
+def existing_junction(module: nn.Module | None) -> Junction | None:
+    """The junction of ``module`` (``None``: the global one) if some entry uses it, else ``None``."""
+    junction = _JUNCTIONS.get(GLOBAL if module is None else id(module))
+    return junction if isinstance(junction, Junction) and junction.site is module else None
