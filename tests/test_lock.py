@@ -74,15 +74,29 @@ def test_a_live_claim_on_this_host_is_refused_before_anything_is_created(tmp_pat
         assert listing(out) == before
 
 
-@pytest.mark.parametrize("owner", ["dead PID", "reused PID"])
+def zombie() -> subprocess.Popen:
+    """A child that has exited but is not reaped yet: its PID still answers ``kill(pid, 0)``."""
+    proc = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    return proc
+
+
+@pytest.mark.parametrize("owner", ["dead PID", "reused PID", "zombie"])
 def test_a_claim_whose_process_is_gone_is_taken_over(tmp_path, owner):
     out = tmp_path / "run"
-    record = {"pid": dead_pid()} if owner == "dead PID" else {"pid": os.getppid(), "pid_start": 1}
+    child = zombie() if owner == "zombie" else None
+    record = {"dead PID": {"pid": dead_pid()}, "reused PID": {"pid": os.getppid(), "pid_start": 1},
+              "zombie": {"pid": child and child.pid}}[owner]
     foreign_claim(out, **record)
     (out / ".stats.parquet.tmp-1").write_bytes(b"PAR1")  # what the dead run was writing
     with claim_run_dir(out, overwrite=False) as claim:
         assert json.loads((out / LOCK).read_text())["token"] == claim.run_id
         assert sorted(p.name for p in out.iterdir()) == [LOCK]
+    if child:
+        child.wait()
 
 
 def test_a_claim_from_another_host_is_live_until_its_heartbeat_is_old(tmp_path):

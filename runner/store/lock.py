@@ -46,10 +46,18 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _process_start(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (Linux), to tell a reused PID apart."""
+def _process(pid: int) -> tuple[str, int] | None:
+    """``(state, start time in clock ticks since boot)`` of ``pid`` (Linux), to tell a zombie or a reused PID."""
     stat = _read_text(f"/proc/{pid}/stat")
-    return None if stat is None else int(stat.rpartition(")")[2].split()[19])
+    if stat is None:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[0], int(fields[19])
+
+
+def _process_start(pid: int) -> int | None:
+    process = _process(pid)
+    return None if process is None else process[1]
 
 
 def _pid_namespace() -> int | None:
@@ -65,14 +73,16 @@ def _machine() -> dict:
             "pid_ns": _pid_namespace()}
 
 
-def _pid_alive(pid: int) -> bool:
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that can still write (not a zombie waiting for its parent)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    process = _process(pid)
+    return process is None or process[0] != "Z"
 
 
 def describe_holder(record: dict | None) -> str:
@@ -85,7 +95,7 @@ def describe_holder(record: dict | None) -> str:
 def _is_stale(record: dict | None, age_s: Callable[[], float]) -> bool:
     if record is not None and {k: record.get(k) for k in ("host", "boot_id", "pid_ns")} == _machine():
         pid = int(record["pid"])
-        return not _pid_alive(pid) or record.get("pid_start") not in (None, _process_start(pid))
+        return not _running(pid) or record.get("pid_start") not in (None, _process_start(pid))
     return age_s() > STALE_AFTER_S
 
 
