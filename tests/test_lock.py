@@ -92,6 +92,7 @@ def test_a_claim_whose_process_is_gone_is_taken_over(tmp_path, owner):
               "zombie": {"pid": child and child.pid}}[owner]
     foreign_claim(out, **record)
     (out / ".stats.parquet.tmp-1").write_bytes(b"PAR1")  # what the dead run was writing
+    (out / ".runner-probe-1-0badcafe").write_bytes(b"")  # its probe, interrupted before its clean-up
     with claim_run_dir(out, overwrite=False) as claim:
         assert json.loads((out / LOCK).read_text())["token"] == claim.run_id
         assert sorted(p.name for p in out.iterdir()) == [LOCK]

@@ -13,13 +13,15 @@ import uuid
 from pathlib import Path
 
 from hooks.errors import ConfigError
-from runner.store.commit import MANIFEST, TMP_MARK, read_manifest, recover
+from runner.store.commit import MANIFEST, read_manifest, recover
 from runner.store.errors import OutputError, describe, naming
 from runner.store.lock import DirLock, busy_error, live_holder
 
 #: Free bytes below which a run is refused before it starts: room for the footers and the manifest.
 MIN_FREE_BYTES = 64 << 10
 _PROBE_BYTES = 4096
+#: Not a ``.tmp-`` name: a probe is not a file of a run (tools watching for a run's files ignore it).
+_PROBE_PREFIX = ".runner-probe-"
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -33,7 +35,7 @@ def _probe(directory: Path, out_dir: Path) -> float:
 
     A read-only or full file system fails here, as the run would, but before anything is written.
     """
-    path = directory / f".runner-probe{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path = directory / f"{_PROBE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(path, "xb") as f:
             f.write(bytes(_PROBE_BYTES))
@@ -137,6 +139,9 @@ def claim_run_dir(out_dir: str | Path, overwrite: bool) -> RunClaim:
         lock = DirLock.acquire(out_dir, functools.cache(lambda: _probe(out_dir, out_dir)))
         try:
             recover(out_dir)
+            with naming(out_dir):
+                for probe in out_dir.glob(f"{_PROBE_PREFIX}*"):  # left by a probe interrupted before its clean-up
+                    probe.unlink(missing_ok=True)
             _refuse_complete_run(out_dir, overwrite)  # a run may have completed there since the check
         except BaseException:
             lock.release()
