@@ -162,6 +162,21 @@ def test_a_run_that_lost_its_claim_commits_nothing(tmp_path):
         with RunOutputs(out, "x"):
             foreign_claim(out, host="node-07", boot_id="other", pid=1)  # taken over after missed heartbeats
     assert sorted(p.name for p in out.iterdir()) == [LOCK]  # theirs, untouched
+    (out / LOCK).unlink()
+    with pytest.raises(OutputError, match=f"now held by no one: {LOCK} was removed"):
+        with RunOutputs(out, "x"):
+            (out / LOCK).unlink()
+    assert list(out.iterdir()) == []
+
+
+def test_an_interrupt_while_the_claim_is_written_leaves_no_claim_and_no_directory(tmp_path, monkeypatch):
+    def interrupted(fd, data):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(os, "write", interrupted)
+        claim_run_dir(tmp_path / "new" / "run", overwrite=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_complete_run_is_refused_without_overwrite_before_anything_is_created(tmp_path):

@@ -150,6 +150,9 @@ class DirLock:
                     continue
                 try:
                     os.write(fd, json.dumps(record).encode())
+                except BaseException:
+                    path.unlink(missing_ok=True)  # an empty claim would hold the directory until it ages
+                    raise
                 finally:
                     os.close(fd)
                 return cls(path, record)
@@ -159,11 +162,12 @@ class DirLock:
         """Raise ``OutputError`` if the claim is no longer ours (taken over after missed heartbeats)."""
         try:
             record = _load(self.path)
+            holder = describe_holder(record)
         except FileNotFoundError:
-            record = None
+            record, holder = None, f"no one: {LOCK} was removed"
         if record is None or record.get("token") != self.token:
             raise OutputError(errno.EBUSY, f"cannot write '{self.path.parent}': this run lost its claim of the "
-                                           f"directory (now held by {describe_holder(record)}); nothing was committed")
+                                           f"directory (now held by {holder}); nothing was committed")
 
     def release(self) -> None:
         """Stop the heartbeat and remove the claim if it is still ours."""
