@@ -40,7 +40,7 @@ def write_pyarrow(captures: StepCaptures, steps: int, out_dir: Path) -> None:
     chunks = []
     for step in range(steps):
         cols = {"step": [step] * len(kept), **ids}
-        arrays = [pa.array(cols[f.name], f.type) for f in TENSORS_SCHEMA if f.name != "values"]
+        arrays = [pa.array(cols[f.name], f.type) for f in TENSORS_SCHEMA if f.name != "tensor_values"]
         for i, values in enumerate(kept):
             row = [a.slice(i, 1) for a in arrays]
             offsets = pa.array(np.array([0, values.size], dtype=np.int64))

@@ -202,7 +202,7 @@ class Recorder:
         cols["phase"].append(phase)
         cols["kind"].append(kind)
         cols["slot"].append(slot)
-        cols["shape"].append(tensor.shape)
+        cols["tensor_shape"].append(tensor.shape)
         cols["dtype"].append(dtype)
         cols["numel"].append(numel)
         if self.statistics:
@@ -265,7 +265,7 @@ class Recorder:
         if self.statistics:
             raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
             stats = summarize(raw, np.asarray(columns["numel"], dtype=np.int64))
-        columns["shape"] = [list(s) for s in columns["shape"]]
+        columns["tensor_shape"] = [list(s) for s in columns["tensor_shape"]]
         columns["dtype"] = [str(d).removeprefix("torch.") for d in columns["dtype"]]
         out = StepCaptures(columns=columns, stats=stats, kept_rows=self._kept_rows, kept=self._kept)
         self._reset()

@@ -21,7 +21,7 @@ ID_FIELDS = (
     pa.field("phase", pa.string()),
     pa.field("kind", pa.string()),
     pa.field("slot", pa.string()),
-    pa.field("shape", pa.list_(pa.int64())),
+    pa.field("tensor_shape", pa.list_(pa.int64())),  # not "shape": pandas' DataFrame.shape would shadow it
     pa.field("dtype", pa.string()),
     pa.field("numel", pa.int64()),
 )
@@ -41,6 +41,11 @@ STAT_FIELDS = (
     pa.field("inf_count", pa.int64()),
 )
 STAT_COLUMNS = tuple(f.name for f in STAT_FIELDS)
+#: A kept tensor's values, flattened row-major as float32 (``tensor_shape`` restores it).
+TENSOR_VALUES = pa.field("tensor_values", pa.large_list(pa.float32()))
+#: "2": the tensor columns are ``tensor_shape`` and ``tensor_values`` (were ``shape`` and ``values``,
+#: which pandas shadows with ``DataFrame.shape`` and ``DataFrame.values``).
+SCHEMA_VERSION = "2"
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed). A complex tensor gets two rows per

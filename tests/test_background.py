@@ -1,6 +1,7 @@
 """The background writer: order, bounded queue, errors, discard; and per-step peak memory."""
 from __future__ import annotations
 
+import errno
 import threading
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 import runner.analysis as analysis
 from runner.store.background import BackgroundWriter
+from runner.store.errors import OutputError
 from runner.engine.memory import PeakMemory
 
 
@@ -43,6 +45,24 @@ def test_a_failed_job_is_raised_to_the_producer_and_later_jobs_are_skipped():
     with pytest.raises(RuntimeError, match="ZeroDivisionError") as info:
         writer.close()
     assert isinstance(info.value.__cause__, ZeroDivisionError) and done == []
+
+
+def test_an_output_error_is_raised_as_itself_from_submit_and_close():
+    def full():
+        raise OutputError(errno.ENOSPC, "cannot write 'run/stats.parquet': No space left on device")
+
+    for when in ("submit", "close"):
+        release = threading.Event()
+        writer = BackgroundWriter()
+        writer.submit(lambda: release.wait() and full())
+        release.set()
+        with pytest.raises(OutputError) as info:
+            if when == "submit":
+                while True:  # the error reaches the next submit once the job has run
+                    writer.submit(release.wait)
+            writer.close()
+        assert str(info.value) == "cannot write 'run/stats.parquet': No space left on device"
+        writer.close(discard=True)
 
 
 def test_discard_drops_queued_jobs():

@@ -31,7 +31,7 @@ def hooked_step(model: nn.Module, x, entries: dict, loss=lambda out: out.sum(), 
     assert hook_count(model) == 0
     kept = dict(zip(caps.kept_rows, caps.kept))
     cols = caps.columns
-    return [{**{c: cols[c][i] for c in ("hook", "layer", "phase", "kind", "slot", "call", "shape")},
+    return [{**{c: cols[c][i] for c in ("hook", "layer", "phase", "kind", "slot", "call", "tensor_shape")},
              "mean": caps.stats["mean"][i], "l2": caps.stats["l2"][i], "tensor": kept.get(i)}
             for i in range(len(caps))]
 

@@ -15,7 +15,7 @@ from conftest import make_config, run, seeded_batch
 from models_for_tests import TwoOutputs
 
 ID_TYPES = {"step": pa.int64(), "call": pa.int64(), "hook": pa.string(), "layer": pa.string(),
-            "kind": pa.string(), "slot": pa.string(), "shape": pa.list_(pa.int64()),
+            "kind": pa.string(), "slot": pa.string(), "tensor_shape": pa.list_(pa.int64()),
             "dtype": pa.string(), "numel": pa.int64()}
 STAT_TYPES = {c: pa.float64() for c in ("mean", "std", "min", "max", "abs_mean", "l2", "zero_frac")}
 STAT_TYPES |= {"nan_count": pa.int64(), "inf_count": pa.int64()}
@@ -26,13 +26,14 @@ def test_stats_schema_and_manifest(run_with):
     schema = pq.read_schema(run_dir / "stats.parquet")
     for name, typ in (ID_TYPES | STAT_TYPES).items():
         assert schema.field(name).type == typ, name
-    assert schema.metadata[b"schema_version"] == b"1"
+    assert schema.metadata[b"schema_version"] == b"2"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["complete"] is True
     for name, info in manifest["files"].items():
         assert pq.read_metadata(run_dir / name).num_rows == info["rows"]
         assert pq.read_schema(run_dir / name).metadata[b"config_hash"].decode() == manifest["config_hash"]
     assert manifest["overrides"] == ["model=convnet", "hooks=[stats,clip]"]
+    assert sorted(manifest["files"]) == ["stats.parquet", "steps.parquet"]  # no tensor kept: no tensors.parquet
     assert set(pd.read_parquet(run_dir / "stats.parquet").kind) == {"output", "grad_output", "param_grad"}
 
 
@@ -42,11 +43,11 @@ def test_tensors_parquet_reads_with_plain_pandas(run_with):
     df = pd.read_parquet(run_dir / "tensors.parquet")  # no project code involved
     assert len(df) == 4 and set(df.kind) == {"input", "output"}
     conv_in = df[(df.layer == "conv") & (df.kind == "input")].iloc[0]
-    x = np.asarray(conv_in["values"], dtype=np.float32).reshape(conv_in["shape"])
+    x = np.asarray(conv_in["tensor_values"], dtype=np.float32).reshape(conv_in["tensor_shape"])
     np.testing.assert_array_equal(x, seeded_batch([1, 3, 8, 8]).numpy())
 
     loaded = analysis.load_tensors(run_dir)
-    assert "values" not in loaded.columns
+    assert "tensor_values" not in loaded.columns
     fc_out = loaded[(loaded.layer == "fc") & (loaded.kind == "output")].tensor.iloc[0]
     assert fc_out.shape == (1, 5) and fc_out.dtype == np.float32
 

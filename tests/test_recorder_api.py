@@ -37,7 +37,7 @@ def test_counting_mode_records_identifiers_and_sizes_only():
     rec.record(torch.empty(4, 8, device="meta"), **ROW, keep=True)
     rec.record(torch.empty(3, dtype=torch.float64, device="meta"), **{**ROW, "kind": "grad_output"})
     out = rec.drain()
-    assert len(out) == 2 and out.columns["shape"] == [[4, 8], [3]]
+    assert len(out) == 2 and out.columns["tensor_shape"] == [[4, 8], [3]]
     assert out.stats == {} and out.kept == []
     assert rec.tally() == {("h", "output"): Tally(1, 128, 128), ("h", "grad_output"): Tally(1, 24, 0)}
 

@@ -554,7 +554,7 @@ def saved_tensors_identity_pack():
         out = reference(x)
     out.sum().backward()
     rows = hooked_step(model, x, {"s": {"type": "saved_tensors", "layers": "", "mode": "offload_cpu"}})
-    assert [r["shape"] for r in rows] == [list(s) for s in packed] and len(packed) > 3
+    assert [r["tensor_shape"] for r in rows] == [list(s) for s in packed] and len(packed) > 3
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad)
 

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hooks.errors import ConfigError
 from runner.cli.commandline import expand
-from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code
+from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim
+from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError, check_output_dir
 
 
@@ -40,8 +41,8 @@ class EarlyChecks(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):
             return  # a plan writes nothing
-        try:
-            check_output_dir(Path(config.hydra.run.dir), bool(config.overwrite))
+        try:  # claimed now: Hydra writes .hydra/ there next, and the run is the directory's owner
+            keep_claim(claim_run_dir(Path(config.hydra.run.dir), bool(config.overwrite)))
         except (ConfigError, OutputError) as exc:
             _report([str(exc)], None, failure_code(exc))
 

@@ -20,6 +20,7 @@ from runner.cli.signals import Terminated, sigterm_raises
 from runner.engine.loop import run
 from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
+from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
 
 EXIT_RUN_ERROR = 1
@@ -39,13 +40,15 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
 
     With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
     """
+    claim = None
     try:
         with sigterm_raises():
             plan = plan or compile_plan(cfg, overrides)
             if plan.settings.plan:
                 print(describe(plan))
                 return
-            run(plan, out_dir)
+            claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
+            run(plan, out_dir, claim)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 
@@ -56,21 +59,39 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             print(_modules_only(cfg))  # the module table, to pick a selector from
         _fail(str(exc), out_dir, overrides, multirun, failure_code(exc))
         return
-    except KeyboardInterrupt:
-        print(f"error: interrupted; nothing of this run was written to '{out_dir}'", file=sys.stderr)
+    except (KeyboardInterrupt, Terminated) as exc:
+        signal_name = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
+        if claim is not None and claim.committed:  # the manifest was in place: the run is complete
+            print(f"{signal_name} after the run completed; wrote {out_dir}", file=sys.stderr)
+            return
+        print(f"error: {signal_name}; nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        if isinstance(exc, Terminated):
+            raise
         sys.exit(EXIT_INTERRUPTED)
-    except Terminated:
-        print(f"error: terminated (SIGTERM); nothing of this run was written to '{out_dir}'", file=sys.stderr)
-        raise
     except Exception as exc:
         if not multirun:
             raise  # a bug in the model or the runner: Hydra prints the traceback and exits 1
         log.exception("job failed")
         _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR)
         return
+    finally:
+        if claim is not None:
+            claim.release()
     if multirun:
         write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+
+
+_claims: dict[Path, object] = {}
+
+
+def keep_claim(claim) -> None:
+    """Hand the claim the run-start callback took to the run it is for (same process)."""
+    _claims[Path(claim.out_dir).resolve()] = claim
+
+
+def take_claim(out_dir: str | Path):
+    return _claims.pop(Path(out_dir).resolve(), None)
 
 
 def _modules_only(cfg: DictConfig) -> str:

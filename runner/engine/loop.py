@@ -21,19 +21,23 @@ from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.models import build_model
+from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, check_output_dir
 
 
-def run(plan: Plan, out_dir: str | Path) -> Path:
+def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     """Run ``plan``'s steps (training or measurement passes) with its hooks; return ``out_dir``.
 
-    The output directory is checked before the model is built, and nothing is written when a
-    step fails. ``plan.settings.on_nonfinite`` decides what NaN/Inf in a step does.
+    ``claim`` is the caller's claim of ``out_dir`` (the CLI takes it before Hydra writes there);
+    without one the directory is checked before the model is built and claimed for the run.
+    Nothing is written when a step fails. ``plan.settings.on_nonfinite`` decides what NaN/Inf
+    in a step does.
     """
     s = plan.settings
     device = _available(plan.device)
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, s.overwrite)
+    if claim is None:
+        check_output_dir(out_dir, s.overwrite)
     torch.manual_seed(s.seed)
     model = build_model(plan.model).to(device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
@@ -44,8 +48,8 @@ def run(plan: Plan, out_dir: str | Path) -> Path:
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
-        with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes,
-                        s.overwrite) as outputs, progress_bar(s.steps, s.progress) as bar:
+        with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
+                        extra={"seed": s.seed}) as outputs, progress_bar(s.steps, s.progress) as bar:
             for step in range(s.steps):
                 session.begin_step(step)
                 recorder.set_enabled(step % s.sample.every == 0)
@@ -67,6 +71,7 @@ def run(plan: Plan, out_dir: str | Path) -> Path:
                                                                          recorder), start, split="eval")
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
+            outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
     return out_dir
 
 

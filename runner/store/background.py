@@ -10,6 +10,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from runner.store.errors import OutputError
+
 #: Bytes of queued jobs above which ``submit`` waits (one job is always accepted).
 MAX_QUEUED_BYTES = 128 << 20
 
@@ -55,6 +57,10 @@ class BackgroundWriter:
             self._raise_error()
 
     def _raise_error(self) -> None:
+        """An ``OutputError`` (a file that cannot be written) as itself: one line naming the path;
+        anything else (a bug) wrapped, so that its traceback says it happened on this thread."""
+        if isinstance(self._error, OutputError):
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"background write failed: {self._error!r}") from self._error
 

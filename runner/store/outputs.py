@@ -1,23 +1,21 @@
-"""The only code that knows parquet: schemas, atomic file writes and the run manifest.
+"""The only code that knows parquet: schemas, the files of a run and their commit with the manifest.
 
-A run directory holds ``stats.parquet``, ``tensors.parquet``, ``steps.parquet`` and, once all
-three are in place, ``manifest.json``. Each parquet file is streamed into a hidden temporary file
-in the same directory and renamed into place only when the run succeeds, so a failed or
-interrupted run leaves no file that looks complete. A run killed outright (SIGKILL) leaves only
-its temporary files; the next run into that directory removes them. Writing into a directory that
-holds a complete run needs ``overwrite=true``. Every ``OSError`` (disk full, read-only) becomes
-an ``OutputError`` naming the path, after the temporary files are gone. The schemas come from the code, not from the
-first batch, so every file of a sweep has the same columns and types.
+A run directory holds ``stats.parquet``, ``steps.parquet``, ``tensors.parquet`` when the run
+kept a tensor, and, once those are in place, ``manifest.json``. Each parquet file is streamed
+into a hidden temporary file in the same directory; when the run succeeds they are made final
+together with the manifest (``runner.store.commit``), so a failed or interrupted run leaves no
+file that looks complete, an interrupted overwrite leaves the earlier run as it was, and once
+the manifest is there nothing deletes the run. The directory is claimed for the run
+(``runner.store.claim``) before anything is written. Every ``OSError`` (disk full, read-only)
+becomes an ``OutputError`` naming the path, after the temporary files are gone. The schemas come
+from the code, not from the first batch, so every file of a sweep has the same columns and types.
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
-import json
 import os
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -27,31 +25,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from hooks.errors import ConfigError
-from hooks.recorder import StepCaptures
-from hooks.stats import STAT_COLUMNS
+from hooks import records
+from hooks.records import SCHEMA_VERSION, STAT_COLUMNS, StepCaptures
 from runner.store.background import BackgroundWriter
+from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
+from runner.store.commit import MANIFEST, TMP_MARK, commit, recover, tmp_path
+from runner.store.errors import OutputError, naming
 
-SCHEMA_VERSION = "1"
-MANIFEST = "manifest.json"
+__all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEPS_SCHEMA", "TENSORS_SCHEMA",
+           "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
 
-ID_FIELDS = [
-    pa.field("step", pa.int64()),
-    pa.field("call", pa.int64()),
-    pa.field("hook", pa.string()),
-    pa.field("layer", pa.string()),
-    pa.field("phase", pa.string()),
-    pa.field("kind", pa.string()),
-    pa.field("slot", pa.string()),
-    pa.field("shape", pa.list_(pa.int64())),
-    pa.field("dtype", pa.string()),
-    pa.field("numel", pa.int64()),
-]
-STATS_SCHEMA = pa.schema(ID_FIELDS + [
-    pa.field(c, pa.int64() if c.endswith("_count") else pa.float64()) for c in STAT_COLUMNS
-])
-#: ``values`` holds the flattened tensor (row-major) as float32; ``shape`` restores it.
-TENSORS_SCHEMA = pa.schema(ID_FIELDS + [pa.field("values", pa.large_list(pa.float32()))])
+ID_FIELDS = list(records.ID_FIELDS)
+STATS_SCHEMA = pa.schema(ID_FIELDS + list(records.STAT_FIELDS))
+TENSORS_SCHEMA = pa.schema(ID_FIELDS + [records.TENSOR_VALUES])
 STEPS_SCHEMA = pa.schema([
     pa.field("step", pa.int64()),
     pa.field("split", pa.string()),
@@ -61,7 +47,6 @@ STEPS_SCHEMA = pa.schema([
     pa.field("peak_memory_bytes", pa.int64()),
 ])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
-TMP_MARK = ".tmp-"
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
 ROW_GROUP_BYTES = 64 << 20
@@ -72,86 +57,9 @@ def parquet_options(schema: pa.Schema) -> dict:
     return {"compression": "snappy", "use_dictionary": [c for c in _STRING_COLUMNS if c in schema.names]}
 
 
-class OutputError(OSError):
-    """The run directory cannot be written (read-only, disk full, busy); nothing was left half-written."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-@contextlib.contextmanager
-def _naming(path: Path) -> Iterator[None]:
-    """Turn an ``OSError`` from pyarrow or the OS into an ``OutputError`` naming ``path``."""
-    try:
-        yield
-    except OutputError:
-        raise
-    except OSError as exc:
-        detail = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
-        raise OutputError(exc.errno or errno.EIO, f"cannot write '{path}': {detail}") from exc
-
-
-def _tmp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def check_output_dir(out_dir: Path, overwrite: bool) -> None:
-    """Fail before any work if ``out_dir`` holds a complete run or cannot be written; create nothing.
-
-    Raises:
-        ConfigError: ``out_dir`` holds a complete run and ``overwrite`` is false.
-        OutputError: neither ``out_dir`` nor its nearest existing parent is writable.
-    """
-    if (out_dir / MANIFEST).exists() and not overwrite:
-        raise ConfigError(f"overwrite: '{out_dir}' already holds a complete run ({MANIFEST}); "
-                          f"pass overwrite=true to replace it, or choose another directory "
-                          f"(hydra.run.dir, hydra.sweep.dir)")
-    existing = out_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(errno.EACCES, f"cannot write '{out_dir}': '{existing}' is not a writable directory")
-
-
-def _prepare(out_dir: Path, overwrite: bool) -> None:
-    """Create ``out_dir``, remove orphaned temporary files and, with ``overwrite``, the old run."""
-    check_output_dir(out_dir, overwrite)
-    with _naming(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for tmp in out_dir.glob(f".*{TMP_MARK}*"):
-            pid = tmp.name.rpartition(TMP_MARK)[2]
-            if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
-                raise OutputError(errno.EBUSY, f"cannot write '{out_dir}': process {pid} is writing "
-                                               f"'{tmp.name}' there; wait for it or choose another directory")
-            tmp.unlink()  # left by a run that was killed (SIGKILL, OOM) before it could clean up
-        manifest = out_dir / MANIFEST
-        if manifest.exists():  # overwrite=true: the directory is incomplete from here on
-            old = json.loads(manifest.read_text()).get("files", {})
-            manifest.unlink()
-            for name in old:
-                (out_dir / name).unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ParquetSink:
-    """One parquet file streamed into a temporary sibling and renamed into place on ``commit``.
+    """One parquet file streamed into a temporary sibling, made durable by ``finish`` (``commit``
+    renames it into place).
 
     At most ``row_group_bytes`` of rows wait in memory: a run's memory does not grow with its
     number of steps, whatever it captures.
@@ -161,14 +69,14 @@ class ParquetSink:
                  row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.path = path
         self.row_group_bytes = row_group_bytes
-        self.tmp = _tmp_path(path)
+        self.tmp = tmp_path(path)
         self.schema = schema.with_metadata(metadata)
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
         self._writer: pq.ParquetWriter | None = None
         try:
-            with _naming(self.tmp):
+            with naming(self.tmp):
                 self._writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(schema))
         except BaseException:
             self.tmp.unlink(missing_ok=True)
@@ -184,19 +92,19 @@ class ParquetSink:
 
     def _flush(self) -> None:
         if self._pending:
-            with _naming(self.path):
+            with naming(self.path):
                 self._writer.write_table(pa.concat_tables(self._pending))
             self._pending, self._pending_bytes = [], 0
 
-    def commit(self) -> None:
-        """Write what is buffered, close, fsync and atomically rename to the final path."""
+    def finish(self) -> int:
+        """Write what is buffered, close and fsync the temporary file; return its size in bytes."""
         self._flush()
-        with _naming(self.path):
+        with naming(self.path):
             writer, self._writer = self._writer, None
             writer.close()
             with open(self.tmp, "rb") as f:
                 os.fsync(f.fileno())
-            os.replace(self.tmp, self.path)
+                return os.fstat(f.fileno()).st_size
 
     def abort(self) -> None:
         """Drop the temporary file; the final path is never created.
@@ -217,56 +125,112 @@ class ParquetSink:
 class RunOutputs:
     """Context manager over one run directory: commits every file and the manifest, or none.
 
+    Without ``claim`` it claims ``out_dir`` itself (``claim_run_dir(out_dir, overwrite)``) and
+    releases it on exit; with one (made before Hydra wrote ``.hydra/``) the caller releases it.
+    ``extra`` is merged into the manifest (e.g. seed, config hash of the plan, entry lifetimes).
+    After an interrupt, ``committed`` tells whether the run had completed before it.
+
     Example:
         >>> with RunOutputs(out_dir, config_yaml, overrides) as outputs:
         ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
     """
 
     FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
+    #: Files left out of the run (not created, not listed) when they receive no row.
+    OPTIONAL = frozenset({"tensors.parquet"})
+    #: The manifest's own keys, which ``extra`` cannot replace.
+    MANIFEST_KEYS = frozenset({"complete", "schema_version", "run_id", "config_hash", "overrides", "files",
+                               "replaced", "versions", "finished"})
 
     def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = (),
-                 row_group_bytes: int = ROW_GROUP_BYTES, overwrite: bool = False) -> None:
+                 row_group_bytes: int = ROW_GROUP_BYTES, overwrite: bool = False, *,
+                 claim: RunClaim | None = None, extra: dict | None = None) -> None:
         self.out_dir = Path(out_dir)
+        if claim is not None and claim.out_dir.resolve() != self.out_dir.resolve():
+            raise ValueError(f"the claim is for '{claim.out_dir}', not '{self.out_dir}'")
+        clashes = sorted(self.MANIFEST_KEYS & set(extra or {}))
+        if clashes:
+            raise ValueError(f"extra manifest keys {clashes} would replace the manifest's own")
         self.row_group_bytes = row_group_bytes
         self.overwrite = overwrite
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
+        self.extra = dict(extra or {})
+        self.claim = claim
+        self._owns_claim = claim is None
         self._sinks: dict[str, ParquetSink] = {}
         self._writer: BackgroundWriter | None = None
 
+    @property
+    def committed(self) -> bool:
+        """Whether this run's manifest is in place (read from the directory, not remembered)."""
+        return self.claim is not None and self.claim.committed
+
     def __enter__(self) -> RunOutputs:
-        _prepare(self.out_dir, self.overwrite)
-        meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash}
+        if self._owns_claim:
+            self.claim = claim_run_dir(self.out_dir, self.overwrite)
+        meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash, "run_id": self.claim.run_id}
         try:
             for name, schema in self.FILES.items():
                 self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta, self.row_group_bytes)
             self._writer = BackgroundWriter(max_bytes=self.row_group_bytes)  # one memory budget for both
         except BaseException:
-            self._abort()
+            self._abandon()
+            if self._owns_claim:
+                self.claim.release()
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self._abort()
-            return
         try:
-            self._writer.close()
-            for sink in self._sinks.values():
-                sink.commit()
-            self._write_manifest()
-        except BaseException:
-            self._abort()
-            for name in self._sinks:
-                (self.out_dir / name).unlink(missing_ok=True)
-            _tmp_path(self.out_dir / MANIFEST).unlink(missing_ok=True)
-            raise
+            if exc_type is not None:
+                self._abandon()
+                return
+            try:
+                self._commit()
+            except BaseException:
+                self._abandon()
+                raise
+        finally:
+            if self._owns_claim:
+                self.claim.release()
 
-    def _abort(self) -> None:
+    def _commit(self) -> None:
+        self._writer.close()
+        self.claim.verify()
+        files, temps = {}, {}
+        for name, sink in self._sinks.items():
+            if sink.rows == 0 and name in self.OPTIONAL:
+                sink.abort()
+                continue
+            files[name] = {"rows": sink.rows, "bytes": sink.finish()}
+            temps[name] = sink.tmp
+        commit(self.out_dir, temps, {
+            "complete": True,
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.claim.run_id,
+            "config_hash": self.config_hash,
+            "overrides": self.overrides,
+            "files": files,
+            "versions": _versions(),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **self.extra,
+        })
+
+    def _abandon(self) -> None:
+        """After a failure: drop the temporary files and undo an unfinished commit (never a finished one).
+
+        A file system that fails the clean-up too leaves it to the next claim of the directory;
+        the error that made the run fail is the one reported.
+        """
         if self._writer is not None:
             self._writer.close(discard=True)
         for sink in self._sinks.values():
             sink.abort()
+        try:
+            recover(self.out_dir)
+        except OSError:
+            pass
 
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
                    split: str = "train", peak_memory_bytes: int | None = None) -> None:
@@ -300,25 +264,6 @@ class RunOutputs:
              else _from_numpy(np.array([peak_memory_bytes]), pa.int64())],
             schema=STEPS_SCHEMA))
 
-    def _write_manifest(self) -> None:
-        manifest = {
-            "complete": True,
-            "schema_version": SCHEMA_VERSION,
-            "config_hash": self.config_hash,
-            "overrides": self.overrides,
-            "files": {name: {"rows": sink.rows} for name, sink in self._sinks.items()},
-            "versions": _versions(),
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        tmp = _tmp_path(self.out_dir / MANIFEST)
-        with _naming(self.out_dir / MANIFEST):
-            with open(tmp, "w") as f:
-                f.write(json.dumps(manifest, indent=2) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.out_dir / MANIFEST)
-            _fsync_dir(self.out_dir)
-
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:
     out = [_from_numpy(np.full(n, step), pa.int64())]
@@ -334,7 +279,7 @@ def _values_array(tensors: list[torch.Tensor]) -> pa.ChunkedArray:
         flat = t.reshape(-1).to(torch.float32).numpy()
         offsets = _from_numpy(np.array([0, flat.size]), pa.int64())
         chunks.append(pa.LargeListArray.from_arrays(offsets, _from_numpy(flat, pa.float32())))
-    return pa.chunked_array(chunks, TENSORS_SCHEMA.field("values").type)
+    return pa.chunked_array(chunks, TENSORS_SCHEMA.field("tensor_values").type)
 
 
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
