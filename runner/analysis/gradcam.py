@@ -80,13 +80,15 @@ def explained_class(cfg) -> str:
     The class name is given where the model's pretrained weights name their classes
     (torchvision's ``weights.meta["categories"]``; nothing is downloaded to read them).
     """
-    loss = (cfg or {}).get("loss") or {}
+    if cfg is None:
+        return "the class its loss chose (the run saved no config)"
+    loss = cfg.get("loss") or {}
     if loss.get("name") != "class_score":
         return f"loss '{loss.get('name', 'unknown')}'"
     index = loss.get("target_class")
     if index is None:
         return "each sample's top-scoring class"
-    names = _class_names((cfg or {}).get("model") or {})
+    names = _class_names(cfg.get("model") or {})
     return f"class {index}" + (f" ({names[index]})" if names and index < len(names) else "")
 
 

@@ -78,9 +78,10 @@ def gradient_flow(stats: pd.DataFrame, step: int | None = None, title: str = "")
     """Mean, std and abs-max of each recorded kind per layer, in depth order, for one run.
 
     One row of panels per kind (activations ``output``, gradients ``grad_output`` /
-    ``param_grad``, ...): the mean on a symmetric-log axis (linear near 0, so signs show and
-    values spanning decades stay apart), std and abs-max on a log axis, where vanishing or
-    exploding gradients show as a slope across depth. Deep models are labelled by block (the
+    ``param_grad``, ...): the mean on a symmetric-log axis (signs show, values spanning decades
+    stay apart, and means below 1% of the median std are drawn linearly, as the noise they are),
+    std and abs-max on a log axis, where vanishing or exploding gradients show as a slope across
+    depth. Deep models are labelled by block (the
     ticks mark where ``layer1.0``, ``layer1.1``, ... start). 12 inches wide, 3.2 per row.
 
     Raises:
@@ -97,14 +98,15 @@ def gradient_flow(stats: pd.DataFrame, step: int | None = None, title: str = "")
     axes = fig.subplots(len(panels), 2, squeeze=False)
     for (kind, rows), (ax_mean, ax_spread) in zip(panels, axes):
         x = np.arange(len(rows))
-        ax_mean.plot(x, rows["mean"], marker=".", color="tab:blue")
+        line = {"marker": ".", "markersize": 5 if len(rows) <= 40 else 2.5, "linewidth": 1}
+        ax_mean.plot(x, rows["mean"], color="tab:blue", **line)
         ax_mean.axhline(0, color="grey", linewidth=0.5)
-        ax_mean.set_ylabel(f"{kind}\nmean (symlog)")
-        nonzero = rows["mean"].abs()[lambda v: (v > 0) & np.isfinite(v)]
-        if not nonzero.empty:
-            ax_mean.set_yscale("symlog", linthresh=float(nonzero.quantile(0.1)))
-        ax_spread.plot(x, rows["std"], marker=".", label="std")
-        ax_spread.plot(x, rows["abs_max"], marker=".", label="abs max")
+        spread = rows["std"][lambda v: (v > 0) & np.isfinite(v)]
+        if not spread.empty:
+            _symlog(ax_mean, 0.01 * float(spread.median()), rows["mean"])
+        ax_mean.set_ylabel(f"{kind}\nmean" + (" (symlog)" if ax_mean.get_yscale() == "symlog" else ""))
+        ax_spread.plot(x, rows["std"], label="std", **line)
+        ax_spread.plot(x, rows["abs_max"], label="abs max", **line)
         if (rows[["std", "abs_max"]] > 0).any().any():
             ax_spread.set_yscale("log")
         ax_spread.set_ylabel(f"{kind}\nstd, abs max (log)")
@@ -118,35 +120,41 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
                  by: list[str] | None = None) -> Figure:
     """One statistic per layer with one line per run of a sweep (e.g. gradient norm per clip value).
 
-    Parameter gradients get one panel per parameter kind (``weight``, ``bias``, ...), so a line
-    never alternates between a layer's weight and its bias. Lines are labelled by ``by`` (columns
-    of the frame), or by the override columns whose values differ between runs, and coloured in
-    the order of those values. The y axis is logarithmic when every value is positive.
-    12 inches wide, 3.6 per panel.
+    Parameter gradients get one panel per parameter kind (``weight`` kernels and matrices,
+    1-D ``weight`` vectors such as norm scales, ``bias`` vectors), so a line never alternates
+    between kinds of different scale. Lines are labelled by ``by`` (columns of the frame), or by
+    the override columns whose values differ between runs, and ordered and coloured by those
+    values. The y axis is logarithmic when every value is positive. 12 inches wide, 1 + 3.2 per panel.
     """
     rows = per_layer(stats, kind, step)
     if rows.empty:
         raise ValueError(f"compare_runs: no rows of kind '{kind}'; kinds present: {sorted(stats['kind'].unique())}")
     by = by or _varying_overrides(stats)
-    groups = list(dict.fromkeys(rows["slot"])) if kind == "param_grad" else [None]
-    fig = Figure(figsize=(12, 1.2 + 3.6 * len(groups)), layout="constrained")
-    axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
+    if kind == "param_grad":
+        rows = rows.assign(panel=[f"{slot} gradients, " + ("kernels and matrices" if len(shape) > 1 else "vectors")
+                                  for slot, shape in zip(rows["slot"], rows["tensor_shape"])])
+        x_of = rows["layer"]
+    else:
+        rows = rows.assign(panel=f"{kind}")
+        x_of = rows["label"]
+    rows = rows.assign(x_name=x_of.to_numpy())
+    panels = list(dict.fromkeys(rows["panel"]))
+    fig = Figure(figsize=(12, 1 + 3.2 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     runs = _ordered_runs(rows, by)
     colours = _colours(len(runs))
-    for ax, slot in zip(axes, groups):
-        mine = rows if slot is None else rows[rows["slot"] == slot]
-        order = list(dict.fromkeys(mine["layer"] if slot is not None else mine["label"]))
+    for ax, panel in zip(axes, panels):
+        mine = rows[rows["panel"] == panel]
+        order = list(dict.fromkeys(mine["x_name"]))
         for colour, (label, run) in zip(colours, runs):
-            run = run if slot is None else run[run["slot"] == slot]
-            names = run["layer"] if slot is not None else run["label"]
-            ax.plot([order.index(n) for n in names], run[stat], marker=".", markersize=3, linewidth=1,
+            run = run[run["panel"] == panel]
+            ax.plot([order.index(n) for n in run["x_name"]], run[stat], marker=".", markersize=3, linewidth=1,
                     color=colour, label=label)
         if (mine[stat] > 0).all():
             ax.set_yscale("log")
-        ax.set_ylabel(f"{kind} {stat}" + (f"\n({slot})" if slot is not None else "") +
-                      (" (log)" if ax.get_yscale() == "log" else ""))
-        ax.set_title(f"{slot} gradients" if slot is not None else f"{kind}", fontsize="medium", loc="left")
-        _depth_ticks(ax, order)
+        ax.set_ylabel(f"{stat}" + (" (log)" if ax.get_yscale() == "log" else ""))
+        ax.set_title(panel, fontsize="medium", loc="left")
+        _depth_ticks(ax, order, most=24)
     fig.suptitle(f"{kind} {stat} per layer, one line per run")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", fontsize="small",
@@ -202,6 +210,17 @@ def grad_cam_overlay(image: np.ndarray, cam: np.ndarray, title: str = "") -> Fig
     return fig
 
 
+def _symlog(ax, linthresh: float, values: pd.Series) -> None:
+    """A symmetric-log y axis, linear within ``linthresh``, ticked at 0 and at the whole decades beyond it."""
+    ax.set_yscale("symlog", linthresh=linthresh, linscale=1.5)
+    finite = values[np.isfinite(values)]
+    low, high = min(float(finite.min()), 0.0), max(float(finite.max()), 0.0)
+    first = math.floor(math.log10(linthresh)) + 1
+    last = math.ceil(math.log10(max(-low, high, linthresh)))
+    decades = [10.0 ** k for k in range(first, last + 1)]
+    ax.set_yticks([-d for d in reversed(decades) if -d >= 2 * low] + [0.0] + [d for d in decades if d <= 2 * high])
+
+
 def block_of(label: str) -> str:
     """The block a layer label belongs to: up to its first numeric part (``layer1.0``), else its first part."""
     parts = label.split(" #")[0].split(".")
@@ -220,9 +239,10 @@ def _depth_ticks(ax, labels, most: int = 40) -> None:
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
         return
     blocks = [block_of(label) for label in labels]
-    starts = [i for i, b in enumerate(blocks) if i == 0 or b != blocks[i - 1]]
-    stride = math.ceil(len(starts) / most)
-    starts = starts[::stride]
+    starts, gap = [], len(labels) / most  # a block starting too close to the last tick shares it
+    for i, block in enumerate(blocks):
+        if (i == 0 or block != blocks[i - 1]) and (not starts or i - starts[-1] >= gap):
+            starts.append(i)
     ax.set_xticks(starts, [blocks[i] for i in starts], rotation=90, fontsize=7)
     for i in starts[1:]:
         ax.axvline(i - 0.5, color="grey", linewidth=0.4, alpha=0.5)
