@@ -52,26 +52,50 @@ def feature_maps(tensor: np.ndarray, title: str = "", channels: int = 64, ncols:
     """Grid of the first ``channels`` feature maps of sample 0 of a ``[N, C, H, W]`` output.
 
     The tutorials' 8x8 layout by default: ``ncols`` x ``ceil(n / ncols)`` one-inch cells, each
-    titled by its channel index, on one shared colour scale with its colour bar (0.8 inch to the
-    right), plus a 0.4-inch title band.
+    labelled with its channel index, on one shared colour scale with its colour bar (0.8 inch to
+    the right), plus a 0.4-inch title band. The grid is one image (``mosaic``, maps separated by
+    blank gutters), which draws in a fraction of the time of one axes per channel.
     """
     if tensor.ndim != 4:
         raise ValueError(f"feature_maps needs a [N, C, H, W] tensor, got shape {list(tensor.shape)}")
     maps = np.asarray(tensor[0, :channels], dtype=np.float32)
     nrows = math.ceil(len(maps) / ncols)
-    fig = Figure(figsize=(ncols + 0.8, nrows + 0.4), layout="constrained")
-    fig.suptitle(f"{title}  (sample 0, channels 0-{len(maps) - 1} of {tensor.shape[1]})".strip())
+    width, height = ncols + 0.8, nrows + 0.4
+    fig = Figure(figsize=(width, height))
+    fig.suptitle(f"{title}  (sample 0, channels 0-{len(maps) - 1} of {tensor.shape[1]})".strip(),
+                 y=1 - 0.08 / height, va="top")
+    ax = fig.add_axes((0.02 / width, 0.02 / height, ncols / width, nrows / height))
+    ax.set_axis_off()
+    grid, cell = mosaic(maps, ncols)
+    band, w = cell[0] - maps.shape[1], maps.shape[2]
     finite = maps[np.isfinite(maps)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    shown = None
-    for i, ax in enumerate(axes.flat):
-        ax.set_axis_off()
-        if i < len(maps):
-            shown = ax.imshow(maps[i], cmap="viridis", interpolation="nearest", vmin=lo, vmax=hi)
-            ax.set_title(f"ch {i}", fontsize=7, pad=2)
-    fig.colorbar(shown, ax=axes, shrink=0.8, aspect=30, label="activation")
+    shown = ax.imshow(grid, cmap="viridis", interpolation="nearest", vmin=lo, vmax=hi, aspect="auto")
+    for i in range(len(maps)):
+        row, col = divmod(i, ncols)
+        ax.text((col * cell[1] + w / 2) - 0.5, row * cell[0] + band / 2 - 0.5, f"ch {i}", fontsize=7,
+                ha="center", va="center")
+    bar = fig.add_axes(((ncols + 0.08) / width, 0.1 * nrows / height, 0.12 / width, 0.8 * nrows / height))
+    fig.colorbar(shown, cax=bar).set_label("activation", fontsize=8, labelpad=2)
+    bar.tick_params(labelsize=7)
     return fig
+
+
+def mosaic(maps: np.ndarray, ncols: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """``[C, H, W]`` maps tiled row by row into one ``float32`` image with NaN gutters; also the cell size.
+
+    Each cell is ``H * 1.3`` by ``W * 1.1`` pixels (the map at its bottom-left, a band above it for
+    the label, a gutter right of it), so map ``i`` starts at row ``(i // ncols) * cell_h + band``.
+    """
+    _, h, w = maps.shape
+    band, gutter = max(1, round(0.3 * h)), max(1, round(0.1 * w))
+    cell = (h + band, w + gutter)
+    nrows = math.ceil(len(maps) / ncols)
+    grid = np.full((nrows * cell[0], ncols * cell[1]), np.nan, dtype=np.float32)
+    for i, m in enumerate(maps):
+        row, col = divmod(i, ncols)
+        grid[row * cell[0] + band:row * cell[0] + band + h, col * cell[1]:col * cell[1] + w] = m
+    return grid, cell
 
 
 def gradient_flow(stats: pd.DataFrame, step: int | None = None, title: str = "") -> Figure:

@@ -88,27 +88,37 @@ def _last(frame: pd.DataFrame, column: str) -> float:
     return float(values.iloc[-1]) if len(values) else float("nan")
 
 
-def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:
-    overrides = {r: [f"{k}={v}" for k, v in overrides_of(r).items()] for r in runs}
-    common = [o for o in overrides[runs[0]] if all(o in own for own in overrides.values())] if len(runs) > 1 else []
-    split = steps["split"] if "split" in steps.columns else pd.Series("train", index=steps.index)
+def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
+    """Per run, train and eval kept apart: ``train steps``, ``last train loss``, ``last eval loss`` (when any
+    run evaluated), ``last train accuracy``/``last eval accuracy`` (when ``steps.parquet`` has ``accuracy``)
+    and ``train wall time s``; indexed by ``run_dir``."""
+    split = steps["split"].astype(str) if "split" in steps.columns else pd.Series("train", index=steps.index)
     has_eval, has_accuracy = bool((split == "eval").any()), "accuracy" in steps.columns
     rows = []
     for r in runs:
-        mine = steps[steps["run_dir"].astype(str) == str(r)]
-        train, evals = mine[split[mine.index] == "train"], mine[split[mine.index] == "eval"]
-        row = {"job": job[str(r)], "overrides": " ".join(o for o in overrides[r] if o not in common) or "(none)",
-               "train steps": len(train), "last train loss": _last(train, "loss")}
+        mine = steps["run_dir"].astype(str) == str(r)
+        train, evals = steps[mine & (split == "train")], steps[mine & (split == "eval")]
+        row = {"run_dir": str(r), "train steps": len(train), "last train loss": _last(train, "loss")}
         if has_eval:
             row["last eval loss"] = _last(evals, "loss")
         if has_accuracy:
             row["last train accuracy"] = _last(train, "accuracy")
             if has_eval:
                 row["last eval accuracy"] = _last(evals, "accuracy")
-        row["train wall time s"] = train["wall_time_s"].sum()
+        row["train wall time s"] = float(train["wall_time_s"].sum())
         rows.append(row)
+    return pd.DataFrame(rows).set_index("run_dir")
+
+
+def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:
+    overrides = {r: [f"{k}={v}" for k, v in overrides_of(r).items()] for r in runs}
+    common = [o for o in overrides[runs[0]] if all(o in own for own in overrides.values())] if len(runs) > 1 else []
+    summary = job_summary(steps, runs)
+    table = pd.DataFrame({"job": [job[str(r)].partition(": ")[0] for r in runs],  # the overrides follow
+                          "overrides": [" ".join(o for o in overrides[r] if o not in common) or "(none)" for r in runs]})
+    table = pd.concat([table, summary.reset_index(drop=True)], axis=1)
     shared = f"<p>Common to every job: <code>{html.escape(' '.join(common))}</code></p>\n" if common else ""
-    return shared + _table(pd.DataFrame(rows))
+    return shared + _table(table)
 
 
 def _failed(path: Path) -> str:
