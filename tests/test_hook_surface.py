@@ -232,7 +232,7 @@ def test_saved_tensor_pack_count_matches_hand_written_hooks(run_with):
         out = net.conv(x)
     net.fc(net.flatten(net.relu(out))).sum().backward()
     saved = stats_of(run_dir, hook="offload")
-    assert [list(s) for s in saved["shape"]] == [list(s) for s in packed]
+    assert [list(s) for s in saved["tensor_shape"]] == [list(s) for s in packed]
 
 
 def test_node_hooks_see_the_output_gradient_and_fire_in_pytorch_order(run_with):
