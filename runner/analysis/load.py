@@ -18,6 +18,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 from omegaconf import OmegaConf
@@ -110,13 +112,26 @@ def overrides_of(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in manifest.get("overrides", []):
         key, _, raw = item.partition("=")
-        key = key.lstrip("+~")
-        try:
-            value = yaml.safe_load(raw) if raw else raw
-        except yaml.YAMLError:
-            value = raw
-        out[key] = value if np.isscalar(value) or value is None else raw
+        out[key.lstrip("+~")] = _value(raw)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _value(raw: str) -> Any:
+    """An override's value: a number as Hydra reads it (``1e-3`` too), another YAML scalar, or the raw text.
+
+    Cached, and numbers parsed without YAML, because a sweep of thousands of jobs repeats them.
+    """
+    for number in (int, float):
+        try:
+            return number(raw)
+        except ValueError:
+            pass
+    try:
+        value = yaml.safe_load(raw) if raw else raw
+    except yaml.YAMLError:
+        return raw
+    return value if np.isscalar(value) or value is None else raw
 
 
 def override_columns(df: pd.DataFrame) -> list[str]:
@@ -125,10 +140,9 @@ def override_columns(df: pd.DataFrame) -> list[str]:
 
 
 def _dataset(files: list[Path]) -> ds.Dataset:
-    schemas = [pq.read_schema(f) for f in files]
-    schema = schemas[0] if all(s.equals(schemas[0]) for s in schemas) else pa.unify_schemas(
-        schemas, promote_options="permissive")
-    return ds.dataset([str(f) for f in files], schema=schema.remove_metadata(), format="parquet")
+    """One dataset over ``files`` whose schema unifies every file's footer (read in parallel by Arrow)."""
+    factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
+    return factory.finish(factory.inspect(promote_options="permissive", fragments=None).remove_metadata())
 
 
 def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
