@@ -208,3 +208,11 @@ def test_dead_units_counts_units_that_never_fire(run_with):
     dead = analysis.dead_units(analysis.load_tensors(run_dir))
     assert dead[["layer", "units", "dead"]].values.tolist() == [["relu", 4, 2]]  # fc1 has negative outputs
     assert dead.dead_frac.iloc[0] == 0.5
+
+
+def test_override_values_are_parsed_as_hydra_reads_them(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"overrides": [
+        "hooks.clip.max=1e-3", "seed=3", "+model.dead=2", "mode=eval", "plots=[a,b]", "hooks.clip.min=null",
+        "compile=true"]}))
+    assert analysis.overrides_of(tmp_path) == {"hooks.clip.max": 0.001, "seed": 3, "model.dead": 2, "mode": "eval",
+                                               "plots": "[a,b]", "hooks.clip.min": None, "compile": True}
