@@ -263,3 +263,18 @@ def test_class_score_target_mistakes_are_one_line(tmp_path, capsys, target, mess
     assert exit_info.value.code == EXIT_CONFIG_ERROR
     assert capsys.readouterr().err.strip() == f"error: {message}"
     assert not list(tmp_path.glob("*.parquet")) and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_grad_cam_title_names_the_class_as_the_weights_do():
+    from omegaconf import OmegaConf
+
+    from runner.analysis.gradcam import explained_class
+
+    categories = torchvision.models.ResNet18_Weights.DEFAULT.meta["categories"]  # read, nothing downloaded
+    trained = OmegaConf.create({"loss": {"name": "class_score", "target_class": 3},
+                                "model": {"name": "resnet18", "weights": "DEFAULT"}})
+    assert explained_class(trained) == f"class 3 ({categories[3]})"
+    trained.model.weights = None
+    assert explained_class(trained) == "class 3"
+    trained.loss.target_class = None
+    assert explained_class(trained) == "each sample's top-scoring class"
