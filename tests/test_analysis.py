@@ -70,9 +70,12 @@ def test_one_run_has_run_dir_and_override_columns(run_with):
 def test_sweep_is_one_table_with_each_jobs_overrides(sweep):
     df = analysis.load_stats(sweep)
     assert df.groupby("hooks.clip.max").run_dir.nunique().to_dict() == dict.fromkeys(CLIP_MAXES, 1)
-    clip_max = df["hooks.clip.max"].dtype  # parsed values, kept once per job: they sort as numbers
-    assert isinstance(clip_max, pd.CategoricalDtype) and clip_max.categories.tolist() == sorted(CLIP_MAXES)
-    assert isinstance(df["run_dir"].dtype, pd.CategoricalDtype) and len(df["run_dir"].cat.categories) == 3
+    assert df["hooks.clip.max"].dtype == np.float64  # numbers stay numbers: they sort and compute as numbers
+    for text in ("model", "hooks", "run_dir"):  # text is categorical: one string per job, not per row
+        assert isinstance(df[text].dtype, pd.CategoricalDtype)
+    assert df["run_dir"].cat.categories.tolist() == [str(sweep / str(i)) for i in range(3)]
+    assert analysis.override_columns(df) == ["model", "hooks", "hooks.clip.max", "steps"]
+    assert df["steps"].dtype == np.int64
     final = df[df.phase == "after_backward"]
     for bound, rows in final.groupby("hooks.clip.max"):
         assert (rows["max"] <= bound * (1 + 1e-7)).all()

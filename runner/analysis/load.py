@@ -3,8 +3,8 @@
 A run directory is one that holds ``manifest.json`` (written last, so only complete runs are
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
-``hooks.clip.max``), both as pandas categoricals, so a sweep is one table to group by that does
-not repeat a string per row. All files of a sweep are read as one pyarrow dataset whose schema
+``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (and
+``run_dir``) as pandas categoricals, which do not repeat a string per row. All files of a sweep are read as one pyarrow dataset whose schema
 unifies every file's footer, so a column that only some jobs wrote is kept (null in the rows of
 the others) and ``columns``/``filters`` are pushed down into the scan. Values are converted from
 Arrow to numpy directly, so a NaN stays a NaN.
@@ -135,14 +135,28 @@ def _value(raw: str) -> Any:
 
 
 def override_columns(df: pd.DataFrame) -> list[str]:
-    """The override columns the loaders attached to ``df`` (categorical columns other than ``run_dir``)."""
-    return [c for c in df.columns if c != "run_dir" and isinstance(df[c].dtype, pd.CategoricalDtype)]
+    """The override columns the loaders attached to ``df`` (recorded in ``df.attrs["overrides"]``)."""
+    return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
 
 
 def _dataset(files: list[Path]) -> ds.Dataset:
     """One dataset over ``files`` whose schema unifies every file's footer (read in parallel by Arrow)."""
     factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
     return factory.finish(factory.inspect(promote_options="permissive", fragments=None).remove_metadata())
+
+
+def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
+    """Per-row column from per-run ``values`` and each row's run index ``codes``.
+
+    Numbers (with ``None`` as NaN) stay numeric, so they compare and compute as numbers; anything
+    else is a categorical, one string per run rather than per row.
+    """
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) or v is None for v in values) \
+            and any(v is not None for v in values):
+        as_float = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        exact = all(isinstance(v, (int, np.integer)) for v in values)
+        return (as_float.astype(np.int64) if exact else as_float)[codes]
+    return _categorical(codes, values)
 
 
 def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
@@ -185,8 +199,9 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     overrides = [overrides_of(r) for r in have]
     for key in dict.fromkeys(k for own in overrides for k in own):
         if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
-            df[key] = _categorical(codes, [own.get(key) for own in overrides])
+            df[key] = _per_row(codes, [own.get(key) for own in overrides])
     df["run_dir"] = _categorical(codes, [str(r) for r in have])
+    df.attrs["overrides"] = [k for k in dict.fromkeys(k for own in overrides for k in own) if k in df.columns]
     return df
 
 
