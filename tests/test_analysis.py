@@ -1,7 +1,12 @@
 """Loaders over one run and a sweep, parquet projection, depth order and the abnormality checks."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -64,7 +69,12 @@ def test_one_run_has_run_dir_and_override_columns(run_with):
 def test_sweep_is_one_table_with_each_jobs_overrides(sweep):
     df = analysis.load_stats(sweep)
     assert df.groupby("hooks.clip.max").run_dir.nunique().to_dict() == dict.fromkeys(CLIP_MAXES, 1)
-    assert df["hooks.clip.max"].dtype == np.float64  # override values are parsed, so they sort as numbers
+    assert df["hooks.clip.max"].dtype == np.float64  # numbers stay numbers: they sort and compute as numbers
+    for text in ("model", "hooks", "run_dir"):  # text is categorical: one string per job, not per row
+        assert isinstance(df[text].dtype, pd.CategoricalDtype)
+    assert df["run_dir"].cat.categories.tolist() == [str(sweep / str(i)) for i in range(3)]
+    assert analysis.override_columns(df) == ["model", "hooks", "hooks.clip.max", "steps"]
+    assert df["steps"].dtype == np.int64
     final = df[df.phase == "after_backward"]
     for bound, rows in final.groupby("hooks.clip.max"):
         assert (rows["max"] <= bound * (1 + 1e-7)).all()
@@ -72,29 +82,89 @@ def test_sweep_is_one_table_with_each_jobs_overrides(sweep):
     assert len(steps) == 6 and sorted(steps.groupby("run_dir").step.apply(list).tolist()) == [[0, 1]] * 3
 
 
-def test_projection_and_filters_are_passed_to_parquet(sweep, monkeypatch):
-    calls = []
-    real = pq.read_table
+def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypatch):
+    scans = []
+    real = analysis.load._dataset
 
-    def spy(path, columns=None, filters=None, **kw):
-        calls.append((path.name, columns, filters))
-        return real(path, columns=columns, filters=filters, **kw)
+    class Spy:
+        def __init__(self, dataset):
+            self.dataset, self.schema = dataset, dataset.schema
 
-    monkeypatch.setattr(analysis.load.pq, "read_table", spy)
+        def to_table(self, **kw):
+            scans.append(kw)
+            return self.dataset.to_table(**kw)
+
+    monkeypatch.setattr(analysis.load, "_dataset", lambda files: Spy(real(files)))
     full = analysis.load_stats(sweep)
     df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
     assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "run_dir"}
     assert len(df) == (full.kind == "param_grad").sum()
-    assert calls[-3:] == [("stats.parquet", ["layer", "l2"], [("kind", "=", "param_grad")])] * 3
+    pd.testing.assert_frame_equal(df.reset_index(drop=True),
+                                  full[full.kind == "param_grad"][list(df.columns)].reset_index(drop=True))
+    assert len(scans) == 2  # one scan over the three jobs' files, not one read per file
+    assert scans[-1]["columns"] == ["layer", "l2", "__filename"]
+    assert scans[-1]["filter"].equals(pq.filters_to_expression([("kind", "=", "param_grad")]))
     steps = analysis.load_steps(sweep, columns=["loss"], filters=[("step", "=", 1)])
     assert len(steps) == 3 and "wall_time_s" not in steps.columns
+
+
+def _swap_tensor_column_names(path):
+    """Rewrite a parquet file under the other schema version's tensor column names (values <-> tensor_values)."""
+    swap = {"values": "tensor_values", "shape": "tensor_shape", "tensor_values": "values", "tensor_shape": "shape"}
+    table = pq.read_table(path)
+    pq.write_table(table.rename_columns([swap.get(c, c) for c in table.column_names]), path)
+
+
+def test_both_schema_versions_load_under_the_new_names(tmp_path):
+    for i in range(2):
+        overrides = ["model=convnet", "hooks=[stats,extract]", "hooks.extract.layers=conv", f"seed={i}"]
+        run(make_config(*overrides), tmp_path / str(i), overrides)
+    before = {name: loader(tmp_path) for name, loader in (("stats", analysis.load_stats),
+                                                           ("tensors", analysis.load_tensors))}
+    for name in ("stats.parquet", "tensors.parquet"):
+        _swap_tensor_column_names(tmp_path / "1" / name)  # a sweep with one job of each version
+    after = {"stats": analysis.load_stats(tmp_path), "tensors": analysis.load_tensors(tmp_path)}
+    for name, df in after.items():
+        assert "tensor_shape" in df.columns and not {"shape", "values", "tensor_values"} & set(df.columns)
+        assert df["tensor_shape"].map(list).tolist() == before[name]["tensor_shape"].map(list).tolist()
+    for old, new in zip(before["tensors"]["tensor"], after["tensors"]["tensor"]):
+        np.testing.assert_array_equal(old, new)
+    assert after["tensors"]["tensor"].iloc[0].shape == (1, 10, 4, 4)
+
+
+def test_a_column_only_some_jobs_wrote_is_kept(sweep):
+    path = sweep / "1" / "steps.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("accuracy", pa.array([0.5] * len(table))), path)
+    steps = analysis.load_steps(sweep)
+    accuracy = {Path(k).name: v for k, v in steps.groupby(steps["run_dir"].astype(str)).accuracy.apply(list).items()}
+    assert accuracy["1"] == [0.5, 0.5] and np.isnan(accuracy["0"] + accuracy["2"]).all()
+
+
+def test_a_run_without_tensors_parquet_has_no_tensors(run_with):
+    run_dir = run_with("model=linear", "hooks=stats")
+    (run_dir / "tensors.parquet").unlink(missing_ok=True)
+    tensors = analysis.load_tensors(run_dir)
+    assert tensors.empty and {"layer", "kind", "tensor", "run_dir"} <= set(tensors.columns)
+    assert analysis.dead_units(tensors).empty
+
+
+def test_failed_jobs_are_listed_with_their_overrides_and_error(sweep):
+    failed = sweep / "3"
+    failed.mkdir()
+    (failed / "status.json").write_text(json.dumps({"status": "failed", "error": "RuntimeError: out of memory",
+                                                    "overrides": ["model=convnet", "hooks.clip.max=9"]}))
+    found = analysis.failed_jobs(sweep)
+    assert found.to_dict("records") == [{"job_dir": str(failed), "overrides": "model=convnet hooks.clip.max=9",
+                                         "error": "RuntimeError: out of memory"}]
+    assert len(analysis.run_dirs(sweep)) == 3
 
 
 def test_load_tensors_projection_keeps_what_restores_the_tensor(run_with):
     run_dir = run_with("model=convnet", "hooks=extract", "hooks.extract.layers=[conv,fc]")
     df = analysis.load_tensors(run_dir, columns=["layer"], filters=[("layer", "=", "conv")])
     assert df.layer.tolist() == ["conv"] and df.tensor.iloc[0].shape == (1, 10, 4, 4)
-    assert "step" not in df.columns and "values" not in df.columns
+    assert "step" not in df.columns and "tensor_values" not in df.columns
 
 
 def test_per_layer_is_in_depth_order_for_activations_and_gradients(run_with):
@@ -140,3 +210,11 @@ def test_dead_units_counts_units_that_never_fire(run_with):
     dead = analysis.dead_units(analysis.load_tensors(run_dir))
     assert dead[["layer", "units", "dead"]].values.tolist() == [["relu", 4, 2]]  # fc1 has negative outputs
     assert dead.dead_frac.iloc[0] == 0.5
+
+
+def test_override_values_are_parsed_as_hydra_reads_them(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"overrides": [
+        "hooks.clip.max=1e-3", "seed=3", "+model.dead=2", "mode=eval", "plots=[a,b]", "hooks.clip.min=null",
+        "compile=true"]}))
+    assert analysis.overrides_of(tmp_path) == {"hooks.clip.max": 0.001, "seed": 3, "model.dead": 2, "mode": "eval",
+                                               "plots": "[a,b]", "hooks.clip.min": None, "compile": True}

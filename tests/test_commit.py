@@ -171,14 +171,15 @@ def test_overwrite_replaces_every_file_of_the_old_run(tmp_path):
     assert run_state(out) == (outputs.claim.run_id, 3)
     assert not (out / "tensors.parquet").exists()  # the new run keeps no tensor
     assert json.loads((out / "manifest.json").read_text())["replaced"] == [
-        "stats.parquet", "tensors.parquet", "steps.parquet"]
+        "stats.parquet", "tensors.parquet", "steps.parquet", "config.yaml"]
 
 
 def test_no_tensor_kept_means_no_tensors_file(tmp_path):
     outputs = write_run(tmp_path / "run", steps=2)
     manifest = json.loads((outputs.out_dir / "manifest.json").read_text())
     assert sorted(manifest["files"]) == ["stats.parquet", "steps.parquet"]
-    assert sorted(p.name for p in outputs.out_dir.iterdir()) == ["manifest.json", "stats.parquet", "steps.parquet"]
+    assert sorted(p.name for p in outputs.out_dir.iterdir()) == [
+        "config.yaml", "manifest.json", "stats.parquet", "steps.parquet"]
 
 
 def test_tensor_columns_cannot_collide_with_pandas_attributes(tmp_path):

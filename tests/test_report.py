@@ -63,6 +63,7 @@ def test_report_lists_abnormalities_and_a_missing_config(tmp_path):
     overrides = ["model=custom", "model._target_=test_analysis.DeadReLU", "+model.dead=2", "data.shape=[8,3]",
                  "hooks=[stats,zero_bias,extract]", "hooks.zero_bias.layers=fc2", "hooks.extract.layers=relu"]
     run_dir = run(make_config(*overrides), tmp_path / "run", overrides)
+    (run_dir / "config.yaml").unlink()  # a run made before runs stored their config, outside Hydra
     out = report.write_report(run_dir, tmp_path / "page.html")
     page = out.read_text()
     abnormal = page.split('<section id="abnormal">')[1].split("</section>")[0]
@@ -93,19 +94,27 @@ PROBE = """<script>window.addEventListener('load', () => {
 });</script>"""
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium); "
-                                             "the real-browser rendering check needs it")
-def test_report_renders_in_headless_chromium(sweep_report, tmp_path):
-    probe = tmp_path / "probe.html"
-    probe.write_text(sweep_report.read_text().replace("</body>", PROBE + "</body>"))
+def render_in_chromium(page: Path, tmp_path: Path, probe: str = PROBE) -> dict:
+    """Open ``page`` with ``probe`` added in headless Chromium; return what the probe saw (``data-probe``)."""
+    opened = tmp_path / f"probe-{page.parent.name}.html"
+    opened.write_text(page.read_text().replace("</body>", probe + "</body>"))
     proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
-                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+                           "--dump-dom", opened.as_uri()], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = re.search(r'data-probe="([^"]*)"', proc.stdout)
     assert found, "the page's load handler did not run"
-    seen = json.loads(html.unescape(found.group(1)))
+    return json.loads(html.unescape(found.group(1)))
+
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install "
+                                                              "chromium); the real-browser rendering check needs it")
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_report_renders_in_headless_chromium(sweep_report, tmp_path):
+    seen = render_in_chromium(sweep_report, tmp_path)
     assert seen["sections"] == list(report.SECTIONS.values())
     assert seen["images"] == seen["decoded"] == PICTURES  # every embedded PNG decoded by the browser
     assert seen["rows"] > 0 and seen["height"] > 2000

@@ -25,21 +25,21 @@ def test_scalars_and_histograms_per_step_read_back(run_with, capsys):
     stats = analysis.load_stats(run_dir)
     tags = events.Tags()
     assert len(tags["scalars"]) == len(stats[stats.step == 0]) * len(tensorboard_export.SCALAR_STATS) + 1
-    loss = [(e.step, e.value) for e in events.Scalars("loss")]
+    loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert loss == [(s, pytest.approx(v, rel=1e-6)) for s, v in analysis.load_steps(run_dir)[["step", "loss"]].values]
     fc_grad = stats[(stats.hook == "stats") & (stats.layer == "fc") & (stats.kind == "grad_output")]
-    assert [e.value for e in events.Scalars("stats/grad_output/fc/l2")] == pytest.approx(fc_grad.l2.tolist(), rel=1e-6)
+    assert [e.value for e in events.Scalars("train/stats/grad_output/fc/l2")] == pytest.approx(fc_grad.l2.tolist(), rel=1e-6)
 
     tensors = analysis.load_tensors(run_dir)
-    assert sorted(tags["histograms"]) == ["extract/grad_output/conv", "extract/grad_output/relu",
-                                          "extract/output/conv", "extract/output/relu"]
-    for event in events.Histograms("extract/output/conv"):
+    assert sorted(tags["histograms"]) == ["train/extract/grad_output/conv", "train/extract/grad_output/relu",
+                                          "train/extract/output/conv", "train/extract/output/relu"]
+    for event in events.Histograms("train/extract/output/conv"):
         t = tensors[(tensors.layer == "conv") & (tensors.kind == "output") & (tensors.step == event.step)].tensor.iloc[0]
         h = event.histogram_value
         assert (h.num, h.min, h.max) == (t.size, pytest.approx(t.min()), pytest.approx(t.max()))
         assert h.sum == pytest.approx(float(t.sum(dtype=np.float64)), rel=1e-5, abs=1e-6)
         assert sum(h.bucket) == t.size
-    assert [e.step for e in events.Histograms("extract/output/conv")] == [0, 1]
+    assert [e.step for e in events.Histograms("train/extract/output/conv")] == [0, 1]
 
 
 def test_sweep_export_writes_one_directory_per_run_and_replaces_old_events(tmp_path):
@@ -51,4 +51,22 @@ def test_sweep_export_writes_one_directory_per_run_and_replaces_old_events(tmp_p
     assert first == again == [tmp_path / "0" / "tensorboard", tmp_path / "1" / "tensorboard"]
     for out in again:
         assert len(list(out.glob("events.out.tfevents.*"))) == 1
-        assert "stats/output/(model)/mean" in read_events(out).Tags()["scalars"]
+        assert "train/stats/output/(model)/mean" in read_events(out).Tags()["scalars"]
+
+
+def test_train_and_eval_are_written_apart(run_with):
+    run_dir = run_with("model=convnet", "data=fake", "loss=cross_entropy", "optimizer=sgd", "steps=4", "eval_every=2",
+                       "hooks=stats", "hooks.stats.layers=fc")
+    events = read_events(tensorboard_export.export_run(run_dir))
+    steps = analysis.load_steps(run_dir)
+    for split in ("train", "eval"):
+        rows = steps[steps.split == split]
+        got = [(e.step, e.value) for e in events.Scalars(f"{split}/loss")]
+        assert got == [(s, pytest.approx(v, rel=1e-6)) for s, v in rows[["step", "loss"]].values]
+    assert len(steps[steps.split == "eval"]) == 2  # after steps 1 and 3, at the same step numbers as training rows
+    stats = analysis.load_stats(run_dir)
+    fc = stats[(stats.kind == "output") & (stats.layer == "fc")]
+    train, evals = fc[fc.phase == "forward"], fc[fc.phase == "eval"]
+    assert [e.value for e in events.Scalars("train/stats/output/fc/mean")] == pytest.approx(train["mean"].tolist())
+    assert [(e.step, e.value) for e in events.Scalars("eval/stats/output/fc/mean")] == [
+        (s, pytest.approx(v)) for s, v in evals[["step", "mean"]].values]

@@ -42,9 +42,66 @@ def grad_cam(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]
 
 def cam_layers(tensors) -> list[tuple[str, str]]:
     """``(hook, layer)`` pairs whose kept tensors allow Grad-CAM: a 4-D output and its gradient."""
-    four_d = tensors[[len(s) == 4 for s in tensors["shape"]]]
-    kinds = four_d.groupby(["hook", "layer"], sort=False)["kind"].agg(set)
+    if tensors.empty:
+        return []
+    four_d = tensors[tensors["tensor"].map(np.ndim) == 4]
+    kinds = four_d.groupby(["hook", "layer"], sort=False, observed=True)["kind"].agg(set)
     return [key for key, got in kinds.items() if {"output", "grad_output"} <= got]
+
+
+def model_input_images(tensors, cfg, step: int = 0) -> np.ndarray:
+    """The model input the run stored at ``step`` as ``[N, H, W, 3]`` in [0, 1], for overlays.
+
+    The runner stores the input as rows of kind ``model_input`` when Grad-CAM is asked for.
+    Inputs normalised with ``data.mean``/``data.std`` of the run's config ``cfg`` are
+    un-normalised; other inputs are scaled by their own minimum and maximum.
+
+    Raises:
+        ValueError: the run stored no model input at ``step``, or it is not an RGB image batch.
+    """
+    rows = tensors[(tensors["kind"] == "model_input") & (tensors["step"] == step)] if not tensors.empty else tensors
+    if rows.empty:
+        raise ValueError(f"the run stored no model input at step {step} (kind 'model_input' in tensors.parquet), "
+                         "so there is no image to overlay")
+    x = torch.as_tensor(np.asarray(rows["tensor"].iloc[0], dtype=np.float32))
+    if x.dim() != 4 or x.shape[1] != 3:
+        raise ValueError(f"the model input has shape {list(x.shape)}, not [N, 3, H, W]: no image to overlay")
+    data = (cfg or {}).get("data") or {}
+    if data.get("mean") is not None and data.get("std") is not None:
+        x = x * torch.tensor(list(data["std"])).view(1, 3, 1, 1) + torch.tensor(list(data["mean"])).view(1, 3, 1, 1)
+    else:
+        x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
+    return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def explained_class(cfg) -> str:
+    """Which class score the run backpropagated, as a title: ``class 7 (goldfish)`` or the top class.
+
+    The class name is given where the model's pretrained weights name their classes
+    (torchvision's ``weights.meta["categories"]``; nothing is downloaded to read them).
+    """
+    if cfg is None:
+        return "the class its loss chose (the run saved no config)"
+    loss = cfg.get("loss") or {}
+    if loss.get("name") != "class_score":
+        return f"loss '{loss.get('name', 'unknown')}'"
+    index = loss.get("target_class")
+    if index is None:
+        return "each sample's top-scoring class"
+    names = _class_names(cfg.get("model") or {})
+    return f"class {index}" + (f" ({names[index]})" if names and index < len(names) else "")
+
+
+def _class_names(model) -> list[str] | None:
+    if not model.get("weights") or not model.get("name"):
+        return None
+    try:
+        import torchvision
+
+        enum = torchvision.models.get_model_weights(model["name"])
+        return list(enum[str(model["weights"])].meta["categories"])
+    except (KeyError, ValueError, ImportError):  # not a torchvision model, or an unknown weights name
+        return None
 
 
 def grad_cam_of_run(run_dir: str | Path, layer: str, size: tuple[int, int], step: int = 0,

@@ -3,17 +3,22 @@
 A run directory is one that holds ``manifest.json`` (written last, so only complete runs are
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
-``hooks.clip.max``), so a sweep is one table to group by. Each file is read on its own and the
-frames are concatenated, so a column that only some jobs wrote is kept (NaN in the rows of the
-others); pyarrow's dataset readers would take the first file's schema and drop it. Values are
-converted from Arrow to numpy directly, so a NaN stays a NaN.
+``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (and
+``run_dir``) as pandas categoricals, which do not repeat a string per row. All files of a sweep are read as one pyarrow dataset whose schema
+unifies every file's footer, so a column that only some jobs wrote is kept (null in the rows of
+the others) and ``columns``/``filters`` are pushed down into the scan. Values are converted from
+Arrow to numpy directly, so a NaN stays a NaN.
+
+Files written before ``schema_version`` "2" named the tensor columns ``values`` and ``shape``;
+they are read under today's names, ``tensor_values`` and ``tensor_shape``.
 
 Example:
     >>> df = load_stats("outputs/multirun/2026-11-22/10-00-00")
-    >>> df[df.kind == "param_grad"].groupby(["hooks.clip.max", "layer"]).l2.max()
+    >>> df[df.kind == "param_grad"].groupby(["hooks.clip.max", "layer"], observed=True).l2.max()
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +26,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 from omegaconf import OmegaConf
@@ -28,6 +37,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.store.outputs import MANIFEST
 
+#: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
+STATUS = "status.json"
+#: Stored column names before ``schema_version`` "2" -> the names the loaders return.
+RENAMED = {"values": "tensor_values", "shape": "tensor_shape"}
+#: Columns of a capture row and of a step row, for the empty frame of runs that wrote no such file.
+_CAPTURE_COLUMNS = ("step", "call", "hook", "layer", "phase", "kind", "slot", "tensor_shape", "dtype", "numel")
+_STEP_COLUMNS = ("step", "split", "loss", "wall_time_s", "captures")
 # numpy has no bfloat16: such tensors come back as float32.
 _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "int64": np.int64,
                  "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
@@ -44,13 +60,44 @@ def run_dirs(path: str | Path) -> list[Path]:
     return found
 
 
+def failed_jobs(path: str | Path) -> pd.DataFrame:
+    """Jobs at or under ``path`` that failed: ``job_dir``, ``overrides`` (one string) and ``error``.
+
+    A failed job leaves ``status.json`` with ``"status": "failed"`` and no manifest; its overrides
+    are read from the status file or, failing that, from Hydra's ``.hydra/overrides.yaml``.
+    """
+    rows = []
+    for status_file in sorted(Path(path).rglob(STATUS)):
+        job = status_file.parent
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, ValueError) as exc:
+            status = {"status": "failed", "error": f"unreadable {STATUS}: {exc}"}
+        if status.get("status") != "failed" or (job / MANIFEST).is_file():
+            continue
+        overrides = status.get("overrides")
+        if overrides is None and (job / ".hydra" / "overrides.yaml").is_file():
+            overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        rows.append({"job_dir": str(job), "overrides": " ".join(overrides or []),
+                     "error": str(status.get("error") or status.get("message") or "(no error recorded)")})
+    return pd.DataFrame(rows, columns=["job_dir", "overrides", "error"])
+
+
+def config_path(run_dir: str | Path) -> Path | None:
+    """The run's saved config: the resolved ``config.yaml``, else Hydra's ``.hydra/config.yaml``, else ``None``."""
+    for path in (Path(run_dir) / "config.yaml", Path(run_dir) / ".hydra" / "config.yaml"):
+        if path.is_file():
+            return path
+    return None
+
+
 def config_of(run_dir: Path) -> str | None:
     """The job's config as YAML, resolved where it can be; ``None`` when the run was not made by the CLI.
 
     Hydra saves the composed config (interpolations unresolved) in ``.hydra/config.yaml``.
     """
-    path = Path(run_dir) / ".hydra" / "config.yaml"
-    if not path.is_file():
+    path = config_path(run_dir)
+    if path is None:
         return None
     cfg = OmegaConf.load(path)
     try:
@@ -61,31 +108,101 @@ def config_of(run_dir: Path) -> str | None:
 
 def overrides_of(run_dir: Path) -> dict[str, Any]:
     """The job's Hydra overrides as ``{key: value}``, values parsed as YAML scalars where they are."""
-    manifest = json.loads((run_dir / MANIFEST).read_text())
+    manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
     out: dict[str, Any] = {}
     for item in manifest.get("overrides", []):
         key, _, raw = item.partition("=")
-        key = key.lstrip("+~")
-        try:
-            value = yaml.safe_load(raw) if raw else raw
-        except yaml.YAMLError:
-            value = raw
-        out[key] = value if np.isscalar(value) or value is None else raw
+        out[key.lstrip("+~")] = _value(raw)
     return out
 
 
-def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any) -> pd.DataFrame:
-    frames = []
-    for run_dir in run_dirs(path):
-        present = [c for c in columns if c in pq.read_schema(run_dir / name).names] if columns else None
-        table = pq.read_table(run_dir / name, columns=present, filters=filters)
-        df = table.to_pandas()
-        for key, value in overrides_of(run_dir).items():
-            if key not in df.columns:
-                df[key] = [value] * len(df)
-        df["run_dir"] = str(run_dir)
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True, sort=False)
+@functools.lru_cache(maxsize=4096)
+def _value(raw: str) -> Any:
+    """An override's value: a number as Hydra reads it (``1e-3`` too), another YAML scalar, or the raw text.
+
+    Cached, and numbers parsed without YAML, because a sweep of thousands of jobs repeats them.
+    """
+    for number in (int, float):
+        try:
+            return number(raw)
+        except ValueError:
+            pass
+    try:
+        value = yaml.safe_load(raw) if raw else raw
+    except yaml.YAMLError:
+        return raw
+    return value if np.isscalar(value) or value is None else raw
+
+
+def override_columns(df: pd.DataFrame) -> list[str]:
+    """The override columns the loaders attached to ``df`` (recorded in ``df.attrs["overrides"]``)."""
+    return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
+
+
+def _dataset(files: list[Path]) -> ds.Dataset:
+    """One dataset over ``files`` whose schema unifies every file's footer (read in parallel by Arrow)."""
+    factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
+    return factory.finish(factory.inspect(promote_options="permissive", fragments=None).remove_metadata())
+
+
+def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
+    """Per-row column from per-run ``values`` and each row's run index ``codes``.
+
+    Numbers (with ``None`` as NaN) stay numeric, so they compare and compute as numbers; anything
+    else is a categorical, one string per run rather than per row.
+    """
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) or v is None for v in values) \
+            and any(v is not None for v in values):
+        as_float = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        exact = all(isinstance(v, (int, np.integer)) for v in values)
+        return (as_float.astype(np.int64) if exact else as_float)[codes]
+    return _categorical(codes, values)
+
+
+def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
+    """Per-row categorical from per-run ``values`` and each row's run index ``codes`` (None -> missing)."""
+    categories = list(dict.fromkeys(v for v in values if v is not None))
+    try:
+        categories.sort()  # so that groupby and legends list 0.001, 0.01, 0.1
+    except TypeError:  # values of several types: first-seen order
+        pass
+    index = {v: i for i, v in enumerate(categories)}
+    per_run = np.array([index[v] if v is not None else -1 for v in values], dtype=np.int32)
+    try:
+        return pd.Categorical.from_codes(per_run[codes], categories=categories)
+    except (TypeError, ValueError):  # mixed types (1 and "a") that pandas cannot keep as one index
+        return pd.Categorical.from_codes(per_run[codes], categories=[str(c) for c in categories])
+
+
+def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any,
+          empty_columns: Sequence[str] = _CAPTURE_COLUMNS) -> pd.DataFrame:
+    runs = run_dirs(path)
+    have = [r for r in runs if (r / name).is_file()]
+    if not have:  # e.g. tensors.parquet of runs that kept no tensor
+        empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
+        return empty.assign(run_dir=pd.Categorical([]))
+    dataset = _dataset([r / name for r in have])
+    stored = dataset.schema.names
+    wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
+    expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
+    table = dataset.to_table(columns=[*(wanted if wanted is not None else stored), "__filename"], filter=expression)
+    for old, new in RENAMED.items():
+        if old in table.column_names:
+            merged = (pc.coalesce(table[new], table[old]) if new in table.column_names else table[old])
+            table = table.drop_columns([c for c in (old, new) if c in table.column_names]).append_column(new, merged)
+    files = table["__filename"].dictionary_encode().combine_chunks()
+    table = table.drop_columns("__filename")
+    df = table.to_pandas()
+    position = {str(r / name): i for i, r in enumerate(have)}
+    codes = np.array([position[f] for f in files.dictionary.to_pylist()], dtype=np.int64)[
+        files.indices.to_numpy(zero_copy_only=False)] if len(df) else np.zeros(0, dtype=np.int64)
+    overrides = [overrides_of(r) for r in have]
+    for key in dict.fromkeys(k for own in overrides for k in own):
+        if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
+            df[key] = _per_row(codes, [own.get(key) for own in overrides])
+    df["run_dir"] = _categorical(codes, [str(r) for r in have])
+    df.attrs["overrides"] = [k for k in dict.fromkeys(k for own in overrides for k in own) if k in df.columns]
+    return df
 
 
 def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
@@ -94,32 +211,41 @@ def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: 
     Args:
         path: a run directory or any directory above run directories (a sweep).
         columns: read only these parquet columns (override and ``run_dir`` columns are always added).
-        filters: pyarrow filters applied while reading, e.g. ``[("kind", "=", "param_grad")]``.
+        filters: pyarrow filters applied while reading, e.g. ``[("kind", "=", "param_grad")]``
+            (a list of tuples or a ``pyarrow.compute`` expression).
     """
     return _load(path, "stats.parquet", columns, filters)
 
 
 def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
-    """One row per step per run: ``loss``, ``wall_time_s`` and the number of captures.
+    """One row per step and split per run: ``split``, ``loss``, ``wall_time_s``, the number of captures.
+
+    Training runs interleave evaluation rows (``split == "eval"``) with the training steps
+    (``split == "train"``) at the same step numbers, so pivot one split at a time.
 
     Example (a sweep's loss curves, one column per job):
-        >>> load_steps(sweep).pivot(index="step", columns="run_dir", values="loss")
+        >>> steps = load_steps(sweep)
+        >>> train = steps[steps.split == "train"].pivot(index="step", columns="run_dir", values="loss")
+        >>> evals = steps[steps.split == "eval"].pivot(index="step", columns="run_dir", values="loss")
     """
-    return _load(path, "steps.parquet", columns, filters)
+    return _load(path, "steps.parquet", columns, filters, _STEP_COLUMNS)
 
 
 def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
     """Captured tensors with a ``tensor`` column of numpy arrays in their original shape and dtype.
 
-    ``values`` (the flat float32 list stored in parquet) is replaced by ``tensor``.
+    ``tensor_values`` (the flat float32 list stored in parquet) is replaced by ``tensor``. A run
+    that kept no tensor (no ``tensors.parquet``) gives an empty frame with the capture columns.
     """
-    wanted = None if columns is None else sorted({*columns, "values", "shape", "dtype"})
+    wanted = None if columns is None else sorted({*columns, "tensor_values", "tensor_shape", "dtype"})
     df = _load(path, "tensors.parquet", wanted, filters)
-    df["tensor"] = [
+    if "tensor_values" not in df.columns:
+        return df.assign(tensor=pd.Series([], dtype=object))
+    df["tensor"] = pd.Series([
         np.asarray(values, dtype=np.float32).reshape(shape).astype(_NUMPY_DTYPES.get(dtype, np.float32))
-        for values, shape, dtype in zip(df["values"], df["shape"], df["dtype"])
-    ]
-    return df.drop(columns="values")
+        for values, shape, dtype in zip(df["tensor_values"], df["tensor_shape"], df["dtype"])
+    ], index=df.index, dtype=object)
+    return df.drop(columns="tensor_values")
 
 
 #: Kinds that hold gradients (the rest hold activations).
@@ -129,6 +255,8 @@ GRADIENT_KINDS = ("grad_output", "grad_input", "param_grad")
 def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.DataFrame:
     """Rows of one ``kind`` at one step (default the first), in depth order, with ``label`` and ``abs_max``.
 
+    Training rows only, where the run has any: the eval passes (phase ``eval``) are left out.
+
     Depth order is forward call order; gradients arrive in backward from the last layer to the
     first, so rows recorded in phase ``backward`` are reversed. ``param_grad`` is read from the
     accumulated ``.grad`` (phase ``after_backward``) when the run recorded it. When several hooks
@@ -137,6 +265,8 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
     (``layer1.0.relu #1``), so each label is one line in a plot.
     """
     rows = stats[stats["kind"] == kind]
+    if (rows["phase"] != "eval").any():
+        rows = rows[rows["phase"] != "eval"]
     if rows.empty:
         return rows.assign(label=pd.Series(dtype=str), abs_max=pd.Series(dtype=float))
     step = int(rows["step"].min()) if step is None else step
@@ -171,7 +301,7 @@ def abnormal(stats: pd.DataFrame) -> pd.DataFrame:
     """
     keys = ["run_dir", "hook", "layer", "kind", "slot"]
     found = []
-    for key, group in stats.groupby(keys, sort=False):
+    for key, group in stats.groupby(keys, sort=False, observed=True):
         nan, inf = int(group["nan_count"].sum()), int(group["inf_count"].sum())
         n = len(group)
         if nan or inf:
@@ -194,7 +324,7 @@ def dead_units(tensors: pd.DataFrame) -> pd.DataFrame:
     keys = ["run_dir", "hook", "layer", "slot"]
     rows = tensors[tensors["kind"] == "output"]
     found = []
-    for key, group in rows.groupby(keys, sort=False):
+    for key, group in rows.groupby(keys, sort=False, observed=True):
         arrays = [t for t in group["tensor"] if t.ndim >= 2]
         if not arrays or any(t.min() < 0 for t in arrays) or len({t.shape[1] for t in arrays}) > 1:
             continue

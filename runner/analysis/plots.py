@@ -23,9 +23,8 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from hooks.errors import ConfigError, choice_error
-from runner.analysis.load import load_stats, load_tensors, per_layer
-from runner.analysis.gradcam import cam_layers, grad_cam
-from runner.store.outputs import STATS_SCHEMA, STEPS_SCHEMA
+from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
+from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, per_layer
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
@@ -52,49 +51,92 @@ def png_bytes(fig: Figure) -> bytes:
 def feature_maps(tensor: np.ndarray, title: str = "", channels: int = 64, ncols: int = 8) -> Figure:
     """Grid of the first ``channels`` feature maps of sample 0 of a ``[N, C, H, W]`` output.
 
-    The tutorials' 8x8 layout by default: a figure of ``ncols`` x ``ceil(n / ncols)`` one-inch
-    cells plus a 0.4-inch title band.
+    The tutorials' 8x8 layout by default: ``ncols`` x ``ceil(n / ncols)`` one-inch cells, each
+    labelled with its channel index, on one shared colour scale with its colour bar (0.8 inch to
+    the right), plus a 0.4-inch title band. The grid is one image (``mosaic``, maps separated by
+    blank gutters), which draws in a fraction of the time of one axes per channel.
     """
     if tensor.ndim != 4:
         raise ValueError(f"feature_maps needs a [N, C, H, W] tensor, got shape {list(tensor.shape)}")
-    maps = tensor[0, :channels]
+    maps = np.asarray(tensor[0, :channels], dtype=np.float32)
     nrows = math.ceil(len(maps) / ncols)
-    fig = Figure(figsize=(ncols, nrows + 0.4), layout="constrained")
-    fig.suptitle(f"{title}  (sample 0, channels 0-{len(maps) - 1} of {tensor.shape[1]})".strip())
-    for i, ax in enumerate(fig.subplots(nrows, ncols, squeeze=False).flat):
-        ax.set_axis_off()
-        if i < len(maps):
-            ax.imshow(maps[i], cmap="viridis", interpolation="nearest")
+    width, height = ncols + 0.8, nrows + 0.4
+    fig = Figure(figsize=(width, height))
+    fig.suptitle(f"{title}  (sample 0, channels 0-{len(maps) - 1} of {tensor.shape[1]})".strip(),
+                 y=1 - 0.08 / height, va="top")
+    ax = fig.add_axes((0.02 / width, 0.02 / height, ncols / width, nrows / height))
+    ax.set_axis_off()
+    grid, cell = mosaic(maps, ncols)
+    band, w = cell[0] - maps.shape[1], maps.shape[2]
+    finite = maps[np.isfinite(maps)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    shown = ax.imshow(grid, cmap="viridis", interpolation="nearest", vmin=lo, vmax=hi, aspect="auto")
+    for i in range(len(maps)):
+        row, col = divmod(i, ncols)
+        ax.text((col * cell[1] + w / 2) - 0.5, row * cell[0] + band / 2 - 0.5, f"ch {i}", fontsize=7,
+                ha="center", va="center")
+    bar = fig.add_axes(((ncols + 0.08) / width, 0.1 * nrows / height, 0.12 / width, 0.8 * nrows / height))
+    fig.colorbar(shown, cax=bar).set_label("activation", fontsize=8, labelpad=2)
+    bar.tick_params(labelsize=7)
     return fig
+
+
+def mosaic(maps: np.ndarray, ncols: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """``[C, H, W]`` maps tiled row by row into one ``float32`` image with NaN gutters; also the cell size.
+
+    Each cell is ``H * 1.3`` by ``W * 1.1`` pixels (the map at its bottom-left, a band above it for
+    the label, a gutter right of it), so map ``i`` starts at row ``(i // ncols) * cell_h + band``.
+    """
+    _, h, w = maps.shape
+    band, gutter = max(1, round(0.3 * h)), max(1, round(0.1 * w))
+    cell = (h + band, w + gutter)
+    nrows = math.ceil(len(maps) / ncols)
+    grid = np.full((nrows * cell[0], ncols * cell[1]), np.nan, dtype=np.float32)
+    for i, m in enumerate(maps):
+        row, col = divmod(i, ncols)
+        grid[row * cell[0] + band:row * cell[0] + band + h, col * cell[1]:col * cell[1] + w] = m
+    return grid, cell
 
 
 def gradient_flow(stats: pd.DataFrame, step: int | None = None, title: str = "") -> Figure:
     """Mean, std and abs-max of each recorded kind per layer, in depth order, for one run.
 
     One row of panels per kind (activations ``output``, gradients ``grad_output`` /
-    ``param_grad``, ...): the mean on a linear axis, std and abs-max on a log axis, where
-    vanishing or exploding gradients show as a slope across depth. 12 inches wide, 3.2 per row.
+    ``param_grad``, ...): the mean on a symmetric-log axis (signs show, values spanning decades
+    stay apart, and means below 1% of the median std are drawn linearly, as the noise they are),
+    std and abs-max on a log axis, where vanishing or exploding gradients show as a slope across
+    depth. Deep models are labelled by block (the
+    ticks mark where ``layer1.0``, ``layer1.1``, ... start). 12 inches wide, 3.2 per row.
+
+    Raises:
+        ValueError: the rows hold no activation or gradient statistics (e.g. ``hooks=none``).
     """
     if stats["run_dir"].nunique() > 1:
         raise ValueError("gradient_flow draws one run; filter by run_dir, or use compare_runs for a sweep")
     panels = [(kind, per_layer(stats, kind, step)) for kind in _KIND_ORDER if (stats["kind"] == kind).any()]
     if not panels:
-        raise ValueError("gradient_flow: no activation or gradient statistics in these rows")
+        raise ValueError("gradient_flow: the run recorded no activation or gradient statistics "
+                         "(record some with hooks=stats)")
     fig = Figure(figsize=(12, 3.2 * len(panels)), layout="constrained")
     fig.suptitle(title or "per-layer statistics across depth")
     axes = fig.subplots(len(panels), 2, squeeze=False)
     for (kind, rows), (ax_mean, ax_spread) in zip(panels, axes):
         x = np.arange(len(rows))
-        ax_mean.plot(x, rows["mean"], marker=".", color="tab:blue")
+        line = {"marker": ".", "markersize": 5 if len(rows) <= 40 else 2.5, "linewidth": 1}
+        ax_mean.plot(x, rows["mean"], color="tab:blue", **line)
         ax_mean.axhline(0, color="grey", linewidth=0.5)
-        ax_mean.set_ylabel(f"{kind}\nmean")
-        ax_spread.plot(x, rows["std"], marker=".", label="std")
-        ax_spread.plot(x, rows["abs_max"], marker=".", label="abs max")
+        spread = rows["std"][lambda v: (v > 0) & np.isfinite(v)]
+        if not spread.empty:
+            _symlog(ax_mean, 0.01 * float(spread.median()), rows["mean"])
+        ax_mean.set_ylabel(f"{kind}\nmean" + (" (symlog)" if ax_mean.get_yscale() == "symlog" else ""))
+        ax_spread.plot(x, rows["std"], label="std", **line)
+        ax_spread.plot(x, rows["abs_max"], label="abs max", **line)
         if (rows[["std", "abs_max"]] > 0).any().any():
             ax_spread.set_yscale("log")
+        ax_spread.set_ylabel(f"{kind}\nstd, abs max (log)")
         ax_spread.legend(fontsize="small")
         for ax in (ax_mean, ax_spread):
-            _layer_ticks(ax, rows["label"])
+            _depth_ticks(ax, rows["label"])
     return fig
 
 
@@ -102,95 +144,162 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
                  by: list[str] | None = None) -> Figure:
     """One statistic per layer with one line per run of a sweep (e.g. gradient norm per clip value).
 
-    Lines are labelled by ``by`` (columns of the frame), or by the override columns whose values
-    differ between runs. The y axis is logarithmic when every value is positive. 10 x 5 inches.
+    Parameter gradients get one panel per parameter kind (``weight`` kernels and matrices,
+    1-D ``weight`` vectors such as norm scales, ``bias`` vectors), so a line never alternates
+    between kinds of different scale. Lines are labelled by ``by`` (columns of the frame), or by
+    the override columns whose values differ between runs, and ordered and coloured by those
+    values. The y axis is logarithmic when every value is positive. 12 inches wide, 1 + 3.2 per panel.
     """
     rows = per_layer(stats, kind, step)
     if rows.empty:
         raise ValueError(f"compare_runs: no rows of kind '{kind}'; kinds present: {sorted(stats['kind'].unique())}")
     by = by or _varying_overrides(stats)
-    order = list(dict.fromkeys(rows["label"]))
-    fig = Figure(figsize=(10, 5), layout="constrained")
-    ax = fig.subplots()
-    for _, run in rows.groupby("run_dir", sort=False):
-        ax.plot([order.index(label) for label in run["label"]], run[stat], marker=".", label=_run_label(run, by))
-    if (rows[stat] > 0).all():
-        ax.set_yscale("log")
-    ax.set_ylabel(f"{kind} {stat}")
-    ax.set_title(f"{kind} {stat} per layer, one line per run")
-    ax.legend(fontsize="small")
-    _layer_ticks(ax, order)
+    if kind == "param_grad":
+        rows = rows.assign(panel=[f"{slot} gradients, " + ("kernels and matrices" if len(shape) > 1 else "vectors")
+                                  for slot, shape in zip(rows["slot"], rows["tensor_shape"])])
+        x_of = rows["layer"]
+    else:
+        rows = rows.assign(panel=f"{kind}")
+        x_of = rows["label"]
+    rows = rows.assign(x_name=x_of.to_numpy())
+    panels = list(dict.fromkeys(rows["panel"]))
+    fig = Figure(figsize=(12, 1 + 3.2 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    runs = _ordered_runs(rows, by)
+    colours = _colours(len(runs))
+    for ax, panel in zip(axes, panels):
+        mine = rows[rows["panel"] == panel]
+        order = list(dict.fromkeys(mine["x_name"]))
+        for colour, (label, run) in zip(colours, runs):
+            run = run[run["panel"] == panel]
+            ax.plot([order.index(n) for n in run["x_name"]], run[stat], marker=".", markersize=3, linewidth=1,
+                    color=colour, label=label)
+        if (mine[stat] > 0).all():
+            ax.set_yscale("log")
+        ax.set_ylabel(f"{stat}" + (" (log)" if ax.get_yscale() == "log" else ""))
+        ax.set_title(panel, fontsize="medium", loc="left")
+        _depth_ticks(ax, order, most=24)
+    fig.suptitle(f"{kind} {stat} per layer, one line per run")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small",
+               title=", ".join(by) if by else "run", title_fontsize="small")
     return fig
 
 
 def loss_curves(steps: pd.DataFrame, by: list[str] | None = None) -> Figure:
-    """The loss per step, one line per run (``load_steps``'s frame); labelled as in ``compare_runs``. 8 x 4 inches."""
+    """The loss per step, one colour per run (``load_steps``'s frame): train solid, eval dashed. 8 x 4 inches."""
     by = by or _varying_overrides(steps)
     fig = Figure(figsize=(8, 4), layout="constrained")
     ax = fig.subplots()
-    for _, run in steps.groupby("run_dir", sort=False):
-        ax.plot(run["step"], run["loss"], marker=".", label=_run_label(run, by))
+    has_split = "split" in steps.columns
+    runs = _ordered_runs(steps, by)
+    for colour, (label, run) in zip(_colours(len(runs)), runs):
+        for split, style in (("train", "-"), ("eval", "--")):
+            part = run[run["split"] == split] if has_split else (run if split == "train" else run.iloc[:0])
+            if not part.empty:
+                ax.plot(part["step"], part["loss"], style, marker=".", markersize=3, color=colour,
+                        label=f"{label} ({split})" if has_split and (steps["split"] == "eval").any() else label)
+    positive = steps["loss"].dropna()
+    if len(positive) and (positive > 0).all() and positive.max() / positive.min() > 100:
+        ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("loss" + (" (log)" if ax.get_yscale() == "log" else ""))
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     return fig
 
 
 def grad_cam_overlay(image: np.ndarray, cam: np.ndarray, title: str = "") -> Figure:
-    """The input image ``[H, W, 3]`` (values in [0, 1]), its Grad-CAM map ``[H, W]`` and both overlaid."""
-    fig = Figure(figsize=(9, 3.4), layout="constrained")
+    """The input image ``[H, W, 3]`` (values in [0, 1]), its Grad-CAM map ``[H, W]`` and both overlaid, with a colour bar.
+
+    ``image`` may be ``None`` when the run stored no input: the map is drawn alone and the
+    panels say so. 10 x 3.6 inches.
+    """
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
     fig.suptitle(title or "Grad-CAM")
     ax_img, ax_cam, ax_both = fig.subplots(1, 3)
-    ax_img.imshow(image)
-    ax_img.set_title("input")
-    ax_cam.imshow(cam, cmap="jet", vmin=0, vmax=1)
+    for ax, name in ((ax_img, "input"), (ax_both, "overlay")):
+        if image is None:
+            ax.text(0.5, 0.5, "the run stored\nno model input", ha="center", va="center", transform=ax.transAxes)
+        else:
+            ax.imshow(image)
+        ax.set_title(name)
+    shown = ax_cam.imshow(cam, cmap="jet", vmin=0, vmax=1)
     ax_cam.set_title("class activation map")
-    ax_both.imshow(image)
-    ax_both.imshow(cam, cmap="jet", vmin=0, vmax=1, alpha=0.45)
-    ax_both.set_title("overlay")
+    if image is not None:
+        ax_both.imshow(cam, cmap="jet", vmin=0, vmax=1, alpha=0.45)
     for ax in (ax_img, ax_cam, ax_both):
         ax.set_axis_off()
+    fig.colorbar(shown, ax=[ax_cam, ax_both], shrink=0.85, label="relevance (scaled to [0, 1])")
     return fig
 
 
-def _layer_ticks(ax, labels) -> None:
+def _symlog(ax, linthresh: float, values: pd.Series) -> None:
+    """A symmetric-log y axis, linear within ``linthresh``, ticked at 0 and at the whole decades beyond it."""
+    ax.set_yscale("symlog", linthresh=linthresh, linscale=1.5)
+    finite = values[np.isfinite(values)]
+    low, high = min(float(finite.min()), 0.0), max(float(finite.max()), 0.0)
+    first = math.floor(math.log10(linthresh)) + 1
+    last = math.ceil(math.log10(max(-low, high, linthresh)))
+    decades = [10.0 ** k for k in range(first, last + 1)]
+    ax.set_yticks([-d for d in reversed(decades) if -d >= 2 * low] + [0.0] + [d for d in decades if d <= 2 * high])
+
+
+def block_of(label: str) -> str:
+    """The block a layer label belongs to: up to its first numeric part (``layer1.0``), else its first part."""
+    parts = label.split(" #")[0].split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return parts[0]
+
+
+def _depth_ticks(ax, labels, most: int = 40) -> None:
+    """Every label as a tick when there are few; else one tick where each block starts, with a thin divider."""
     labels = list(labels)
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=max(4, min(8, 480 / max(len(labels), 1))))
-    ax.grid(True, alpha=0.3)
+    ax.set_xlim(-0.5, max(len(labels), 1) - 0.5)
+    ax.grid(True, axis="y", alpha=0.3)
+    if len(labels) <= most:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+        return
+    blocks = [block_of(label) for label in labels]
+    starts, gap = [], len(labels) / most  # a block starting too close to the last tick shares it
+    for i, block in enumerate(blocks):
+        if (i == 0 or block != blocks[i - 1]) and (not starts or i - starts[-1] >= gap):
+            starts.append(i)
+    ax.set_xticks(starts, [blocks[i] for i in starts], rotation=90, fontsize=7)
+    for i in starts[1:]:
+        ax.axvline(i - 0.5, color="grey", linewidth=0.4, alpha=0.5)
+    ax.set_xlabel(f"depth: {len(labels)} layers, ticks where each block starts", fontsize=8)
 
 
-def _run_label(run: pd.DataFrame, by: list[str]) -> str:
-    first = run.iloc[0]
-    return ", ".join(f"{c}={first[c]}" for c in by) if by else Path(first["run_dir"]).name
+def _ordered_runs(rows: pd.DataFrame, by: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """``(label, rows)`` per run, sorted by the values of ``by`` (numbers as numbers)."""
+    runs = [(run.iloc[0], run) for _, run in rows.groupby("run_dir", sort=False, observed=True)]
+    if by:
+        runs.sort(key=lambda item: tuple(_sort_key(item[0][c]) for c in by))
+    return [(_run_label(first, by), run) for first, run in runs]
 
 
-def _varying_overrides(stats: pd.DataFrame) -> list[str]:
-    known = set(STATS_SCHEMA.names) | set(STEPS_SCHEMA.names) | {"run_dir", "label", "abs_max", "job"}
-    per_run = stats.drop_duplicates("run_dir")
-    return [c for c in stats.columns if c not in known and per_run[c].astype(str).nunique() > 1]
+def _sort_key(value) -> tuple:
+    return (0, float(value), "") if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
+        else (1, 0.0, str(value))
 
 
-def display_images(cfg: DictConfig, step: int = 0) -> np.ndarray:
-    """The model input of ``step`` as ``[N, H, W, 3]`` in [0, 1], rebuilt from the run's config.
+def _colours(n: int) -> list:
+    from matplotlib import colormaps
 
-    Inputs normalised with ``data.mean``/``data.std`` (``data=image``) are un-normalised; other
-    inputs are scaled by their own minimum and maximum.
-    """
-    import torch
+    return [colormaps["tab10"](i) for i in range(n)] if n <= 10 else \
+        [colormaps["viridis"](i / max(n - 1, 1)) for i in range(n)]
 
-    from runner.sources.data import DataSource
 
-    source = DataSource(cfg.data, cfg.model).batches(int(cfg.seed), torch.device("cpu"))
-    for _ in range(step + 1):
-        x = next(source).x.detach()
-    if x.dim() != 4 or x.shape[1] != 3:
-        raise ValueError(f"the model input has shape {list(x.shape)}, not [N, 3, H, W]: no image to overlay")
-    if cfg.data.get("mean") is not None and cfg.data.get("std") is not None:
-        x = x * torch.tensor(list(cfg.data.std)).view(1, 3, 1, 1) + torch.tensor(list(cfg.data.mean)).view(1, 3, 1, 1)
-    else:
-        x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
-    return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+def _run_label(first: pd.Series, by: list[str]) -> str:
+    return ", ".join(f"{c}={first[c]}" for c in by) if by else Path(str(first["run_dir"])).name
+
+
+def _varying_overrides(frame: pd.DataFrame) -> list[str]:
+    per_run = frame.drop_duplicates("run_dir")
+    return [c for c in override_columns(frame) if per_run[c].astype(str).nunique() > 1]
 
 
 def check_plots(cfg: DictConfig) -> list[str]:
@@ -213,21 +322,36 @@ def check_plots(cfg: DictConfig) -> list[str]:
     return names
 
 
+def run_config(run_dir: str | Path) -> DictConfig | None:
+    """The config saved in the run directory (``config.yaml``, else ``.hydra/config.yaml``), or ``None``."""
+    from omegaconf import OmegaConf
+
+    path = config_path(run_dir)
+    return None if path is None else OmegaConf.load(path)
+
+
 def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
                 step: int = 0) -> tuple[list[tuple[str, Figure]], list[str]]:
     """Draw the pictures ``names`` of one run: ``([(file name, figure)], [why something was not drawn])``.
 
-    ``feature_maps`` and ``grad_cam`` draw one picture per captured 4-D layer (first call of
-    ``step``); ``grad_cam`` needs ``cfg`` to rebuild the input image it overlays.
+    Everything is read from the run directory: statistics, kept tensors, the model input the run
+    stored for Grad-CAM and the config saved beside them (``cfg`` stands in only where the
+    directory has none yet). ``feature_maps`` and ``grad_cam`` draw one picture per captured 4-D
+    layer (first call of ``step``). A picture the run's data cannot give is a note, never an error.
     """
     figures, notes = [], []
+    cfg = run_config(run_dir) or cfg
     if "gradient_flow" in names:
-        figures.append(("gradient_flow.png", gradient_flow(load_stats(run_dir), title=f"{Path(run_dir).name}: "
-                                                           "per-layer statistics across depth")))
+        stats = load_stats(run_dir, filters=[("phase", "!=", "eval")])
+        try:
+            figures.append(("gradient_flow.png", gradient_flow(stats, title=f"{Path(run_dir).name}: "
+                                                               "per-layer statistics across depth")))
+        except ValueError as exc:
+            notes.append(str(exc))
     if "feature_maps" not in names and "grad_cam" not in names:
         return figures, notes
     tensors = load_tensors(run_dir, filters=[("step", "=", step), ("call", "=", 0),
-                                             ("kind", "in", ["output", "grad_output"])])
+                                             ("kind", "in", ["output", "grad_output", "model_input"])])
     if "feature_maps" in names:
         outputs = tensors[(tensors["kind"] == "output") & (tensors["tensor"].map(np.ndim) == 4)]
         for layer, row in outputs.drop_duplicates("layer").set_index("layer").iterrows():
@@ -235,23 +359,30 @@ def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
         if outputs.empty:
             notes.append(f"feature_maps: no kept 4-D output at step {step}")
     if "grad_cam" in names:
-        layers = cam_layers(tensors)
-        if not layers:
-            notes.append(f"grad_cam: no layer with a kept 4-D output and output gradient at step {step}")
-        elif cfg is None:
-            notes.append("grad_cam: the run's config (.hydra/config.yaml) is missing, so its input image is unknown")
-        else:
-            try:
-                images = display_images(cfg, step)
-            except ValueError as exc:  # also ConfigError: e.g. the image file is not where the run read it
-                notes.append(f"grad_cam: {exc}")
-                layers = []
-            for hook, layer in layers:
-                rows = tensors[(tensors["hook"] == hook) & (tensors["layer"] == layer)].set_index("kind")["tensor"]
-                cams = grad_cam(rows["output"], rows["grad_output"], images.shape[1:3])
-                figures.append((f"grad_cam_{_file_part(layer)}.png",
-                                grad_cam_overlay(images[0], cams[0], title=f"Grad-CAM of {layer} (sample 0)")))
+        figures += _grad_cam_figures(tensors, cfg, step, notes)
     return figures, notes
+
+
+def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int,
+                      notes: list[str]) -> list[tuple[str, Figure]]:
+    layers = cam_layers(tensors)
+    if not layers:
+        notes.append(f"grad_cam: no layer with a kept 4-D output and output gradient at step {step}")
+        return []
+    try:
+        images = model_input_images(tensors, cfg, step)
+    except ValueError:  # the picture says the input is missing; the map itself is all there
+        images = None
+    explained = explained_class(cfg)
+    figures = []
+    for hook, layer in layers:
+        rows = tensors[(tensors["hook"] == hook) & (tensors["layer"] == layer)].set_index("kind")["tensor"]
+        size = images.shape[1:3] if images is not None else rows["output"].shape[2:]
+        cams = grad_cam(rows["output"], rows["grad_output"], size)
+        figures.append((f"grad_cam_{_file_part(layer)}.png", grad_cam_overlay(
+            None if images is None else images[0], cams[0],
+            title=f"Grad-CAM of {layer} for {explained} (sample 0, step {step})")))
+    return figures
 
 
 def write_plots(run_dir: str | Path, cfg: DictConfig) -> list[Path]:

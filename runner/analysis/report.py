@@ -1,10 +1,12 @@
 """``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep.
 
-The page holds the jobs and their overrides, each job's resolved config, a table of every
-recorded layer and statistic, what looks abnormal (NaN/Inf, gradients that are exactly zero,
-activations that are zero everywhere, dead units of non-negative outputs) and the pictures of
-``runner.plots`` embedded as PNG data URIs: no file beside it and nothing fetched when it is
-opened. It is written to ``PATH/report.html`` (or ``--out``) and its path is printed.
+The page holds the jobs and their overrides with a train/eval summary, the jobs of a sweep that
+failed, each job's resolved config, a table of every recorded layer and statistic, what looks
+abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero everywhere, dead
+units of non-negative outputs) and the pictures of ``runner.plots`` embedded as PNG data URIs: no
+file beside it and nothing fetched when it is opened. Any complete run or sweep gives a page,
+whatever it recorded: a section or picture the data cannot give is one line saying why. It is
+written to ``PATH/report.html`` (or ``--out``) and its path is printed.
 """
 from __future__ import annotations
 
@@ -15,15 +17,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from runner.analysis import plots
-from runner.analysis.load import abnormal, config_of, dead_units, load_stats, load_steps, load_tensors, overrides_of, run_dirs
+from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
+                                  load_tensors, overrides_of, run_dirs)
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order.
-SECTIONS = {"jobs": "Jobs and overrides", "config": "Resolved config", "layers": "Recorded layers and statistics",
-            "abnormal": "Abnormalities", "pictures": "Pictures"}
+SECTIONS = {"jobs": "Jobs and overrides", "failed": "Failed jobs", "config": "Resolved config",
+            "layers": "Recorded layers and statistics", "abnormal": "Abnormalities", "pictures": "Pictures"}
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
@@ -34,12 +36,13 @@ def render(path: str | Path) -> str:
     """The report of the run or sweep at ``path`` as an HTML string."""
     path = Path(path)
     runs = run_dirs(path)
+    job = job_names(path, runs)
     stats = load_stats(path)
-    job = {str(r): (str(r.relative_to(path)) if r != path else r.name) for r in runs}
-    stats.insert(0, "job", stats["run_dir"].map(job))
+    stats.insert(0, "job", stats["run_dir"].astype(str).map(job))
     steps = load_steps(path)
     body = {
         "jobs": _jobs(runs, job, steps),
+        "failed": _failed(path),
         "config": _configs(runs, job),
         "layers": _layers(stats),
         "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
@@ -60,21 +63,70 @@ def write_report(path: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
+def job_names(path: Path, runs: list[Path]) -> dict[str, str]:
+    """Each run's name on the page: its directory under ``path`` and, in a sweep, the overrides only it has."""
+    overrides = {r: [f"{k}={v}" for k, v in overrides_of(r).items()] for r in runs}
+    common = set.intersection(*(set(o) for o in overrides.values())) if len(runs) > 1 else set()
+    names = {}
+    for r in runs:
+        where = str(r.relative_to(path)) if r != path else r.name
+        own = " ".join(o for o in overrides[r] if o not in common)
+        names[str(r)] = f"{where}: {own}" if own else where
+    return names
+
+
 def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _last(frame: pd.DataFrame, column: str) -> float:
+    values = frame[column].dropna() if column in frame.columns else ()
+    return float(values.iloc[-1]) if len(values) else float("nan")
+
+
+def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
+    """Per run, train and eval kept apart: ``train steps``, ``last train loss``, ``last eval loss`` (when any
+    run evaluated), ``last train accuracy``/``last eval accuracy`` (when ``steps.parquet`` has ``accuracy``)
+    and ``train wall time s``; indexed by ``run_dir``."""
+    split = steps["split"].astype(str) if "split" in steps.columns else pd.Series("train", index=steps.index)
+    has_eval, has_accuracy = bool((split == "eval").any()), "accuracy" in steps.columns
+    rows = []
+    for r in runs:
+        mine = steps["run_dir"].astype(str) == str(r)
+        train, evals = steps[mine & (split == "train")], steps[mine & (split == "eval")]
+        row = {"run_dir": str(r), "train steps": len(train), "last train loss": _last(train, "loss")}
+        if has_eval:
+            row["last eval loss"] = _last(evals, "loss")
+        if has_accuracy:
+            row["last train accuracy"] = _last(train, "accuracy")
+            if has_eval:
+                row["last eval accuracy"] = _last(evals, "accuracy")
+        row["train wall time s"] = float(train["wall_time_s"].sum())
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("run_dir")
 
 
 def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:
     overrides = {r: [f"{k}={v}" for k, v in overrides_of(r).items()] for r in runs}
     common = [o for o in overrides[runs[0]] if all(o in own for own in overrides.values())] if len(runs) > 1 else []
-    rows = []
-    for r in runs:
-        mine = steps[steps["run_dir"] == str(r)]
-        rows.append({"job": job[str(r)], "overrides": " ".join(o for o in overrides[r] if o not in common) or "(none)",
-                     "steps": len(mine), "last loss": mine["loss"].iloc[-1] if len(mine) else float("nan"),
-                     "wall time s": mine["wall_time_s"].sum()})
+    summary = job_summary(steps, runs)
+    table = pd.DataFrame({"job": [job[str(r)].partition(": ")[0] for r in runs],  # the overrides follow
+                          "overrides": [" ".join(o for o in overrides[r] if o not in common) or "(none)" for r in runs]})
+    table = pd.concat([table, summary.reset_index(drop=True)], axis=1)
     shared = f"<p>Common to every job: <code>{html.escape(' '.join(common))}</code></p>\n" if common else ""
-    return shared + _table(pd.DataFrame(rows))
+    return shared + _table(table)
+
+
+def _failed(path: Path) -> str:
+    failed = failed_jobs(path)
+    if failed.empty:
+        return '<p class="ok">No job failed.</p>'
+    shown = failed.assign(job_dir=[str(Path(j).relative_to(path)) for j in failed["job_dir"]])
+    return f'<p class="bad">{len(failed)} job(s) failed and wrote no data.</p>\n' + _table(shown)
 
 
 def _configs(runs, job: dict[str, str]) -> str:
@@ -83,22 +135,27 @@ def _configs(runs, job: dict[str, str]) -> str:
         text = config_of(r)
         shown = (f"<pre>{html.escape(text)}</pre>" if text is not None else
                  '<p class="note">not recorded: the run was not made by <code>python -m runner</code> '
-                 "(no <code>.hydra/config.yaml</code>)</p>")
+                 "(no <code>config.yaml</code> or <code>.hydra/config.yaml</code>)</p>")
         parts.append(f"<details{' open' if i == 0 else ''}><summary>{html.escape(job[str(r)])}</summary>{shown}</details>")
     return "\n".join(parts)
 
 
 def _layers(stats: pd.DataFrame) -> str:
+    if stats.empty:
+        return _note("Left out: no run recorded statistics (hooks=none, or only hooks that keep tensors); "
+                     "add hooks=stats to record them.")
     keys = ["job", "hook", "layer", "phase", "kind", "slot"]
-    table = stats.groupby(keys, sort=False).agg(
-        captures=("step", "size"), steps=("step", "nunique"), shape=("shape", lambda s: "x".join(str(int(d)) for d in s.iloc[0])),
+    table = stats.groupby(keys, sort=False, observed=True).agg(
+        captures=("step", "size"), steps=("step", "nunique"),
+        shape=("tensor_shape", lambda s: "x".join(str(int(d)) for d in s.iloc[0])),
         mean=("mean", "mean"), std=("std", "mean"), min=("min", "min"), max=("max", "max"),
         l2=("l2", "mean"), zero_frac=("zero_frac", "mean"), nan=("nan_count", "sum"), inf=("inf_count", "sum"),
     ).reset_index()
     if table["job"].nunique() == 1:
         table = table.drop(columns="job")
-    return ("<p>One row per hook, layer, phase, kind and slot; mean, std, l2 and zero_frac are averaged "
-            "over calls and steps, min and max taken over them.</p>\n" + _table(table))
+    return ("<p>One row per hook, layer, phase, kind and slot (phase <code>eval</code>: the eval passes of a "
+            "training run); mean, std, l2 and zero_frac are averaged over calls and steps, min and max taken "
+            "over them.</p>\n" + _table(table))
 
 
 def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str:
@@ -108,13 +165,16 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
     checked = ("Checked: NaN and Inf counts of every capture; gradients that are exactly 0 in every capture; "
                "activations that are 0 everywhere; dead units (channels or features that are 0 for every "
                f"sample) among the {len(units)} kept non-negative outputs.")
+    if stats.empty and outputs.empty:
+        return _note("Left out: no run recorded statistics or kept an output, so there is nothing to check.")
     if found.empty and dead.empty:
         return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
     parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']
     if not found.empty:
-        parts.append(_table(found.assign(run_dir=found["run_dir"].map(job)).rename(columns={"run_dir": "job"})))
+        parts.append(_table(found.assign(run_dir=found["run_dir"].astype(str).map(job))
+                            .rename(columns={"run_dir": "job"})))
     if not dead.empty:
-        parts.append("<h3>Dead units</h3>" + _table(dead.assign(run_dir=dead["run_dir"].map(job))
+        parts.append("<h3>Dead units</h3>" + _table(dead.assign(run_dir=dead["run_dir"].astype(str).map(job))
                                                     .rename(columns={"run_dir": "job"})))
     return "\n".join(parts) + f'<p class="note">{checked}</p>'
 
@@ -124,23 +184,26 @@ def _img(fig, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
-def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame) -> str:
+def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     parts = []
-    if len(runs) > 1:
-        kinds = [k for k in ("param_grad", "grad_output", "output") if (stats["kind"] == k).any()]
-        if kinds:
-            stat = "l2"
-            parts.append(f"<h3>Sweep: {kinds[0]} {stat} per layer</h3>"
-                         + _img(plots.compare_runs(stats, stat=stat, kind=kinds[0]), f"{kinds[0]} {stat} per run"))
-        if steps["step"].nunique() > 1:
-            parts.append("<h3>Loss per step</h3>" + _img(plots.loss_curves(steps), "loss per step per run"))
+    kinds = [k for k in ("param_grad", "grad_output", "output") if (stats["kind"] == k).any()]
+    if kinds:
+        parts.append(f"<h3>Sweep: {kinds[0]} l2 per layer</h3>"
+                     + _img(plots.compare_runs(stats, stat="l2", kind=kinds[0]), f"{kinds[0]} l2 per run"))
+    else:
+        parts.append(_note("Sweep comparison left out: no job recorded activation or gradient statistics."))
+    if steps["step"].nunique() > 1 and steps["loss"].notna().any():
+        parts.append("<h3>Loss per step</h3>" + _img(plots.loss_curves(steps), "loss per step per run"))
+    return parts
+
+
+def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame) -> str:
+    parts = _sweep_pictures(stats, steps) if len(runs) > 1 else []
     for r in runs:
-        text = config_of(r)
-        cfg = OmegaConf.create(text) if text is not None else None
-        figures, notes = plots.run_figures(r, plots.PLOTS, cfg)
+        figures, notes = plots.run_figures(r, plots.PLOTS)
         parts.append(f"<h3>{html.escape(job[str(r)])}</h3>")
         parts += [_img(fig, name) for name, fig in figures]
-        parts += [f'<p class="note">not drawn: {html.escape(n)}</p>' for n in notes]
+        parts += [_note(f"not drawn: {n}") for n in notes]
     return "\n".join(parts)
 
 

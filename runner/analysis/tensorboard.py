@@ -2,10 +2,12 @@
 
 ``python -m runner.tensorboard_export PATH`` (a run or a sweep) writes, for every run, a
 ``tensorboard/`` directory next to its parquet files; ``tensorboard --logdir PATH`` then shows a
-sweep's runs side by side. Per step it holds:
+sweep's runs side by side. Per step it holds, under ``train/`` and, for the eval passes of a
+training run (``split == "eval"`` in ``steps.parquet``, phase ``eval`` in the captures), ``eval/``:
 
-* scalars ``HOOK/KIND/LABEL/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``) and ``loss``;
-* histograms ``HOOK/KIND/LABEL`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
+* scalars ``SPLIT/loss`` (and ``SPLIT/accuracy`` where the run has it) and
+  ``SPLIT/HOOK/KIND/LABEL/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``);
+* histograms ``SPLIT/HOOK/KIND/LABEL`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
 
 ``LABEL`` is the layer as ``runner.analysis.per_layer`` names it (``fc.bias``, ``relu #1``).
 Events are written with ``torch.utils.tensorboard`` (the ``tensorboard`` package, offline).
@@ -13,8 +15,9 @@ Events are written with ``torch.utils.tensorboard`` (the ``tensorboard`` package
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
+
+import pandas as pd
 
 from runner.analysis.load import label_of, load_stats, load_steps, load_tensors, run_dirs
 
@@ -22,10 +25,13 @@ from runner.analysis.load import label_of, load_stats, load_steps, load_tensors,
 SCALAR_STATS = ("mean", "std", "abs_mean", "l2", "zero_frac")
 #: Sub-directory of a run directory that holds its event files.
 EVENTS_DIR = "tensorboard"
+#: Step metrics written as ``SPLIT/NAME`` scalars where ``steps.parquet`` has them.
+STEP_METRICS = ("loss", "accuracy")
 
 
 def _tag(row) -> str:
-    return f"{row.hook}/{row.kind}/{label_of(row.layer, row.kind, row.slot, row.call)}"
+    split = "eval" if row.phase == "eval" else "train"
+    return f"{split}/{row.hook}/{row.kind}/{label_of(row.layer, row.kind, row.slot, row.call)}"
 
 
 def export_run(run_dir: str | Path) -> Path:
@@ -42,9 +48,11 @@ def export_run(run_dir: str | Path) -> Path:
     stats = load_stats(run_dir)
     tensors = load_tensors(run_dir)
     with SummaryWriter(log_dir=str(out)) as writer:
-        for row in load_steps(run_dir).itertuples():
-            if not math.isnan(row.loss):
-                writer.add_scalar("loss", row.loss, row.step)
+        steps = load_steps(run_dir)
+        for metric in (m for m in STEP_METRICS if m in steps.columns):
+            for step, split, value in zip(steps["step"], steps["split"], steps[metric]):
+                if not pd.isna(value):
+                    writer.add_scalar(f"{split}/{metric}", float(value), int(step))
         for row in stats.itertuples():
             tag = _tag(row)
             for stat in SCALAR_STATS:

@@ -29,7 +29,9 @@ MANIFEST = "manifest.json"
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 #: The data files a run may commit; their final names are the runner's alone.
-DATA_FILES = ("stats.parquet", "tensors.parquet", "steps.parquet")
+#: The resolved config a run was made with, committed beside its data.
+CONFIG = "config.yaml"
+DATA_FILES = ("stats.parquet", "tensors.parquet", "steps.parquet", CONFIG)
 
 
 def tmp_path(path: Path) -> Path:

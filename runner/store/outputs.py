@@ -29,7 +29,7 @@ from hooks import records
 from hooks.records import SCHEMA_VERSION, STAT_COLUMNS, StepCaptures
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
-from runner.store.commit import MANIFEST, TMP_MARK, commit, recover, tmp_path
+from runner.store.commit import CONFIG, MANIFEST, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEPS_SCHEMA", "TENSORS_SCHEMA",
@@ -153,6 +153,7 @@ class RunOutputs:
             raise ValueError(f"extra manifest keys {clashes} would replace the manifest's own")
         self.row_group_bytes = row_group_bytes
         self.overwrite = overwrite
+        self.config_yaml = config_yaml
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.overrides = list(overrides)
         self.extra = dict(extra or {})
@@ -205,6 +206,7 @@ class RunOutputs:
                 continue
             files[name] = {"rows": sink.rows, "bytes": sink.finish()}
             temps[name] = sink.tmp
+        temps[CONFIG] = self._durable_config()
         commit(self.out_dir, temps, {
             "complete": True,
             "schema_version": SCHEMA_VERSION,
@@ -216,6 +218,17 @@ class RunOutputs:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **self.extra,
         })
+
+    def _durable_config(self) -> Path:
+        """The run's resolved config, fsynced under a temporary name: committed with the data files, so
+        that a run made outside Hydra (or moved away from its ``.hydra/``) still says how it was made."""
+        tmp = tmp_path(self.out_dir / CONFIG)
+        with naming(tmp):
+            with open(tmp, "w") as f:
+                f.write(self.config_yaml)
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
 
     def _abandon(self) -> None:
         """After a failure: drop the temporary files and undo an unfinished commit (never a finished one).
