@@ -10,6 +10,7 @@ Complex tensors are not reduced here: the recorder records their real and imagin
 """
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -124,6 +125,9 @@ def compiled_reductions():
     """
     global _compiled
     if _compiled is None:
+        # A CUDA build on a machine without the CUDA runtime logs "No CUDA runtime is found" when the
+        # compiler loads its C++ helpers: true, and irrelevant to a CPU kernel, and not the user's concern.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         try:
             # One CPU thread: the compiled kernel's OpenMP pool is not PyTorch's, and two pools
             # spinning on the same cores made a 32k-element reduction 200x slower (26 ms).

@@ -6,11 +6,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runner.cli.commandline import check_command_line, take_plan
+from runner.cli.commandline import CONF_DIR, check_command_line, take_plan
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),

@@ -40,3 +40,27 @@ def test_plan_reports_a_bad_selector_with_suggestions_and_exits_2(capsys, tmp_pa
     out, err = capsys.readouterr()
     assert err.startswith("error: hooks.extract.layers: 'fcc' matches no module; did you mean 'fc'")
     assert "  fc                               Linear               [1, 5]" in out  # the names to choose from
+
+
+def test_one_cli_run_builds_its_hooks_data_and_rehearsal_once(monkeypatch, tmp_path):
+    """The command-line check compiles the plan; Hydra's job runs that plan, it does not compile again."""
+    import sys
+
+    import runner.__main__ as main
+    import runner.engine.plan as plan_module
+
+    counts = {"build_hooks": 0, "rehearse": 0, "DataSource": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    for name in counts:
+        monkeypatch.setattr(plan_module, name, counted(name, getattr(plan_module, name)))
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["runner", "model=convnet", "hooks=[stats,clip]", f"hydra.run.dir={out}"])
+    main.main()
+    assert counts == {"build_hooks": 1, "rehearse": 1, "DataSource": 1}
+    assert (out / "manifest.json").exists()
