@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
@@ -194,3 +195,24 @@ def fault(tmp_path, watch, capsys):
         return Outcome(exit_.value.code, stderr)
 
     return _run
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a tmpfs with the given options under tmp_path (root only); unmounted after the test."""
+    mounted = []
+
+    def _mount(options: str) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): "
+                        f"a read-only or full file system cannot be made without it")
+        mounted.append(where)
+        return where
+
+    yield _mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)

@@ -11,7 +11,7 @@ import torch
 import torchvision
 from torch import nn
 
-from conftest import hook_count, make_config, run, seeded_batch, stats_of
+from conftest import hook_count, seeded_batch, stats_of
 from hooks import HookSession, build_hooks
 from hooks.backward import FullBackward
 from hooks.errors import ConfigError

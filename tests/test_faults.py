@@ -8,7 +8,6 @@ left. Signals go to the real CLI in a subprocess, by pid.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,10 +16,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from conftest import assert_no_partial_output, make_config, run
+from hooks.errors import ConfigError
 from hooks.recorder import Recorder
 from runner.cli.execute import execute
+from runner.sources.models import ConvNet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -203,27 +205,6 @@ def test_complete_run_is_not_overwritten_unless_asked(capsys, tmp_path, watch):
     assert pq.read_metadata(out / "stats.parquet").num_rows == 8
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a tmpfs with the given options under tmp_path (root only); unmounted after the test."""
-    mounted = []
-
-    def _mount(options: str) -> Path:
-        where = tmp_path / f"mnt{len(mounted)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): "
-                        f"a read-only or full file system cannot be made without it")
-        mounted.append(where)
-        return where
-
-    yield _mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
-
-
 def test_read_only_output_directory_fails_before_the_model_is_built(fault, tmpfs):
     ro = tmpfs("ro,size=64k")
     outcome = fault("hooks=stats", out=ro / "out")
@@ -341,3 +322,56 @@ def test_cli_refuses_a_complete_run_before_hydra_touches_its_directory(tmp_path)
         f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
         f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "model.checkpoint: cannot read '{path}' as a weights-only state_dict"),
+    (b"not a zip file at all", "model.checkpoint: cannot read '{path}' as a weights-only state_dict"),
+    ("truncated", "model.checkpoint: cannot read '{path}' as a weights-only state_dict"),
+    ("tensor", "model.checkpoint: '{path}' holds a Tensor, not a state_dict"),
+], ids=["empty", "corrupt", "truncated", "wrong type"])
+def test_a_bad_checkpoint_is_one_line(fault, tmp_path, content, message):
+    path = tmp_path / "weights.pt"
+    if content == "truncated":
+        torch.save(ConvNet().state_dict(), path)
+        path.write_bytes(path.read_bytes()[:200])
+    elif content == "tensor":
+        torch.save(torch.zeros(3), path)
+    else:
+        path.write_bytes(content)
+    outcome = fault(f"model.checkpoint={path}", out=tmp_path / "out")
+    assert outcome.code == 2
+    assert outcome.stderr.startswith("error: " + message.format(path=path))
+
+
+def test_offload_disk_into_a_missing_directory_is_one_line(fault, tmp_path):
+    outcome = fault("hooks=offload", "hooks.offload.mode=offload_disk", f"hooks.offload.directory={tmp_path}/nope")
+    assert outcome.code == 2
+    assert outcome.stderr.startswith(f"error: hooks.offload.directory: '{tmp_path}/nope' is not a writable directory")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# @package hooks.bad\ntype: stats\nlayers: [a, b\n", "bad.yaml, line 4: expected ',' or ']'"),
+    ("# @package hooks.bad\ntype: stats\nlayers: fc\nlayers: conv\n", "bad.yaml, line 4: found duplicate key layers"),
+], ids=["syntax", "duplicate key"])
+def test_a_broken_yaml_file_is_one_line_naming_file_and_line(fault, tmp_path, text, message):
+    (tmp_path / "conf" / "hooks").mkdir(parents=True)
+    (tmp_path / "conf" / "hooks" / "bad.yaml").write_text(text)
+    outcome = fault(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "hooks=bad")
+    assert outcome.code == 2
+    assert outcome.stderr.startswith(f"error: {tmp_path / 'conf' / 'hooks'}/") and message in outcome.stderr
+
+
+@pytest.mark.parametrize("policy", ["warn", "error"])
+def test_an_entry_that_matched_but_recorded_nothing_is_named(tmp_path, policy, recwarn):
+    """The first layer's input needs no gradient: PyTorch gives conv no grad_input, and the run says so."""
+    overrides = ["model=convnet", "hooks=stats", "hooks.stats.layers=conv", "hooks.stats.kinds=[grad_input]",
+                 f"on_silent={policy}"]
+    if policy == "error":
+        with pytest.raises(ConfigError, match=r"^hooks.stats recorded no grad_input on 'conv' in step 0: .*on_silent=error"):
+            run(make_config(*overrides), tmp_path / "run", overrides)
+        assert_no_partial_output(tmp_path / "run")
+        return
+    run(make_config(*overrides), tmp_path / "run", overrides)
+    messages = [str(w.message) for w in recwarn]
+    assert any(m.startswith("hooks.stats recorded no grad_input on 'conv' in step 0") for m in messages), messages

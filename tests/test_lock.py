@@ -211,27 +211,6 @@ def test_a_second_process_is_refused_while_the_first_lives_and_takes_over_after_
 
 # --- full and read-only file systems -------------------------------------------------------------
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a tmpfs with the given options under tmp_path (root only); unmounted after the test."""
-    mounted = []
-
-    def _mount(options: str) -> Path:
-        where = tmp_path / f"mnt{len(mounted)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): "
-                        f"a read-only or full file system cannot be made without it")
-        mounted.append(where)
-        return where
-
-    yield _mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
-
-
 def fill(where: Path) -> None:
     with open(where / "filler", "wb", buffering=0) as f:
         with pytest.raises(OSError) as info:

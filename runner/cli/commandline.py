@@ -20,6 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException, ValidationError
+import yaml
 
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 from hooks.errors import ConfigError, choice_error
@@ -97,6 +98,8 @@ def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:
         raise ConfigError(_parse_error(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise explain(exc, overrides) from None
+    except yaml.YAMLError as exc:  # a config file that is not YAML: name the file and the line
+        raise ConfigError(_yaml_error(exc)) from None
     launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
     with open_dict(cfg):
         del cfg["hydra"]
@@ -195,6 +198,14 @@ def _value_of(key: str, overrides: Sequence[str]) -> object:
             except HydraException:
                 return line.partition("=")[2]
     return None
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    context = getattr(exc, "context", None)
+    where = f"{mark.name}, line {mark.line + 1}" if mark is not None else "config file"
+    return f"{where}: {problem}" + (f" ({' '.join(context.split())})" if context else "")
 
 
 def _parse_error(exc: OverrideParseException) -> str:

@@ -204,10 +204,7 @@ def _optimizer(node: DictConfig) -> NoOptimizer | SGDConfig | AdamConfig:
 
 def _merged(schema: type, node: DictConfig, key: str, what: str) -> DictConfig:
     """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest."""
-    known = list(schema.__dataclass_fields__)
-    for k in node.keys():
-        if k not in known:
-            raise choice_error(f"{key}.{k}", k, known, what)
+    _known_keys(node, schema, f"{key}.", what)
     try:
         return OmegaConf.merge(OmegaConf.structured(schema), node)
     except OmegaConfBaseException as exc:
