@@ -375,3 +375,22 @@ def test_an_entry_that_matched_but_recorded_nothing_is_named(tmp_path, policy, r
     run(make_config(*overrides), tmp_path / "run", overrides)
     messages = [str(w.message) for w in recwarn]
     assert any(m.startswith("hooks.stats recorded no grad_input on 'conv' in step 0") for m in messages), messages
+
+
+@pytest.mark.slow
+def test_a_live_runs_directory_is_refused_before_hydra_writes_its_config_there(tmp_path):
+    first = start_cli(*LONG_RUN, f"hydra.run.dir={tmp_path}")
+    try:
+        wait_for_temp_file(first, tmp_path)
+        config = (tmp_path / ".hydra" / "config.yaml").read_text()
+        overrides = (tmp_path / ".hydra" / "overrides.yaml").read_text()
+        second = subprocess.run([sys.executable, "-m", "runner", "model=convnet", "hooks=clip", f"hydra.run.dir={tmp_path}"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1
+        assert second.stderr.strip().startswith(f"error: cannot write '{tmp_path}'"), second.stderr
+        assert f"{first.pid}" in second.stderr and len(second.stderr.strip().splitlines()) == 1
+        assert (tmp_path / ".hydra" / "config.yaml").read_text() == config  # the live run's record is its own
+        assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == overrides
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)

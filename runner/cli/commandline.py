@@ -54,7 +54,8 @@ def check_command_line(argv: Sequence[str]) -> list[str]:
             cfg, remote = compose_job(job)
             _plans[_key(cfg)] = compile_plan(cfg, job, check_device=not remote)
         except ConfigError as exc:
-            problems.append(f"job {num} ({' '.join(job)}): {exc}" if multirun else str(exc))
+            label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+            problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
     if multirun and problems:
         problems.insert(0, f"sweep rejected before any job ran: {len(problems)} of {len(jobs)} jobs are invalid")
     return problems
