@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
-from hooks.errors import ConfigError, choice_error
+from hooks.errors import ConfigError
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, per_layer
 
@@ -302,26 +303,6 @@ def _varying_overrides(frame: pd.DataFrame) -> list[str]:
     return [c for c in override_columns(frame) if per_run[c].astype(str).nunique() > 1]
 
 
-def check_plots(cfg: DictConfig) -> list[str]:
-    """The picture names of ``cfg.plots``, checked before the run: known names, and hooks that record what each needs."""
-    names = cfg.get("plots") or []
-    names = [names] if isinstance(names, str) else list(names)
-    for name in names:
-        if name not in PLOTS:
-            raise choice_error("plots", name, PLOTS, "plot")
-    hooks = [h for h in (cfg.get("hooks") or {}).values() if h is not None]
-    kept = [set(h.get("kinds") or ["output"]) for h in hooks if h.get("type") == "capture"]
-    if "gradient_flow" in names and not hooks:
-        raise ConfigError("plots: 'gradient_flow' needs recorded statistics; add hooks, e.g. hooks=stats")
-    if "feature_maps" in names and not any("output" in k for k in kept):
-        raise ConfigError("plots: 'feature_maps' needs a kept conv output; add hooks=extract or hooks=gradcam "
-                          "and name a conv layer in its layers")
-    if "grad_cam" in names and (not any({"output", "grad_output"} <= k for k in kept) or cfg.loss.name == "none"):
-        raise ConfigError("plots: 'grad_cam' needs a conv layer's kept output and output gradient and a loss; "
-                          "use hooks=gradcam loss=class_score")
-    return names
-
-
 def run_config(run_dir: str | Path) -> DictConfig | None:
     """The config saved in the run directory (``config.yaml``, else ``.hydra/config.yaml``), or ``None``."""
     from omegaconf import OmegaConf
@@ -385,9 +366,10 @@ def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int,
     return figures
 
 
-def write_plots(run_dir: str | Path, cfg: DictConfig) -> list[Path]:
-    """Draw ``cfg.plots`` into ``run_dir`` as PNGs; a picture the run's data cannot give is a ``ConfigError``."""
-    figures, notes = run_figures(run_dir, check_plots(cfg), cfg)
+def write_plots(run_dir: str | Path, names: Sequence[str]) -> list[Path]:
+    """Draw the pictures ``names`` (checked by the run's plan) into ``run_dir`` as PNGs, from its files only;
+    a picture the run's data cannot give is a ``ConfigError``."""
+    figures, notes = run_figures(run_dir, names)
     written = [save_png(fig, Path(run_dir) / name) for name, fig in figures]
     if notes:
         raise ConfigError("plots: " + "; ".join(notes))

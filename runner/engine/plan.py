@@ -230,7 +230,7 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
 def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:
     """Each picture asked for has the records it is drawn from; return whether to store the input image."""
     names = {p.value for p in settings.plots}
-    kept = [hook.record_kinds for hook in hooks if getattr(hook, "keep", False)]
+    kept = [hook.expected_kinds for hook in hooks if getattr(hook, "keep", False)]
     if "gradient_flow" in names and not hooks:
         raise ConfigError("plots: 'gradient_flow' needs recorded statistics; add hooks, e.g. hooks=stats")
     if "feature_maps" in names and not any("output" in kinds for kinds in kept):
