@@ -64,3 +64,20 @@ def test_one_cli_run_builds_its_hooks_data_and_rehearsal_once(monkeypatch, tmp_p
     main.main()
     assert counts == {"build_hooks": 1, "rehearse": 1, "DataSource": 1}
     assert (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("overrides, warmed", [
+    (("model=resnet18", "data.shape=[1,3,64,64]", "hooks=stats"), [0]),  # large tensors: compiled before step 0
+    (("model=convnet", "hooks=stats"), []),                             # small ones: eager reductions, no compile
+])
+def test_the_statistics_kernel_compiles_before_step_0_not_inside_it(monkeypatch, tmp_path, watch, overrides, warmed):
+    import json
+
+    from conftest import run
+    from runner.engine import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "compiled_reductions", lambda: calls.append(watch.forwards))
+    out = run(make_config(*overrides), tmp_path / "run")
+    assert calls == warmed  # forwards seen when the kernel was compiled: none yet
+    assert json.loads((out / "manifest.json").read_text())["compile_time_s"] >= 0.0

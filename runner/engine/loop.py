@@ -15,6 +15,7 @@ from torch import nn
 from hooks import HookSession
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder
+from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions
 from runner.engine.memory import PeakMemory, release_freed_memory
 from runner.engine.nonfinite import NonFiniteGuard
 from runner.engine.plan import Plan
@@ -46,10 +47,11 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     guard = NonFiniteGuard(s.on_nonfinite.value)
     peak = PeakMemory(device)
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
+    compile_time_s = _warm_up_statistics(plan)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
-                        extra={"seed": s.seed}) as outputs, progress_bar(s.steps, s.progress) as bar:
+                        extra={"seed": s.seed, "compile_time_s": compile_time_s}) as outputs, progress_bar(s.steps, s.progress) as bar:
             for step in range(s.steps):
                 session.begin_step(step)
                 recorder.set_enabled(step % s.sample.every == 0)
@@ -89,6 +91,22 @@ def _report_silent(session: HookSession, policy: str) -> None:
         if policy == "error":
             raise ConfigError(f"{message} (on_silent=error; on_silent=warn records the run and says so)")
         warnings.warn(message, SilentEntryWarning, stacklevel=2)
+
+
+def _warm_up_statistics(plan: Plan) -> float:
+    """Compile the statistics kernel before step 0 when the run will use it; return the seconds it took.
+
+    The first large tensor would otherwise pay for ``torch.compile`` inside step 0, and step 0's
+    ``wall_time_s`` would report the compiler as the hooks' cost. The manifest keeps the time apart.
+    """
+    found = plan.rehearsal
+    large = found is None or any(nbytes >= count * COMPILE_MIN_NUMEL * 2 for count, nbytes, _ in found.records.values()
+                                 if count)
+    if not plan.hooks or not large:
+        return 0.0
+    start = time.perf_counter()
+    compiled_reductions()
+    return time.perf_counter() - start
 
 
 def _available(name: str) -> torch.device:
