@@ -64,9 +64,7 @@ class SavedSpec(HookSpec):
             raise ConfigError(f"{key}.min_bytes: {self.min_bytes} must be >= 0 (0: offload every tensor)")
         if self.min_bytes and self.mode not in OFFLOAD_MODES:
             raise ConfigError(f"{key}.min_bytes: only for mode={' or '.join(OFFLOAD_MODES)} (got mode={self.mode})")
-        if self.directory is not None and self.mode != "offload_disk":
-            raise ConfigError(f"{key}.directory: only for mode=offload_disk (got mode={self.mode})")
-        if self.directory is not None and not (os.path.isdir(self.directory) and os.access(self.directory, os.W_OK)):
+        if self.mode == "offload_disk" and self.directory is not None and not (os.path.isdir(self.directory) and os.access(self.directory, os.W_OK)):
             raise ConfigError(f"{key}.directory: '{self.directory}' is not a writable directory; create it first, "
                               f"or use null for the system's temporary directory")
         if self.mode == "custom":
