@@ -87,3 +87,12 @@ def test_cuda_captures_copy_without_syncing_and_stats_transfer_once():
         assert kept.is_pinned() and torch.equal(kept, x.cpu())
     torch.testing.assert_close(torch.tensor(captures.stats["mean"]),
                                torch.stack([x.double().mean().cpu() for x in xs]), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_a_slurm_sweep_leaves_cuda_to_the_jobs_node_a_local_run_does_not():
+    from runner.cli.commandline import check_command_line
+
+    assert check_command_line(["-m", "hydra/launcher=slurm", "model=convnet", "device=cuda", "hooks=clip"]) == []
+    assert check_command_line(["model=convnet", "device=cuda", "hooks=clip"]) == [
+        "device: cuda requested but torch.cuda.is_available() is False; use device=cpu or auto"]
