@@ -64,15 +64,12 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     Raises:
         ConfigError: the first mistake, naming its key, the valid choices and the closest one.
     """
-    typed = _typed(cfg)
-    settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, _SETTINGS)))
-    _check_settings(settings)
-    _check_repeated_presets(overrides)
+    typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
     data = DataSource(_data_config(typed.data), model)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
-    hooks = tuple(build_hooks(_resolved(typed.hooks, "hooks")))
+    hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
@@ -85,7 +82,22 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
 
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
-_SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
+SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
+
+
+def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
+    """``cfg`` merged into the schema and resolved, and its run settings, checked (also for ``runner.attach``);
+    ``overrides`` are the command that composed it (a preset listed twice in ``hooks=[...]`` is refused)."""
+    typed = _typed(cfg)
+    settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
+    _check_settings(settings)
+    _check_repeated_presets(overrides)
+    return typed, settings
+
+
+def compile_hooks(typed: DictConfig) -> tuple[HookType, ...]:
+    """The hook entries of a typed config, built and checked against their types' schemas."""
+    return tuple(build_hooks(_resolved(typed.hooks, "hooks")))
 
 
 def _typed(cfg: DictConfig) -> DictConfig:
