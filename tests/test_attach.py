@@ -31,10 +31,12 @@ def _plain_loop(out_dir, steps: int = 4):
         for _ in range(steps):
             batch = next(batches)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(batch.x), batch.targets)
+            out = model(batch.x)
+            loss = F.cross_entropy(out, batch.targets)
+            accuracy = (out.argmax(1) == batch.targets).float().mean().item()
             rec.backward(loss)
             opt.step()
-            rec.step(loss)
+            rec.step(loss, accuracy=accuracy)
     return model
 
 

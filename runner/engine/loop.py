@@ -41,7 +41,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     model = build_model(plan.model).to(device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
     data = plan.data.batches(s.seed, device)
-    held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device))
+    held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     compile_time_s = _warm_up_statistics(plan)
     with HookSession(model, plan.hooks, recorder) as session:
@@ -56,12 +56,13 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                     recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
                                     slot="0", call=0, keep=True)
                 steps.start()
-                loss = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session, optimizer)
-                steps.finish(step, loss)
+                loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
+                                            optimizer, plan.classifies)
+                steps.finish(step, loss, metrics={"accuracy": accuracy})
                 if plan.schedule.due(step):
                     recorder.set_enabled(True)  # eval passes are rare: always recorded
                     steps.start()
-                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder))
+                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies))
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
             outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
@@ -70,8 +71,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
 
 def _eval(steps: StepWriter, step: int, result) -> None:
     """Write the eval passes after training step ``step`` (their captures held by no local of ``run``)."""
-    captures, loss = result
-    steps.finish(step, loss, captures, split="eval")
+    captures, loss, accuracy = result
+    steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy})
 
 
 def _warm_up_statistics(plan: Plan) -> float:

@@ -27,11 +27,12 @@ from runner.config.schema import (DATA_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, L
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
-from runner.sources.losses import LossFn, get_loss
+from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
 from runner.sources.models import check_target
 
 #: The schema each data kind is merged into.
-_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image"}
+_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image",
+                     "digits": "digits"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Plan:
     row_group_bytes: int
     keep_input: bool
     rehearsal: Rehearsal | None
+    classifies: bool = False  #: the loss is a classification loss: steps report ``accuracy``
 
 
 def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device: bool = True) -> Plan:
@@ -78,7 +80,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
                 model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
                 schedule=EvalSchedule(settings.eval_every, settings.eval_steps), device=device,
                 row_group_bytes=max(1, int(settings.output.row_group_mb * (1 << 20))), keep_input=keep_input,
-                rehearsal=found)
+                rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES)
 
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
