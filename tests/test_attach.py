@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -123,3 +124,17 @@ def test_an_unknown_measure_is_one_line(tmp_path):
 def test_import_runner_stays_light():
     code = "import sys, runner; assert 'torch' not in sys.modules; runner.attach; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_entries_given_as_a_mapping_record_what_they_name(tmp_path):
+    torch.manual_seed(0)
+    model = ConvNet()
+    x = torch.randn(2, 3, 8, 8)
+    with runner.attach(model, hooks={"mine": {"type": "stats", "layers": "fc", "kinds": ["output"]}},
+                       out_dir=tmp_path / "out", sample={"every": 2}) as rec:
+        for _ in range(3):
+            rec.step(model(x).sum())
+    stats = analysis.load_stats(tmp_path / "out")
+    assert sorted(stats.step) == [0, 2] and set(stats.layer) == {"fc"} and set(stats.hook) == {"mine"}
+    with torch.no_grad():
+        np.testing.assert_allclose(stats["mean"], [model(x).mean().item()] * 2, rtol=1e-6)
