@@ -135,10 +135,10 @@ def test_both_schema_versions_load_under_the_new_names(tmp_path):
 def test_a_column_only_some_jobs_wrote_is_kept(sweep):
     path = sweep / "1" / "steps.parquet"
     table = pq.read_table(path)
-    pq.write_table(table.append_column("accuracy", pa.array([0.5] * len(table))), path)
+    pq.write_table(table.append_column("learning_rate", pa.array([0.5] * len(table))), path)
     steps = analysis.load_steps(sweep)
-    accuracy = {Path(k).name: v for k, v in steps.groupby(steps["run_dir"].astype(str)).accuracy.apply(list).items()}
-    assert accuracy["1"] == [0.5, 0.5] and np.isnan(accuracy["0"] + accuracy["2"]).all()
+    rates = {Path(k).name: v for k, v in steps.groupby(steps["run_dir"].astype(str)).learning_rate.apply(list).items()}
+    assert rates["1"] == [0.5, 0.5] and np.isnan(rates["0"] + rates["2"]).all()
 
 
 def test_a_run_without_tensors_parquet_has_no_tensors(run_with):

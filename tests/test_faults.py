@@ -65,7 +65,7 @@ CONFIG_ERRORS = [
     (["+data.shufle=true"], "data.shufle: unknown key for data kind 'randn' 'shufle'; valid: kind, requires_grad, "
                             "shape, targets"),
     (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: name, target_class"),
-    (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: fake, image, ones, randn, tokens"),
+    (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: digits, fake, image, ones, randn, tokens"),
     (["data.shape=[-2,3,8,8]"], "data.shape: [-2, 3, 8, 8] must be a list of positive integers"),
     (["data.shape=[nan,3]"], "data.shape[0]: nan is not an integer"),
     (["data.shape=[0,3]"], "data.shape: [0, 3] must be a list of positive integers"),

@@ -23,7 +23,8 @@ from hooks import HOOK_TYPES
 from hooks.errors import ConfigError
 from runner.sources.models import SMALL_MODELS
 
-MODULES = {"mlp": ["fc1", "relu", "fc2"], "convnet": ["conv", "relu", "flatten", "fc"], "linear": []}
+MODULES = {"mlp": ["fc1", "relu", "fc2"], "convnet": ["conv", "relu", "flatten", "fc"], "linear": [],
+           "digits_cnn": ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc"]}
 SELECTOR_FORMS = ["", "*", "**", "leaf:**", "type:Linear", "type:ReLU", "re:fc.*", "leaf:*", "f*"]
 BAD_SELECTORS = ["nope", "type:Nope", "re:nope.*"]
 #: Strings a str or list[str] key is drawn from: every string default of every spec, plus the

@@ -107,3 +107,15 @@ def test_max_calls_row_prints_once_and_records_step_0_only(run_with, capsys):
     rows = analysis.load_stats(run_with(*overrides_of(command)))
     assert capsys.readouterr().out.count("layer: Linear(in_features=100, out_features=200, bias=True)") == 1
     assert list(rows.step) == [0] and list(rows.kind) == ["output"]
+
+
+def test_the_own_loop_example_runs_as_written(tmp_path, monkeypatch):
+    """The README's ``runner.attach`` snippet, executed as it stands, writes a run the loaders read."""
+    section = README.read_text().split("### Your own loop", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (Your own loop)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "mine")
+    assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
+    stats = analysis.load_stats(tmp_path / "runs" / "mine")
+    assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()

@@ -133,7 +133,7 @@ def explain(exc: Exception, overrides: Sequence[str]) -> ConfigError:
 
 
 def _missing_preset(exc: MissingConfigException) -> ConfigError:
-    found = re.search(r"Could not find '([^']*)'", str(exc))
+    found = re.search(r"Could not (?:find|load) '([^']*)'", str(exc))  # load: a name in a list, hooks=[a,b]
     if not found:
         return ConfigError(str(exc).splitlines()[0])
     group, _, name = found.group(1).rpartition("/")

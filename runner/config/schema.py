@@ -116,6 +116,16 @@ class ImageFiles(DataBase):
 
 
 @dataclass
+class DigitsData(DataBase):
+    """scikit-learn's 1,797 labelled 8x8 digits (shipped in the package): seeded train/held-out parts."""
+
+    kind: str = "digits"
+    batch_size: int = 64               #: training batches, reshuffled each epoch from the run's seed
+    held_out: float = 0.2              #: fraction kept apart; eval passes use all of it as one batch
+    split_seed: int = 0                #: which digits are held out: the same for every run seed
+
+
+@dataclass
 class LossConfig:
     name: str = "sum"
     target_class: Optional[int] = None  #: class_score only: a class index, or null for the top class
@@ -145,7 +155,8 @@ class AdamConfig:
 
 
 OPTIMIZER_SCHEMAS = {"none": NoOptimizer, "sgd": SGDConfig, "adam": AdamConfig}
-DATA_SCHEMAS = {"synthetic": SyntheticData, "tokens": TokenData, "fake": FakeImages, "image": ImageFiles}
+DATA_SCHEMAS = {"synthetic": SyntheticData, "tokens": TokenData, "fake": FakeImages, "image": ImageFiles,
+                "digits": DigitsData}
 
 
 @dataclass

@@ -6,7 +6,6 @@ Plain code, no Hydra globals: tests compile a config from Hydra's compose API an
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -16,10 +15,9 @@ from hooks import HookSession
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder
 from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions
-from runner.engine.memory import PeakMemory, release_freed_memory
-from runner.engine.nonfinite import NonFiniteGuard
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
+from runner.engine.steps import StepWriter
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
@@ -43,54 +41,38 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     model = build_model(plan.model).to(device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
     data = plan.data.batches(s.seed, device)
-    held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device))
-    guard = NonFiniteGuard(s.on_nonfinite.value)
-    peak = PeakMemory(device)
+    held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     compile_time_s = _warm_up_statistics(plan)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
                         extra={"seed": s.seed, "compile_time_s": compile_time_s}) as outputs, progress_bar(s.steps, s.progress) as bar:
+            steps = StepWriter(session, outputs, s, device)
             for step in range(s.steps):
-                session.begin_step(step)
-                recorder.set_enabled(step % s.sample.every == 0)
+                steps.begin(step)
                 batch = next(data)
                 if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
                     recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
                                     slot="0", call=0, keep=True)
-                peak.reset()
-                start = time.perf_counter()
-                loss = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session, optimizer)
-                _write_step(outputs, guard, peak, step, recorder.drain(), loss, start)
-                if step == 0:
-                    _report_silent(session, s.on_silent.value)
+                steps.start()
+                loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
+                                            optimizer, plan.classifies)
+                steps.finish(step, loss, metrics={"accuracy": accuracy})
                 if plan.schedule.due(step):
                     recorder.set_enabled(True)  # eval passes are rare: always recorded
-                    peak.reset()
-                    start = time.perf_counter()
-                    _write_step(outputs, guard, peak, step, *eval_passes(forward, model, held_out, plan.loss_fn,
-                                                                         recorder), start, split="eval")
+                    steps.start()
+                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies))
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
             outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
     return out_dir
 
 
-class SilentEntryWarning(UserWarning):
-    """An entry matched modules but recorded or changed nothing in the first step."""
-
-
-def _report_silent(session: HookSession, policy: str) -> None:
-    """After the first step: an entry that matched but did nothing is said, or (``on_silent=error``) refused."""
-    if policy == "ignore":
-        return
-    for silence in session.silent():
-        message = (f"{silence.key} recorded no {silence.kind} on '{silence.layer or '(model)'}' in step 0: "
-                   f"{silence.reason}")
-        if policy == "error":
-            raise ConfigError(f"{message} (on_silent=error; on_silent=warn records the run and says so)")
-        warnings.warn(message, SilentEntryWarning, stacklevel=2)
+def _eval(steps: StepWriter, step: int, result) -> None:
+    """Write the eval passes after training step ``step`` (their captures held by no local of ``run``)."""
+    captures, loss, accuracy = result
+    steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy})
 
 
 def _warm_up_statistics(plan: Plan) -> float:
@@ -137,18 +119,3 @@ def _compiled(model: nn.Module) -> nn.Module:
     modules, so layer names carry no ``_orig_mod.`` prefix.
     """
     return torch.compile(model)
-
-
-def _write_step(outputs: RunOutputs, guard: NonFiniteGuard, peak: PeakMemory, step: int, captures, loss,
-                start: float, split: str = "train") -> None:
-    """Check and hand one step's captures to the writer; the step's wall time ends here.
-
-    A function of its own so that no local variable holds a step's captures while the next step
-    runs: measured here, that alone made resident memory grow by ~0.3 MiB a step (allocator
-    fragmentation), where the 200-step capture test must stay flat.
-    """
-    wall = time.perf_counter() - start
-    guard.check(step, captures, loss)
-    outputs.write_step(step, captures, loss, wall, split=split, peak_memory_bytes=peak.peak_bytes())
-    release_freed_memory()
-

@@ -27,11 +27,12 @@ from runner.config.schema import (DATA_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, L
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
-from runner.sources.losses import LossFn, get_loss
+from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
 from runner.sources.models import check_target
 
 #: The schema each data kind is merged into.
-_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image"}
+_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image",
+                     "digits": "digits"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Plan:
     row_group_bytes: int
     keep_input: bool
     rehearsal: Rehearsal | None
+    classifies: bool = False  #: the loss is a classification loss: steps report ``accuracy``
 
 
 def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device: bool = True) -> Plan:
@@ -64,15 +66,12 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     Raises:
         ConfigError: the first mistake, naming its key, the valid choices and the closest one.
     """
-    typed = _typed(cfg)
-    settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, _SETTINGS)))
-    _check_settings(settings)
-    _check_repeated_presets(overrides)
+    typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
     data = DataSource(_data_config(typed.data), model)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
-    hooks = tuple(build_hooks(_resolved(typed.hooks, "hooks")))
+    hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
@@ -81,11 +80,26 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
                 model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
                 schedule=EvalSchedule(settings.eval_every, settings.eval_steps), device=device,
                 row_group_bytes=max(1, int(settings.output.row_group_mb * (1 << 20))), keep_input=keep_input,
-                rehearsal=found)
+                rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES)
 
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
-_SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
+SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
+
+
+def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[DictConfig, RunConfig]:
+    """``cfg`` merged into the schema and resolved, and its run settings, checked (also for ``runner.attach``);
+    ``overrides`` are the command that composed it (a preset listed twice in ``hooks=[...]`` is refused)."""
+    typed = _typed(cfg)
+    settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
+    _check_settings(settings)
+    _check_repeated_presets(overrides)
+    return typed, settings
+
+
+def compile_hooks(typed: DictConfig) -> tuple[HookType, ...]:
+    """The hook entries of a typed config, built and checked against their types' schemas."""
+    return tuple(build_hooks(_resolved(typed.hooks, "hooks")))
 
 
 def _typed(cfg: DictConfig) -> DictConfig:

@@ -20,7 +20,7 @@ from hooks.errors import ConfigError
 from hooks.recorder import Recorder, StepCaptures
 from runner.config.schema import AdamConfig, NoOptimizer, SGDConfig
 from runner.sources.data import Batch
-from runner.sources.losses import LossFn, first_tensor
+from runner.sources.losses import LossFn, correct, first_tensor
 
 #: Data of eval passes come from the run's seed plus this, a stream disjoint from the training batches.
 EVAL_SEED_OFFSET = 1 << 20
@@ -83,39 +83,46 @@ Forward = Callable[[torch.Tensor], object]
 
 
 def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn | None,
-               session: HookSession, optimizer: torch.optim.Optimizer | None) -> float | None:
+               session: HookSession, optimizer: torch.optim.Optimizer | None,
+               classifies: bool = False) -> tuple[float | None, float | None]:
     """One forward (and, with a loss, backward) pass; the optimizer steps after the hooks ran.
 
-    ``forward`` is the model or its compiled wrapper; ``model`` owns the parameters.
+    ``forward`` is the model or its compiled wrapper; ``model`` owns the parameters. Returns the
+    loss and, when ``classifies``, the batch's accuracy before the optimizer step.
     """
     model.zero_grad(set_to_none=True)
     if loss_fn is None:
         with torch.no_grad():
             forward(batch.x)
-        return None
-    loss = loss_fn(first_tensor(forward(batch.x)), batch.targets)
+        return None, None
+    out = first_tensor(forward(batch.x))
+    loss = loss_fn(out, batch.targets)
+    accuracy = correct(out, batch.targets) / len(batch.targets) if classifies else None
     session.backward(loss)
     if optimizer is not None:
         optimizer.step()
-    return float(loss.detach())
+    return float(loss.detach()), accuracy
 
 
 def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_fn: LossFn | None,
-                recorder: Recorder) -> tuple[StepCaptures, float | None]:
-    """Run the held-out batches in eval mode without gradients; return their captures and mean loss.
+                recorder: Recorder, classifies: bool = False) -> tuple[StepCaptures, float | None, float | None]:
+    """Run the held-out batches in eval mode without gradients; return their captures, mean loss
+    and (when ``classifies``) the accuracy over all their samples.
 
     The captures are labelled phase ``eval`` (``call`` counts on across the batches), so they
     never mix with the training step's forward rows.
     """
     was_training = model.training
     model.eval()
-    losses = []
+    losses, right, total = [], 0, 0
     try:
         with torch.no_grad(), recorder.relabel("eval"):
             for batch in held_out:
                 out = forward(batch.x)
                 if loss_fn is not None:
                     losses.append(float(loss_fn(first_tensor(out), batch.targets)))
+                if classifies:
+                    right, total = right + correct(first_tensor(out), batch.targets), total + len(batch.targets)
     finally:
         model.train(was_training)
-    return recorder.drain(), statistics.fmean(losses) if losses else None
+    return recorder.drain(), statistics.fmean(losses) if losses else None, right / total if total else None

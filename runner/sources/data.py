@@ -1,11 +1,13 @@
-"""Input batches: constant ``ones``, seeded ``randn``, torchvision's ``fake`` images, ``image`` files, or ``tokens`` ids.
+"""Input batches: constant ``ones``, seeded ``randn``, torchvision's ``fake`` images, ``image`` files,
+``tokens`` ids, or scikit-learn's labelled ``digits``.
 
 The shape follows the model (``model.input_shape``) unless ``data.shape`` is given. ``randn``
 draws from its own generator seeded with the run's seed, so the data do not depend on how many
 random numbers building the model consumed: step k always gets the same batch. ``fake`` reads
 torchvision's ``FakeData`` in order (``random_offset = seed * size``, so runs with different seeds
 see different images) and uses its labels as targets: a training run sees a new labelled batch
-each step.
+each step. ``digits`` is real data shipped with scikit-learn: a training stream reshuffled each
+epoch and a held-out part for the eval passes (``batches(..., held_out=True)``).
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ class DataSource:
 
     def __init__(self, data: DictConfig, model: DictConfig) -> None:
         kind = data.get("kind")
-        makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens}
+        makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens,
+                  "digits": _digits}
         if kind not in makers:
             raise choice_error("data.kind", kind, makers, "data kind")
         if model.get("input_kind") == "tokens" and kind != "tokens":
@@ -50,10 +53,12 @@ class DataSource:
         self.input_shape, self.input_dtype = self._make.shape, self._make.dtype
         self._check_targets()
 
-    def batches(self, seed: int, device: torch.device) -> Iterator[Batch]:
-        """One ``Batch`` per step, forever, drawn from a generator seeded with ``seed``."""
+    def batches(self, seed: int, device: torch.device, held_out: bool = False) -> Iterator[Batch]:
+        """One ``Batch`` per step, forever, drawn from a generator seeded with ``seed``; ``held_out``:
+        the eval stream, from data the training stream never shows where the kind has such a part."""
         gen = torch.Generator().manual_seed(int(seed))
-        for x, labels in self._make(gen):
+        make = self._make.held_out if held_out and self._make.held_out is not None else self._make.make
+        for x, labels in make(gen):
             if labels is None or self.data.get("targets") is not None:
                 labels = _targets(self.data, self.model, x.shape[0], gen)
             x = x.to(device)
@@ -78,14 +83,13 @@ class DataSource:
 
 @dataclass
 class _Maker:
-    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever."""
+    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever;
+    ``held_out(gen)`` likewise from a part kept apart for eval passes (``None``: no such part)."""
 
     shape: list[int]
     dtype: torch.dtype
     make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
-
-    def __call__(self, gen: torch.Generator):
-        return self.make(gen)
+    held_out: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]] | None = None
 
 
 def _shape(data: DictConfig, model: DictConfig) -> list[int]:
@@ -179,3 +183,36 @@ def _images(data: DictConfig, model: DictConfig) -> _Maker:
             raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
     batch = torch.stack(images)  # read once; each step gets a copy, as a model may change its input in place
     return _Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None) for _ in itertools.count()))
+
+
+def _digits(data: DictConfig, model: DictConfig) -> _Maker:
+    """scikit-learn's digits scaled to [0, 1] as [N, 1, 8, 8]: shuffled training batches of
+    ``batch_size`` (each epoch a new order from the run's seed, the last partial batch dropped),
+    and the held-out part (chosen by ``split_seed``) as one batch for eval passes."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ConfigError("data=digits needs scikit-learn: pip install -e '.[digits]'") from None
+    if data.get("shape") is not None:
+        raise ConfigError("data.shape: data=digits is [batch_size, 1, 8, 8]; set data.batch_size instead")
+    if not 0 < float(data.held_out) < 1:
+        raise ConfigError(f"data.held_out: {data.held_out} must be a fraction between 0 and 1")
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # pixel values are 0..16
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(data.split_seed)))
+    n_held = round(len(y) * float(data.held_out))
+    train, held = order[n_held:], order[:n_held]
+    size = int(data.batch_size)
+    if not 1 <= size <= len(train):
+        raise ConfigError(f"data.batch_size: {size} must be between 1 and the {len(train)} training digits")
+
+    def make(gen: torch.Generator):
+        for _ in itertools.count():
+            epoch = train[torch.randperm(len(train), generator=gen)]
+            for start in range(0, len(epoch) - size + 1, size):
+                index = epoch[start:start + size]
+                yield x[index], y[index]
+
+    return _Maker([size, 1, 8, 8], torch.float32, make,
+                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()))

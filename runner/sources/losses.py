@@ -53,6 +53,15 @@ def first_tensor(output: object) -> torch.Tensor:
     raise ConfigError(f"loss: the model returned {type(output).__name__} with no tensor in it")
 
 
+#: Losses whose targets are classes: their steps report ``accuracy`` (argmax over dim 1, as the loss reads it).
+CLASSIFICATION_LOSSES = frozenset({"cross_entropy"})
+
+
+def correct(out: torch.Tensor, targets: torch.Tensor) -> int:
+    """How many samples of a classification batch the model's top class gets right."""
+    return int((out.detach().argmax(dim=1) == targets).sum())
+
+
 #: Losses built from keys of the ``loss`` config besides ``name``.
 LOSS_FACTORIES: dict[str, Callable[[DictConfig], LossFn]] = {
     "class_score": lambda cfg: class_score(cfg.get("target_class")),

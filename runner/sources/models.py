@@ -47,7 +47,28 @@ class ConvNet(nn.Module):
         return self.fc(self.flatten(self.relu(self.conv(x))))
 
 
-SMALL_MODELS = {"mlp": MLP, "convnet": ConvNet, "linear": lambda: nn.Linear(3, 3)}
+class DigitsCNN(nn.Module):
+    """For ``data=digits`` ([N, 1, 8, 8], 10 classes): conv1 -> relu1 -> pool1 -> conv2 -> relu2 -> pool2
+    -> flatten -> fc. Kept spatial (no global average pool): with it, plain SGD at lr 0.1 stayed near
+    chance for 300 steps; this reaches ~95% held-out accuracy in as many."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.relu1 = nn.ReLU()
+        self.pool1 = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.relu2 = nn.ReLU()
+        self.pool2 = nn.MaxPool2d(2)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(32 * 2 * 2, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool1(self.relu1(self.conv1(x)))
+        return self.fc(self.flatten(self.pool2(self.relu2(self.conv2(x)))))
+
+
+SMALL_MODELS = {"mlp": MLP, "convnet": ConvNet, "digits_cnn": DigitsCNN, "linear": lambda: nn.Linear(3, 3)}
 
 
 def gpt2_tiny(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: int = 100,

@@ -32,7 +32,7 @@ from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, MANIFEST, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
 
-__all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEPS_SCHEMA", "TENSORS_SCHEMA",
+__all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
 
 ID_FIELDS = list(records.ID_FIELDS)
@@ -46,6 +46,9 @@ STEPS_SCHEMA = pa.schema([
     pa.field("captures", pa.int64()),
     pa.field("peak_memory_bytes", pa.int64()),
 ])
+#: Optional per-step measures (``RunOutputs.write_step(metrics=...)``): NaN where a step has none.
+STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the held-out set (eval)
+STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + [pa.field(name, pa.float64()) for name in STEP_METRICS])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
@@ -246,20 +249,25 @@ class RunOutputs:
             pass
 
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
-                   split: str = "train", peak_memory_bytes: int | None = None) -> None:
+                   split: str = "train", peak_memory_bytes: int | None = None,
+                   metrics: dict[str, float] | None = None) -> None:
         """Append one step: its statistics rows, its kept tensors and its ``steps`` row.
 
         ``split`` is ``train`` for a training (or measurement) step, ``eval`` for the eval passes
         run after training step ``step``. The tables are built and written on the background
         writer thread, overlapping the next step; ``captures`` must not be changed afterwards
-        (``Recorder.drain`` hands over its lists).
+        (``Recorder.drain`` hands over its lists). ``metrics`` fill ``STEP_METRICS`` columns (others: NaN).
         """
+        unknown = sorted(set(metrics or {}) - set(STEP_METRICS))
+        if unknown:
+            raise ValueError(f"steps.parquet has no column {unknown}; the per-step measures are {list(STEP_METRICS)}")
+        values = [float("nan") if (metrics or {}).get(name) is None else float(metrics[name]) for name in STEP_METRICS]
         kept_bytes = sum(t.numel() * t.element_size() for t in captures.kept)
-        self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, split, peak_memory_bytes),
-                            nbytes=kept_bytes)
+        self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, split, peak_memory_bytes,
+                                                     values), nbytes=kept_bytes)
 
     def _write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
-                    split: str, peak_memory_bytes: int | None) -> None:
+                    split: str, peak_memory_bytes: int | None, metrics: list[float]) -> None:
         n = len(captures)
         ids = _id_arrays(step, captures.columns, n)
         stats = [_from_numpy(captures.stats[c], STATS_SCHEMA.field(c).type) for c in STAT_COLUMNS]
@@ -274,7 +282,8 @@ class RunOutputs:
              _from_numpy(np.array([float("nan") if loss is None else loss]), pa.float64()),
              _from_numpy(np.array([wall_time_s]), pa.float64()), _from_numpy(np.array([n]), pa.int64()),
              pa.nulls(1, pa.int64()) if peak_memory_bytes is None
-             else _from_numpy(np.array([peak_memory_bytes]), pa.int64())],
+             else _from_numpy(np.array([peak_memory_bytes]), pa.int64()),
+             *[_from_numpy(np.array([value]), pa.float64()) for value in metrics]],
             schema=STEPS_SCHEMA))
 
 

@@ -1,0 +1,84 @@
+"""``StepWriter``: one step's bookkeeping around any loop, the CLI's or the user's (``runner.attach``).
+
+Before a step: the session's lifetimes and the recorder's sampling; its clock and peak memory
+start. After it: its captures are drained, checked for NaN/Inf and handed to the writer with
+one ``steps.parquet`` row; after the first training step an entry that matched but recorded
+nothing is said, or refused. One code path, so a user's loop writes the tables the CLI writes.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from hooks import HookSession
+from hooks.errors import ConfigError
+from hooks.recorder import StepCaptures
+from runner.config.schema import RunConfig
+from runner.engine.memory import PeakMemory, release_freed_memory
+from runner.engine.nonfinite import NonFiniteGuard
+from runner.store.outputs import RunOutputs
+
+
+class SilentEntryWarning(UserWarning):
+    """An entry matched modules but recorded or changed nothing in the first step."""
+
+
+class StepWriter:
+    """``begin(step)``, ``start()`` before a step's work; ``finish(step, loss)`` after it."""
+
+    def __init__(self, session: HookSession, outputs: RunOutputs, settings: RunConfig, device: torch.device) -> None:
+        self.session = session
+        self.recorder = session.recorder
+        self.outputs = outputs
+        self.every = settings.sample.every
+        self.on_silent = settings.on_silent.value
+        self.guard = NonFiniteGuard(settings.on_nonfinite.value)
+        self.peak = PeakMemory(device)
+        self.started = time.perf_counter()
+
+    def begin(self, step: int) -> None:
+        """Apply the entries' lifetimes for ``step`` and whether it is sampled (``sample.every``)."""
+        self.session.begin_step(step)
+        self.recorder.set_enabled(step % self.every == 0)
+
+    def start(self) -> None:
+        """The step's wall time and peak memory count from here."""
+        self.peak.reset()
+        self.started = time.perf_counter()
+
+    def finish(self, step: int, loss: float | None, captures: StepCaptures | None = None, split: str = "train",
+               metrics: dict[str, float] | None = None) -> None:
+        """Write the step (``captures``: the recorder's, drained here, unless given); check silent
+        entries after training step 0."""
+        _write_step(self, step, self.recorder.drain() if captures is None else captures, loss, split, metrics or {})
+        if step == 0 and split == "train":
+            report_silent(self.session, self.on_silent)
+
+
+def _write_step(writer: StepWriter, step: int, captures: StepCaptures, loss: float | None, split: str,
+                metrics: dict[str, float]) -> None:
+    """Check and hand one step's captures to the writer; the step's wall time ends here.
+
+    A function of its own so that no local variable holds a step's captures while the next step
+    runs: measured here, that alone made resident memory grow by ~0.3 MiB a step (allocator
+    fragmentation), where the 200-step capture test must stay flat.
+    """
+    wall = time.perf_counter() - writer.started
+    writer.guard.check(step, captures, loss)
+    writer.outputs.write_step(step, captures, loss, wall, split=split, peak_memory_bytes=writer.peak.peak_bytes(),
+                              metrics=metrics)
+    release_freed_memory()
+
+
+def report_silent(session: HookSession, policy: str) -> None:
+    """After the first step: an entry that matched but did nothing is said, or (``on_silent=error``) refused."""
+    if policy == "ignore":
+        return
+    for silence in session.silent():
+        message = (f"{silence.key} recorded no {silence.kind} on '{silence.layer or '(model)'}' in step 0: "
+                   f"{silence.reason}")
+        if policy == "error":
+            raise ConfigError(f"{message} (on_silent=error; on_silent=warn records the run and says so)")
+        warnings.warn(message, SilentEntryWarning, stacklevel=2)

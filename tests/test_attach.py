@@ -1,0 +1,140 @@
+"""``runner.attach``: a plain PyTorch loop writes the tables the CLI writes, with the CLI's guarantees."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runner
+import runner.analysis as analysis
+from conftest import assert_no_partial_output, hook_count, hook_snapshot, make_config, run
+from hooks.errors import ConfigError
+from runner.engine.plan import compile_plan
+from runner.sources.models import ConvNet
+from runner.store.outputs import STATS_SCHEMA
+
+CLI = ("model=convnet", "hooks=[clip,stats]", "hooks.clip.max=0.001", "loss=cross_entropy", "optimizer=sgd",
+       "optimizer.lr=0.5", "steps=4")
+
+
+def _plain_loop(out_dir, steps: int = 4):
+    """The CLI run ``CLI`` written as a user's own loop: same seed, batches, loss and optimizer."""
+    torch.manual_seed(0)
+    model = ConvNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = compile_plan(make_config(*CLI)).data.batches(0, torch.device("cpu"))
+    with runner.attach(model, hooks=["clip", "stats"], overrides=["hooks.clip.max=0.001"], out_dir=out_dir) as rec:
+        for _ in range(steps):
+            batch = next(batches)
+            opt.zero_grad(set_to_none=True)
+            out = model(batch.x)
+            loss = F.cross_entropy(out, batch.targets)
+            accuracy = (out.argmax(1) == batch.targets).float().mean().item()
+            rec.backward(loss)
+            opt.step()
+            rec.step(loss, accuracy=accuracy)
+    return model
+
+
+def test_a_plain_loop_writes_the_tables_the_cli_writes(tmp_path):
+    cli_dir = run(make_config(*CLI), tmp_path / "cli", CLI)
+    model = _plain_loop(tmp_path / "mine")
+    assert hook_count(model) == 0
+    mine, theirs = analysis.load_stats(tmp_path / "mine"), analysis.load_stats(cli_dir)
+    stat_columns = STATS_SCHEMA.names  # every column of stats.parquet; the config columns differ by design
+    assert len(mine) == len(theirs) > 0
+    pd.testing.assert_frame_equal(mine[stat_columns], theirs[stat_columns])
+    steps_mine = pd.read_parquet(tmp_path / "mine" / "steps.parquet").drop(columns=["wall_time_s", "peak_memory_bytes"])
+    steps_cli = pd.read_parquet(cli_dir / "steps.parquet").drop(columns=["wall_time_s", "peak_memory_bytes"])
+    pd.testing.assert_frame_equal(steps_mine, steps_cli)
+    assert steps_cli["loss"].iloc[-1] != steps_cli["loss"].iloc[0]  # the optimizer stepped: the loss moved
+    assert (tmp_path / "mine" / "manifest.json").is_file()
+    written = (tmp_path / "mine" / "config.yaml").read_text()
+    assert "max: 0.001" in written and "type: stats" in written
+
+
+def test_the_clip_entry_changes_what_the_plain_loop_learns(tmp_path):
+    """The clip entry acts on the user's optimizer: the weights differ from a loop without it."""
+    clipped = _plain_loop(tmp_path / "clipped", steps=2)
+    torch.manual_seed(0)
+    plain = ConvNet()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    batches = compile_plan(make_config(*CLI)).data.batches(0, torch.device("cpu"))
+    for _ in range(2):
+        batch = next(batches)
+        opt.zero_grad(set_to_none=True)
+        grads = F.cross_entropy(plain(batch.x), batch.targets)
+        grads.backward()
+        for p in plain.parameters():
+            p.grad.clamp_(-0.01, 0.001)
+        opt.step()
+    for a, b in zip(clipped.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hooks": ["clip"], "overrides": ["hooks.clip.maxx=1"]}, "hooks.clip.maxx"),
+    ({"hooks": ["clp"]}, "clip"),
+    ({"hooks": {"mine": {"type": "clmp", "layers": "**"}}}, "hooks.mine.type"),
+    ({"hooks": {"mine": {"type": "stats", "layers": "nosuchlayer"}}}, "hooks.mine.layers"),
+    ({"hooks": ["stats"], "steps": 3}, "steps"),
+    ({"hooks": ["stats"], "on_silent": "loud"}, "on_silent"),
+])
+def test_a_bad_entry_is_one_line_before_anything_is_attached_or_written(tmp_path, kwargs, message):
+    model = ConvNet()
+    before = hook_snapshot(model)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as err:
+        with runner.attach(model, out_dir=out, **kwargs):
+            pytest.fail("the block must not run")
+    assert message in str(err.value) and len(str(err.value).splitlines()) == 1, err.value
+    assert hook_snapshot(model) == before
+    assert not out.exists()
+
+
+def test_an_exception_in_the_block_removes_the_hooks_and_writes_nothing_final(tmp_path):
+    model = ConvNet()
+    before = hook_snapshot(model)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="user's bug"):
+        with runner.attach(model, hooks=["stats"], out_dir=out) as rec:
+            assert hook_count(model) > 0
+            loss = model(torch.randn(2, 3, 8, 8)).sum()
+            rec.backward(loss)
+            rec.step(loss)
+            raise RuntimeError("user's bug")
+    assert hook_snapshot(model) == before
+    assert_no_partial_output(out)
+
+
+def test_an_unknown_measure_is_one_line(tmp_path):
+    model = ConvNet()
+    with pytest.raises(ConfigError, match="per-step measure"):
+        with runner.attach(model, hooks=["stats"], out_dir=tmp_path / "out") as rec:
+            rec.step(model(torch.randn(1, 3, 8, 8)).sum(), top5=0.3)
+    assert hook_count(model) == 0
+    assert_no_partial_output(tmp_path / "out")
+
+
+def test_import_runner_stays_light():
+    code = "import sys, runner; assert 'torch' not in sys.modules; runner.attach; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_entries_given_as_a_mapping_record_what_they_name(tmp_path):
+    torch.manual_seed(0)
+    model = ConvNet()
+    x = torch.randn(2, 3, 8, 8)
+    with runner.attach(model, hooks={"mine": {"type": "stats", "layers": "fc", "kinds": ["output"]}},
+                       out_dir=tmp_path / "out", sample={"every": 2}) as rec:
+        for _ in range(3):
+            rec.step(model(x).sum())
+    stats = analysis.load_stats(tmp_path / "out")
+    assert sorted(stats.step) == [0, 2] and set(stats.layer) == {"fc"} and set(stats.hook) == {"mine"}
+    with torch.no_grad():
+        np.testing.assert_allclose(stats["mean"], [model(x).mean().item()] * 2, rtol=1e-6)
