@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from hooks.session import HookSession
 
 
-#: The kinds a module-level hook can record or edit, in the order ``expected_kinds`` looks for edits.
-MODULE_KINDS = ("input", "output", "grad_input", "grad_output")
 
 
 @dataclass
@@ -115,21 +113,16 @@ class HookType:
     @property
     def expected_kinds(self) -> frozenset[str]:
         """The kinds this entry records whenever its hooks act: ``HookSession.silent`` reports
-        an entry that matched modules but recorded none of one of them.
-
-        Derived from what module-level types say in public: the spec's ``kinds`` if it has
-        them, else ``record_kinds``, plus the kind of each ``edit_KIND`` that returns an edit
-        (an edit records what it produced). Types that record other kinds override this.
-        """
-        kinds = set(getattr(self.spec, "kinds", None) or getattr(self, "record_kinds", ()))
-        for kind in MODULE_KINDS:
-            edit = getattr(self, f"edit_{kind}", None)
-            if edit is not None and edit() is not None:
-                kinds.add(kind)
-        return frozenset(kinds)
+        an entry that matched modules but recorded none of one of them. Each type says its own."""
+        return frozenset()
 
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
 
     def close(self) -> None:
         """Release what ``attach`` holds besides handles (the session calls it on exit)."""
+
+
+def explanation(hooks, exc: BaseException) -> str | None:
+    """The one-line message of the first entry of ``hooks`` that explains ``exc``, else ``None``."""
+    return next((message for message in (hook.explain(exc) for hook in hooks) if message), None)

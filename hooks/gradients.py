@@ -91,6 +91,10 @@ class GradTransform(Tap):
             return None
         return f"changes activation gradients through tensor hooks (target={self.spec.target})"
 
+    @property
+    def expected_kinds(self) -> set[str]:
+        return {"param_grad"} if self.spec.target == "params" else super().expected_kinds
+
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hooks import HookSession
+from hooks.base import explanation
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder
 from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions
@@ -104,10 +105,9 @@ def _explained(plan: Plan, fn, *args):
     try:
         return fn(*args)
     except Exception as exc:
-        for hook in plan.hooks:
-            message = hook.explain(exc)
-            if message:
-                raise ConfigError(message) from None
+        message = explanation(plan.hooks, exc)
+        if message:
+            raise ConfigError(message) from None
         raise
 
 

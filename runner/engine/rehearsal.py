@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from hooks import HookSession
-from hooks.base import HookType
+from hooks.base import HookType, explanation
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
 from runner.sources.data import DataSource
@@ -99,10 +99,9 @@ def _step(model: nn.Module, x: torch.Tensor, hooks: Sequence[HookType], loss_fn:
 def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShapes,
              source: DataSource) -> ConfigError | None:
     """The one-line error for what failed in the rehearsal, or ``None`` when meta is to blame."""
-    for hook in hooks:
-        message = hook.explain(exc)
-        if message:
-            return ConfigError(message)
+    message = explanation(hooks, exc)
+    if message:
+        return ConfigError(message)
     text = " ".join(str(exc).split())
     if not isinstance(exc, (RuntimeError, ValueError, IndexError)) or _META_LIMIT.search(text):
         return None
