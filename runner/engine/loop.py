@@ -47,8 +47,9 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     compile_time_s = _warm_up_statistics(plan)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
+        extra = {"seed": s.seed, "compile_time_s": compile_time_s}
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
-                        extra={"seed": s.seed, "compile_time_s": compile_time_s}) as outputs, progress_bar(s.steps, s.progress) as bar:
+                        extra=extra) as outputs, progress_bar(s.steps, s.progress) as bar:
             steps = StepWriter(session, outputs, s, device)
             for step in range(s.steps):
                 steps.begin(step)
