@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import torch
 
+from hooks import native
 from hooks.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
 
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
@@ -37,9 +38,10 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     past 2**24): PyTorch's CPU sum is a cascade sum, accurate to ~1e-7 relative, and 50x faster
     than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
-    the variance of a tensor whose mean dwarfs its spread does not cancel to noise. Large tensors
-    take one compiled pass over memory (``fused_reductions``), small ones and machines where
-    ``torch.compile`` is unavailable the eager passes (``eager_reductions``).
+    the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
+    take one pass of the C kernel on every intra-op thread (``cpu_reductions``); large CUDA
+    tensors one compiled pass (``fused_reductions``); small ones and machines where neither can
+    be built the eager passes (``eager_reductions``).
     """
     x = x.detach()
     if x.is_complex():
@@ -50,12 +52,29 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1)
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
+    if flat.device.type == "cpu" and native.kernel() is not None:
+        return cpu_reductions(flat.contiguous())
     if flat.numel() >= COMPILE_MIN_NUMEL:
         fused = compiled_reductions()
         if fused is not None:
             with torch.no_grad():
                 return fused(flat)
     return eager_reductions(flat)
+
+
+def cpu_reductions(flat: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of a contiguous float32/float64 CPU tensor by the C kernel (``hooks.native``): one
+    pass on every intra-op thread; a float32 sum that overflows although every element is finite
+    is taken again with float64 sums."""
+    return native.reduce_contiguous(flat)
+
+
+def prepare(device: torch.device) -> None:
+    """Build (or load) the kernel that ``reduce_tensor`` will use on ``device``, before any step runs."""
+    if device.type == "cpu":
+        native.kernel()
+    else:
+        compiled_reductions()
 
 
 def eager_reductions(flat: torch.Tensor) -> torch.Tensor:

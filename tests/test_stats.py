@@ -10,6 +10,7 @@ import torchvision
 
 from conftest import seeded_batch, stats_of
 from hooks.recorder import Recorder
+from hooks import native
 from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
 
 
@@ -71,14 +72,20 @@ def compiled(t: torch.Tensor) -> torch.Tensor:
     return fused(flat_widened(t))
 
 
+def native_split(t: torch.Tensor) -> torch.Tensor:
+    """The C kernel with the tensor split over three threads (chunks of unequal length)."""
+    assert native.kernel() is not None, "the statistics kernel could not be built on this machine"
+    return native.reduce_contiguous(flat_widened(t).contiguous(), threads=3)
+
+
 def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
     t = t.clone()
     t[[3, 50, 70]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     return t
 
 
-@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), reduce_tensor],
-                         ids=["compiled", "eager", "dispatch"])
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_split, reduce_tensor],
+                         ids=["compiled", "eager", "native", "dispatch"])
 @pytest.mark.parametrize("tensor", [
     torch.randn(N + 7),
     torch.randn(4 * N, dtype=torch.float64),
@@ -88,8 +95,8 @@ def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
     with_nonfinite(torch.randn(N)),
     torch.cat([torch.tensor([float("inf")]), torch.randn(N)]),   # non-finite first element: no shift
 ], ids=["randn", "f64", "big-mean", "relu", "fp16-overflow", "nan-inf", "inf-first"])
-def test_compiled_and_eager_paths_match_float64_torch(tensor, path):
-    """Both reduction paths, on tensors large enough that ``reduce_tensor`` compiles."""
+def test_every_reduction_path_matches_float64_torch(tensor, path):
+    """Every reduction path, on tensors large enough that ``reduce_tensor`` would compile on CUDA."""
     assert_stats_close(summary_of(tensor, path), tensor)
 
 
@@ -100,8 +107,8 @@ def near_max(n: int) -> torch.Tensor:
     return t
 
 
-@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), reduce_tensor],
-                         ids=["compiled", "eager", "dispatch"])
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_split, reduce_tensor],
+                         ids=["compiled", "eager", "native", "dispatch"])
 @pytest.mark.parametrize("n", [10, N + 3])
 def test_finite_float32_near_max_never_reports_inf(path, n):
     """A float32 sum of these overflows: ``abs_mean`` and ``l2`` must still be the float64 truth."""
@@ -109,6 +116,29 @@ def test_finite_float32_near_max_never_reports_inf(path, n):
     got = summary_of(tensor, path)
     assert math.isfinite(got["abs_mean"]) and math.isfinite(got["l2"]) and got["inf_count"] == 0
     assert_stats_close(got, tensor)
+
+
+def test_without_a_c_compiler_statistics_fall_back_to_eager_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_kernel", None)
+    tensor = with_nonfinite(torch.randn(N))
+    with pytest.warns(RuntimeWarning, match="could not be built"):
+        got = summary_of(tensor)
+    assert native.kernel() is None
+    assert list((tmp_path / "cache").glob("*")) == []  # the failed build left no file
+    assert_stats_close(got, tensor)
+
+
+def test_the_kernel_is_built_once_per_cache_and_reused(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_kernel", None)
+    assert native.kernel() is not None
+    built = list(tmp_path.iterdir())
+    assert [p.suffix for p in built] == [".so"]  # no temporary file left behind
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "build", lambda *a: pytest.fail("rebuilt although cached"))
+    assert native.kernel() is not None
 
 
 def test_complex_tensors_are_not_reduced_as_magnitudes():

@@ -15,7 +15,8 @@ from hooks import HookSession
 from hooks.base import explanation
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder
-from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions
+from hooks.stats import COMPILE_MIN_NUMEL
+from hooks.stats import prepare as prepare_statistics
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.steps import StepWriter
@@ -44,7 +45,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     data = plan.data.batches(s.seed, device)
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
-    compile_time_s = _warm_up_statistics(plan)
+    compile_time_s = _warm_up_statistics(plan, device)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
         extra = {"seed": s.seed, "compile_time_s": compile_time_s}
@@ -77,19 +78,20 @@ def _eval(steps: StepWriter, step: int, result) -> None:
     steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy})
 
 
-def _warm_up_statistics(plan: Plan) -> float:
-    """Compile the statistics kernel before step 0 when the run will use it; return the seconds it took.
+def _warm_up_statistics(plan: Plan, device: torch.device) -> float:
+    """Build the statistics kernel before step 0 when the run will use it; return the seconds it took.
 
-    The first large tensor would otherwise pay for ``torch.compile`` inside step 0, and step 0's
-    ``wall_time_s`` would report the compiler as the hooks' cost. The manifest keeps the time apart.
+    The first captured tensor would otherwise pay for the build (the C kernel on CPU, the first
+    time on a machine; ``torch.compile`` on CUDA) inside step 0, and step 0's ``wall_time_s``
+    would report it as the hooks' cost. The manifest keeps the time apart.
     """
     found = plan.rehearsal
     large = found is None or any(nbytes >= count * COMPILE_MIN_NUMEL * 2 for count, nbytes, _ in found.records.values()
                                  if count)
-    if not plan.hooks or not large:
+    if not plan.hooks or (device.type != "cpu" and not large):
         return 0.0
     start = time.perf_counter()
-    compiled_reductions()
+    prepare_statistics(device)
     return time.perf_counter() - start
 
 

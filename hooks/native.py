@@ -1,0 +1,107 @@
+"""The CPU statistics kernel (``stats_kernel.c``): built once per machine, loaded with ctypes.
+
+Why a C kernel: every statistic of a tensor in one pass over memory, on all of PyTorch's
+intra-op threads. Eager PyTorch needs a pass per statistic (and its boolean counts run at
+1-2 GB/s); ``torch.compile``'s CPU kernel fuses them but runs its own OpenMP pool, which fights
+PyTorch's on the same cores, so it had to stay on one thread. The kernel uses plain POSIX
+threads that start and end inside each call, and ctypes releases the GIL while it runs.
+
+The build takes well under a second with the machine's C compiler (``$CC``, else ``cc``) and is
+cached per source, flags and CPU (it is tuned with ``-march=native``, so a node with another
+CPU builds its own) in ``$HOOK_RUNNER_CACHE`` or ``~/.cache/hook-runner``. Without a compiler
+the statistics fall back to eager PyTorch, with one warning.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("stats_kernel.c")
+
+#: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+         "-fno-trapping-math", "-fPIC", "-shared", "-pthread")
+
+#: Elements per thread below which splitting a tensor costs more than the thread start saves.
+MIN_PER_THREAD = 1 << 17
+
+_kernel = None  # the loaded ``hr_reduce``; False once the build failed
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("HOOK_RUNNER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hook-runner")
+    return Path(base)
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        return platform.processor()
+
+
+def library_path(compiler: str) -> Path:
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, *FLAGS, platform.machine(), _cpu_signature()])
+                         .encode()).hexdigest()[:16]
+    return cache_dir() / f"stats_kernel-{key}.so"
+
+
+def build(compiler: str, target: Path) -> None:
+    """Compile into a temporary file and rename it into place: jobs of a sweep may build at once."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def kernel():
+    """The ``hr_reduce`` C function, built on first use; None where it cannot be built (one warning)."""
+    global _kernel
+    if _kernel is None:
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+        try:
+            path = library_path(compiler)
+            if not path.exists():
+                build(compiler, path)
+            fn = ctypes.CDLL(str(path)).hr_reduce
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _kernel = fn
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else exc
+            warnings.warn(f"the statistics kernel could not be built ({detail}); statistics use eager "
+                          f"PyTorch reductions, which are slower", RuntimeWarning, stacklevel=2)
+            _kernel = False
+    return _kernel or None
+
+
+def reduce_contiguous(flat: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """``hooks.stats.RAW`` of a contiguous, non-empty float32/float64 CPU tensor, in one pass.
+
+    ``threads`` defaults to PyTorch's intra-op threads, fewer for small tensors. The caller
+    checks that ``kernel()`` is available.
+    """
+    out = torch.empty(9, dtype=torch.float64)
+    n = flat.numel()
+    if threads is None:
+        threads = max(1, min(torch.get_num_threads(), n // MIN_PER_THREAD))
+    if _kernel(flat.data_ptr(), n, flat.dtype == torch.float64, threads, out.data_ptr()) != 0:
+        raise RuntimeError("the statistics kernel could not join one of its threads")
+    return out

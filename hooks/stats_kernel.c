@@ -1,0 +1,154 @@
+/* One pass over a contiguous float32 or float64 tensor for every statistic of hooks.stats.RAW.
+ *
+ * Built by hooks/native.py with the machine's C compiler; called through ctypes, which releases
+ * the GIL. Work is split into `threads` contiguous chunks (the caller passes PyTorch's intra-op
+ * thread count), each run on its own POSIX thread; the calling thread runs the first chunk.
+ *
+ * Sums are taken in blocks of BLOCK elements in the input's precision (vectorised: the build
+ * allows reassociation, never finite-math, so NaN and Inf compare as IEEE says) and the block
+ * sums are added in double; finite float32 data whose float sums overflow are summed again with
+ * double accumulators. Sums run around `shift` (the first element when finite, else 0), so the
+ * variance of data whose mean dwarfs its spread does not cancel. A NaN anywhere makes min and
+ * max NaN, as torch.aminmax gives.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#define BLOCK 512
+
+typedef struct {
+    const void *data;
+    int64_t n;
+    double shift;
+    double sum, sumsq, abs_sum, lo, hi;
+    int64_t zeros, nans, infs;
+} chunk_t;
+
+/* min and max of one block, which the sum loop has just brought into L1. IEEE min/max cannot be
+ * vectorised (a NaN must win); here the compiler may assume no NaN, so it vectorises, and what it
+ * gives for NaN does not matter: the caller replaces both by NaN when nan_count > 0. */
+#define MINMAX(NAME, T)                                                               \
+    __attribute__((optimize("finite-math-only")))                                    \
+    static void NAME(const T *x, int64_t n, T *lo, T *hi) {                          \
+        T l = *lo, h = *hi;                                                          \
+        for (int64_t i = 0; i < n; i++) {                                            \
+            l = x[i] < l ? x[i] : l;                                                 \
+            h = x[i] > h ? x[i] : h;                                                 \
+        }                                                                            \
+        *lo = l;                                                                     \
+        *hi = h;                                                                     \
+    }
+
+/* One chunk: per block, the sums and counts (vectorised), then the block's min and max. */
+#define REDUCE(NAME, MINMAX_NAME, T, A, ABS)                                           \
+    static void *NAME(void *arg) {                                                   \
+        chunk_t *c = (chunk_t *)arg;                                                 \
+        const T *x = (const T *)c->data;                                             \
+        const A shift = (A)c->shift;                                                 \
+        double sum = 0, sumsq = 0, abs_sum = 0;                                      \
+        T lo = x[0], hi = x[0];                                                      \
+        int64_t zeros = 0, nans = 0, infs = 0;                                       \
+        for (int64_t start = 0; start < c->n; start += BLOCK) {                      \
+            const int64_t stop = c->n - start < BLOCK ? c->n : start + BLOCK;        \
+            A bsum = 0, bsumsq = 0, babs = 0;                                        \
+            int32_t bz = 0, bn = 0, bi = 0;                                          \
+            for (int64_t i = start; i < stop; i++) {                                 \
+                const T v = x[i];                                                    \
+                const A d = (A)v - shift;                                            \
+                const A a = ABS((A)v);                                               \
+                bsum += d;                                                           \
+                bsumsq += d * d;                                                     \
+                babs += a;                                                           \
+                bz += v == 0;                                                        \
+                bn += v != v;                                                        \
+                bi += a == (A)INFINITY;                                              \
+            }                                                                        \
+            MINMAX_NAME(x + start, stop - start, &lo, &hi);                          \
+            sum += bsum;                                                             \
+            sumsq += bsumsq;                                                         \
+            abs_sum += babs;                                                         \
+            zeros += bz;                                                             \
+            nans += bn;                                                              \
+            infs += bi;                                                              \
+        }                                                                            \
+        c->sum = sum;                                                                \
+        c->sumsq = sumsq;                                                            \
+        c->abs_sum = abs_sum;                                                        \
+        c->lo = lo;                                                                  \
+        c->hi = hi;                                                                  \
+        c->zeros = zeros;                                                            \
+        c->nans = nans;                                                              \
+        c->infs = infs;                                                              \
+        return 0;                                                                    \
+    }
+
+MINMAX(minmax_f32, float)
+MINMAX(minmax_f64, double)
+REDUCE(reduce_f32, minmax_f32, float, float, fabsf)
+REDUCE(reduce_f32_wide, minmax_f32, float, double, fabs)  /* for finite data whose float sums overflow */
+REDUCE(reduce_f64, minmax_f64, double, double, fabs)
+
+#define MAX_THREADS 64
+
+/* Run `reduce` over x[0..n) in `threads` contiguous chunks and combine them into out[0..8).
+ * Returns 0, or -1 if a thread could not be joined. */
+static int run_chunks(void *(*reduce)(void *), const void *x, int64_t n, size_t size, double shift,
+                      int threads, double *out) {
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    const int64_t per = (n + threads - 1) / threads;
+    threads = (int)((n + per - 1) / per);  /* no empty chunk */
+    chunk_t chunks[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 0; t < threads; t++) {
+        const int64_t begin = per * t;
+        chunks[t].data = (const char *)x + begin * size;
+        chunks[t].n = begin + per < n ? per : n - begin;
+        chunks[t].shift = shift;
+    }
+    for (int t = 1; t < threads; t++) {
+        started[t] = pthread_create(&ids[t], 0, reduce, &chunks[t]) == 0;
+        if (!started[t]) reduce(&chunks[t]);
+    }
+    reduce(&chunks[0]);
+    int failed = 0;
+    for (int t = 1; t < threads; t++)
+        if (started[t] && pthread_join(ids[t], 0) != 0) failed = 1;
+    double sum = 0, sumsq = 0, abs_sum = 0, lo = chunks[0].lo, hi = chunks[0].hi;
+    int64_t zeros = 0, nans = 0, infs = 0;
+    for (int t = 0; t < threads; t++) {
+        sum += chunks[t].sum;
+        sumsq += chunks[t].sumsq;
+        abs_sum += chunks[t].abs_sum;
+        lo = chunks[t].lo < lo ? chunks[t].lo : lo;
+        hi = chunks[t].hi > hi ? chunks[t].hi : hi;
+        zeros += chunks[t].zeros;
+        nans += chunks[t].nans;
+        infs += chunks[t].infs;
+    }
+    if (nans) lo = hi = NAN;
+    out[0] = sum;
+    out[1] = sumsq;
+    out[2] = abs_sum;
+    out[3] = lo;
+    out[4] = hi;
+    out[5] = (double)zeros;
+    out[6] = (double)nans;
+    out[7] = (double)infs;
+    out[8] = shift;
+    return failed ? -1 : 0;
+}
+
+/* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
+int hr_reduce(const void *x, int64_t n, int is_double, int threads, double *out) {
+    const double first = is_double ? ((const double *)x)[0] : ((const float *)x)[0];
+    const double shift = isfinite(first) ? first : 0.0;
+    if (is_double) return run_chunks(reduce_f64, x, n, sizeof(double), shift, threads, out);
+    int status = run_chunks(reduce_f32, x, n, sizeof(float), shift, threads, out);
+    const int finite_data = out[6] == 0 && out[7] == 0;
+    if (status == 0 && finite_data && !(isfinite(out[0]) && isfinite(out[1]) && isfinite(out[2])))
+        status = run_chunks(reduce_f32_wide, x, n, sizeof(float), shift, threads, out);
+    return status;
+}
