@@ -90,9 +90,9 @@ def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypa
         def __init__(self, dataset):
             self.dataset, self.schema = dataset, dataset.schema
 
-        def to_table(self, **kw):
+        def scanner(self, **kw):
             scans.append(kw)
-            return self.dataset.to_table(**kw)
+            return self.dataset.scanner(**kw)
 
     monkeypatch.setattr(analysis.load, "_dataset", lambda files: Spy(real(files)))
     full = analysis.load_stats(sweep)
@@ -102,7 +102,7 @@ def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypa
     pd.testing.assert_frame_equal(df.reset_index(drop=True),
                                   full[full.kind == "param_grad"][list(df.columns)].reset_index(drop=True))
     assert len(scans) == 2  # one scan over the three jobs' files, not one read per file
-    assert scans[-1]["columns"] == ["layer", "l2", "__filename"]
+    assert scans[-1]["columns"] == ["layer", "l2"]
     assert scans[-1]["filter"].equals(pq.filters_to_expression([("kind", "=", "param_grad")]))
     steps = analysis.load_steps(sweep, columns=["loss"], filters=[("step", "=", 1)])
     assert len(steps) == 3 and "wall_time_s" not in steps.columns

@@ -4,9 +4,10 @@ A run directory is one that holds ``manifest.json`` (written last, so only compl
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
 ``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (and
-``run_dir``) as pandas categoricals, which do not repeat a string per row. All files of a sweep are read as one pyarrow dataset whose schema
-unifies every file's footer, so a column that only some jobs wrote is kept (null in the rows of
-the others) and ``columns``/``filters`` are pushed down into the scan. Values are converted from
+``run_dir``) as pandas categoricals, which do not repeat a string per row. All files of a sweep are read as one pyarrow dataset, each footer
+once; where files differ in columns the schema unifies them, so a column that only some jobs
+wrote is kept (null in the rows of the others), and ``columns``/``filters`` are pushed down into
+the scan. Values are converted from
 Arrow to numpy directly, so a NaN stays a NaN.
 
 Files written before ``schema_version`` "2" named the tensor columns ``values`` and ``shape``;
@@ -20,15 +21,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 from omegaconf import OmegaConf
@@ -49,14 +51,21 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
 
 
 def run_dirs(path: str | Path) -> list[Path]:
-    """Every complete run directory at or under ``path``, sorted; an error if there is none."""
+    """Every complete run directory at or under ``path``, sorted; an error if there is none.
+
+    Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
+    """
     path = Path(path)
     if (path / MANIFEST).is_file():
         return [path]
-    found = sorted(p.parent for p in path.rglob(MANIFEST))
+    found = []
+    for root, dirs, files in os.walk(path):
+        if MANIFEST in files:
+            found.append(Path(root))
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
-    return found
+    return sorted(found)
 
 
 def failed_jobs(path: str | Path) -> pd.DataFrame:
@@ -139,9 +148,31 @@ def override_columns(df: pd.DataFrame) -> list[str]:
 
 
 def _dataset(files: list[Path]) -> ds.Dataset:
-    """One dataset over ``files`` whose schema unifies every file's footer (read in parallel by Arrow)."""
-    factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
-    return factory.finish(factory.inspect(promote_options="permissive", fragments=None).remove_metadata())
+    """One dataset over ``files``, each footer read once (the scan reuses it).
+
+    Files written by other versions may differ in columns: the schema then unifies every file's
+    footer, so a column only some files have is kept (null in the others' rows).
+    """
+    dataset = ds.dataset([str(f) for f in files], format="parquet")
+    schemas = []
+    for fragment in dataset.get_fragments():
+        fragment.ensure_complete_metadata()
+        if not schemas or not fragment.physical_schema.equals(schemas[0]):
+            schemas.append(fragment.physical_schema)
+    schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
+    return dataset.replace_schema(schema.remove_metadata())
+
+
+def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: dict[str, int]
+          ) -> tuple[pa.Table, np.ndarray]:
+    """The rows of ``columns`` that pass ``expression``, and for each row the index of its file in ``position``."""
+    batches, codes = [], []
+    scanner = dataset.scanner(columns=columns, filter=expression)
+    for tagged in scanner.scan_batches():
+        batches.append(tagged.record_batch)
+        codes.append(np.full(tagged.record_batch.num_rows, position[tagged.fragment.path], dtype=np.int64))
+    table = pa.Table.from_batches(batches, schema=scanner.projected_schema)
+    return table, (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64))
 
 
 def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
@@ -184,17 +215,15 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
-    table = dataset.to_table(columns=[*(wanted if wanted is not None else stored), "__filename"], filter=expression)
+    position = {str(r / name): i for i, r in enumerate(have)}
+    table, codes = _scan(dataset, wanted if wanted is not None else stored, expression, position)
     for old, new in RENAMED.items():
         if old in table.column_names:
             merged = (pc.coalesce(table[new], table[old]) if new in table.column_names else table[old])
             table = table.drop_columns([c for c in (old, new) if c in table.column_names]).append_column(new, merged)
-    files = table["__filename"].dictionary_encode().combine_chunks()
-    table = table.drop_columns("__filename")
-    df = table.to_pandas()
-    position = {str(r / name): i for i, r in enumerate(have)}
-    codes = np.array([position[f] for f in files.dictionary.to_pylist()], dtype=np.int64)[
-        files.indices.to_numpy(zero_copy_only=False)] if len(df) else np.zeros(0, dtype=np.int64)
+    # Arrow frees each column as it is converted: the load's peak is not the table plus the frame.
+    df = table.to_pandas(self_destruct=True, split_blocks=True)
+    del table
     overrides = [overrides_of(r) for r in have]
     for key in dict.fromkeys(k for own in overrides for k in own):
         if key not in df.columns:  # an override named like a column (loss=...) does not replace the data

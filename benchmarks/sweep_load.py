@@ -1,0 +1,92 @@
+"""Loading a big sweep: ``runner.analysis`` against a pyarrow dataset over the same files.
+
+The sweep is made from one real run (``hooks=stats``, resnet18, 10 steps: 1,200 rows of
+statistics) copied into ``jobs`` job directories, each with its own overrides in its manifest,
+as a Hydra multirun leaves them. The peer is what a user would write with pyarrow alone:
+``ds.dataset(files).to_table(columns, filter).to_pandas()``, which knows nothing of runs,
+overrides or renamed columns. Both read the same files in the same process, interleaved.
+Memory is measured in a child process: the peak resident memory the load adds, against the
+memory of the frame it returns.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from benchmarks.process import ROOT, runner_args
+
+#: (name, columns, filters) of each read; ``None`` reads everything.
+READS = [
+    ("whole", None, None),
+    ("4 columns", ["layer", "kind", "step", "l2"], None),
+    ("filtered (kind = grad_output)", None, [("kind", "=", "grad_output")]),
+]
+
+
+def make_sweep(out: Path, jobs: int) -> Path:
+    """A sweep directory of ``jobs`` copies of one real 10-step ``hooks=stats`` run, distinct overrides each."""
+    template = out / "template"
+    subprocess.run([sys.executable, *runner_args(str(template), "hooks=stats", "model=resnet18",
+                                                  "data.shape=[2,3,32,32]", "steps=10")],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    manifest = json.loads((template / "manifest.json").read_text())
+    sweep = out / "sweep"
+    for i in range(jobs):
+        job = sweep / str(i)
+        shutil.copytree(template, job)
+        overrides = [f"seed={i}", f"hooks.stats.layers={['all', 'conv'][i % 2]}", f"lr={10 ** -(i % 4)}"]
+        (job / "manifest.json").write_text(json.dumps({**manifest, "overrides": overrides}))
+    return sweep
+
+
+def pyarrow_read(sweep: Path, columns, filters):
+    files = sorted(str(p) for p in sweep.rglob("stats.parquet"))
+    expression = None if filters is None else pq.filters_to_expression(filters)
+    return ds.dataset(files, format="parquet").to_table(columns=columns, filter=expression).to_pandas()
+
+
+def timings(sweep: Path, reps: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each read by ``load_stats`` and by the pyarrow peer, interleaved ``reps`` times."""
+    import runner.analysis as analysis
+
+    out: dict[str, dict[str, list[float]]] = {name: {"runner": [], "pyarrow": []} for name, _, _ in READS}
+    for _ in range(reps):
+        for name, columns, filters in READS:
+            for who, read in (("runner", analysis.load_stats), ("pyarrow", pyarrow_read)):
+                start = time.perf_counter()
+                df = read(sweep, columns, filters)
+                out[name][who].append(time.perf_counter() - start)
+                del df
+    return out
+
+
+MEMORY_CHILD = """
+import sys, resource
+import runner.analysis as analysis
+def rss():
+    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS'))) * 1024
+base = rss()
+df = analysis.load_stats(sys.argv[1])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(max(peak, rss()) - base, int(df.memory_usage(deep=True).sum()), len(df))
+"""
+
+
+def memory(sweep: Path) -> tuple[int, int, int]:
+    """(bytes the load added at its peak, bytes of the frame, rows), from a fresh child process."""
+    done = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(sweep)], cwd=ROOT, check=True,
+                          capture_output=True, text=True)
+    added, frame, rows = map(int, done.stdout.split())
+    return added, frame, rows
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
