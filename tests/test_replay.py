@@ -7,6 +7,7 @@ nothing written.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import metadata
 import os
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import runner
 import runner.__main__ as runner_main
 from runner.cli import replay
 from runner.cli.commandline import compose_config
@@ -218,12 +220,13 @@ def test_a_data_file_is_fingerprinted(tmp_path, run_with):
 
     picture = tmp_path / "cat.png"
     Image.new("RGB", (12, 12), (200, 30, 30)).save(picture)
-    run_dir = run_with("model=convnet", "data=image", f"data.path={picture}", "data.resize=8", "data.crop=8",
+    run_dir = run_with("model=convnet", "data=image", f"data.path={picture}", "data.resize=8", "data.crop=8", "device=cpu",
                        "progress=false")
-    described = json.loads((run_dir / "manifest.json").read_text())["provenance"]["data"]
-    import hashlib
-
-    assert described["kind"] == "image"
+    recorded = json.loads((run_dir / "manifest.json").read_text())["provenance"]
+    assert {k: recorded[k] for k in ("seed", "threads", "device", "checkpoint")} == {
+        "seed": 0, "threads": torch.get_num_threads(), "device": "cpu", "checkpoint": None}
+    described = recorded["data"]
+    assert described["kind"] == "image" and described["shape"] == [1, 3, 8, 8]
     assert described["path"] == {"path": str(picture),
                                  "sha256": hashlib.sha256(b"\0" + picture.read_bytes()).hexdigest()[:16]}
 
@@ -253,6 +256,19 @@ def test_a_run_without_config_yaml_cannot_be_replayed(training_run, capsys):
     assert code == 2
     assert err == f"error: replay: '{training_run}' has no config.yaml (made before runs committed their config): " \
                   f"nothing to replay\n"
+
+
+def test_a_run_of_a_users_own_loop_is_refused(tmp_path, capsys):
+    model = torch.nn.Linear(3, 2)
+    with runner.attach(model, hooks=["stats"], out_dir=tmp_path / "own") as rec:
+        loss = model(torch.ones(1, 3)).sum()
+        rec.backward(loss)
+        rec.step(loss)
+    code, _, err = run_replay(capsys, f"replay={tmp_path / 'own'}", f"replay.out={tmp_path / 'replayed'}")
+    assert code == 2
+    assert err == f"error: replay: '{tmp_path / 'own'}' was recorded by runner.attach in your own loop, which the " \
+                  f"runner cannot run again; only runs of python -m runner replay\n"
+    assert not (tmp_path / "replayed").exists()
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -117,10 +117,15 @@ def check_run_dir(run_dir: Path) -> dict:
 
 
 def _stored_config(run_dir: Path):
+    """The run's committed config; one written by ``runner.attach`` (no model: the loop was the user's) is refused."""
     try:
-        return OmegaConf.load(run_dir / CONFIG)
+        cfg = OmegaConf.load(run_dir / CONFIG)
     except (OSError, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"{KEY}: cannot read '{run_dir / CONFIG}': {str(exc).splitlines()[0]}") from None
+    if "model" not in cfg:
+        raise ConfigError(f"{KEY}: '{run_dir}' was recorded by runner.attach in your own loop, which the runner "
+                          f"cannot run again; only runs of python -m runner replay")
+    return cfg
 
 
 def preflight(run_dir: Path, manifest: dict, plan) -> str:

@@ -1,8 +1,9 @@
 """What a replay needs to know about how a run was made, beyond its config: the manifest's ``provenance``.
 
 ``config.yaml`` says what was asked for; it does not say which files it read, what they held, or how
-many threads computed it. ``provenance(plan)`` records that (the data's kind and shape, each file the
-data or the checkpoint names with a fingerprint, the seed, torch's thread count), and
+many threads on which device computed it. ``provenance(plan)`` records that (the data's kind and
+shape, each file the data or the checkpoint names with a fingerprint, the seed, torch's thread
+count, the device), and
 ``differences(stored, now)`` names, one short phrase each, what a replay would do otherwise.
 Versions are not here: the manifest keeps them under ``versions`` (``runner.store.outputs``).
 """
@@ -26,6 +27,7 @@ def provenance(plan) -> dict:
     return {
         "seed": plan.settings.seed,
         "threads": torch.get_num_threads(),
+        "device": plan.device,
         "data": describe_data(plan.data.data, plan.data.input_shape),
         "checkpoint": describe_file(plan.model.get("checkpoint")),
     }
