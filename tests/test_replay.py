@@ -220,8 +220,8 @@ def test_a_data_file_is_fingerprinted(tmp_path, run_with):
 
     picture = tmp_path / "cat.png"
     Image.new("RGB", (12, 12), (200, 30, 30)).save(picture)
-    run_dir = run_with("model=convnet", "data=image", f"data.path={picture}", "data.resize=8", "data.crop=8", "device=cpu",
-                       "progress=false")
+    run_dir = run_with("model=convnet", "data=image", f"data.path={picture}", "data.resize=8", "data.crop=8",
+                       "device=cpu", "progress=false")
     recorded = json.loads((run_dir / "manifest.json").read_text())["provenance"]
     assert {k: recorded[k] for k in ("seed", "threads", "device", "checkpoint")} == {
         "seed": 0, "threads": torch.get_num_threads(), "device": "cpu", "checkpoint": None}
