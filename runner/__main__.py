@@ -1,4 +1,5 @@
-"""``python -m runner [overrides]``: the command line is checked, then Hydra runs each job's plan."""
+"""``python -m runner [overrides]``: the command line is checked, then Hydra runs each job's plan;
+``python -m runner replay=RUN_DIR`` runs a finished run again (``runner.cli.replay``)."""
 import sys
 
 import hydra
@@ -6,8 +7,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from runner.cli import replay
 from runner.cli.commandline import CONF_DIR, check_command_line, take_plan
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
+from runner.cli.replay import is_replay
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -18,6 +21,8 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    if is_replay(sys.argv[1:]):  # no Hydra: the stored config is run as it is (runner.cli.replay)
+        sys.exit(replay.main(sys.argv[1:]))
     problems = check_command_line(sys.argv[1:])
     for line in problems:
         print(f"error: {line}", file=sys.stderr)

@@ -24,6 +24,7 @@ from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, 
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, check_output_dir
+from runner.store.provenance import provenance
 
 
 def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
@@ -48,7 +49,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     compile_time_s = _warm_up_statistics(plan, device)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
-        extra = {"seed": s.seed, "compile_time_s": compile_time_s}
+        extra = {"seed": s.seed, "compile_time_s": compile_time_s,
+                 "provenance": provenance(plan)}  # what a replay checks (runner.cli.replay)
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
                         extra=extra) as outputs, progress_bar(s.steps, s.progress) as bar:
             steps = StepWriter(session, outputs, s, device)

@@ -333,7 +333,7 @@ def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
 
 def _versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    for pkg in ("torch", "torchvision", "pyarrow", "hydra-core", "omegaconf", "pandas"):
+    for pkg in ("torch", "torchvision", "pyarrow", "hydra-core", "omegaconf", "pandas", "hook-runner"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -1,0 +1,83 @@
+"""What a replay needs to know about how a run was made, beyond its config: the manifest's ``provenance``.
+
+``config.yaml`` says what was asked for; it does not say which files it read, what they held, or how
+many threads on which device computed it. ``provenance(plan)`` records that (the data's kind and
+shape, each file the data or the checkpoint names with a fingerprint, the seed, torch's thread
+count, the device), and
+``differences(stored, now)`` names, one short phrase each, what a replay would do otherwise.
+Versions are not here: the manifest keeps them under ``versions`` (``runner.store.outputs``).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+#: Files up to this many bytes (all files of a folder together) are fingerprinted by their contents
+#: (sha256); larger data by each file's size and modification time, which reading costs nothing.
+HASH_LIMIT = 64 << 20
+#: Keys of a data config that name a file or a folder of files.
+PATH_KEYS = ("path", "root")
+
+
+def provenance(plan) -> dict:
+    """The manifest's ``provenance`` of ``plan`` (a ``runner.engine.plan.Plan``)."""
+    return {
+        "seed": plan.settings.seed,
+        "threads": torch.get_num_threads(),
+        "device": plan.device,
+        "data": describe_data(plan.data.data, plan.data.input_shape),
+        "checkpoint": describe_file(plan.model.get("checkpoint")),
+    }
+
+
+def describe_data(cfg: DictConfig, shape) -> dict:
+    """The data's kind, input shape and, for each path key, the fingerprint of what it names."""
+    described = {"kind": cfg.get("kind"), "shape": list(shape) if shape is not None else None}
+    for key in PATH_KEYS:
+        if cfg.get(key):
+            described[key] = describe_file(cfg.get(key))
+    return described
+
+
+def describe_file(path: str | None) -> dict | None:
+    """``{"path", "sha256"}`` of a file or folder, or ``{"path", "size_mtime"}`` when it is larger than
+    ``HASH_LIMIT``; ``{"path", "missing": True}`` when nothing is there; ``None`` for no path."""
+    if not path:
+        return None
+    root = Path(str(path))
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root] if root.is_file() else []
+    if not files:
+        return {"path": str(path), "missing": True}
+    digest = hashlib.sha256()
+    if sum(p.stat().st_size for p in files) > HASH_LIMIT:
+        for p in files:
+            stat = p.stat()
+            digest.update(f"{p.relative_to(root) if p != root else ''}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        return {"path": str(path), "size_mtime": digest.hexdigest()[:16]}
+    for p in files:
+        digest.update(f"{p.relative_to(root) if p != root else ''}\0".encode())
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return {"path": str(path), "sha256": digest.hexdigest()[:16]}
+
+
+def differences(stored: dict, now: dict, prefix: str = "") -> list[str]:
+    """Every leaf where two manifest parts differ, as ``key: stored -> now`` (a key only one has too)."""
+    out = []
+    for key in sorted(set(stored) | set(now), key=str):
+        a, b = stored.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return "(none)" if value is None else str(value)
