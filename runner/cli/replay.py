@@ -35,7 +35,7 @@ from runner.engine.plan import compile_plan
 from runner.store.claim import claim_run_dir
 from runner.store.commit import CONFIG, DATA_FILES, MANIFEST, TMP_MARK
 from runner.store.errors import OutputError
-from runner.store.outputs import _versions
+from runner.store.outputs import versions
 from runner.store.provenance import differences, provenance
 
 #: Exit status of a replay whose tables differ from the stored run's.
@@ -131,7 +131,7 @@ def _stored_config(run_dir: Path):
 def preflight(run_dir: Path, manifest: dict, plan) -> str:
     """One line naming what differs between the stored run and this replay ('' when nothing does)."""
     stored_hash = manifest.get("config_hash")
-    found = [f"versions.{line}" for line in differences(manifest.get("versions", {}), _versions())]
+    found = [f"versions.{line}" for line in differences(manifest.get("versions", {}), versions())]
     if _hash((run_dir / CONFIG).read_text()) != stored_hash:
         found.append(f"config_hash: {CONFIG} was edited after the run")
     elif _hash(plan.config_yaml) != stored_hash:

@@ -217,7 +217,7 @@ class RunOutputs:
             "config_hash": self.config_hash,
             "overrides": self.overrides,
             "files": files,
-            "versions": _versions(),
+            "versions": versions(),
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **self.extra,
         })
@@ -331,11 +331,12 @@ def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 
 
-def _versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
+def versions() -> dict[str, str]:
+    """Python's and every package's version that a run's numbers depend on (the manifest keeps them; replay compares)."""
+    found = {"python": platform.python_version()}
     for pkg in ("torch", "torchvision", "pyarrow", "hydra-core", "omegaconf", "pandas", "hook-runner"):
         try:
-            versions[pkg] = metadata.version(pkg)
+            found[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
-            versions[pkg] = "not installed"
-    return versions
+            found[pkg] = "not installed"
+    return found
