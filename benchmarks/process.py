@@ -61,3 +61,15 @@ def peak_memory(step_counts: tuple[int, ...], overrides: list[str]) -> dict[int,
             _run_child(runner_args(out, "hooks=stats", f"steps={steps}", *overrides))
             peaks[steps] = max(pq.read_table(f"{out}/steps.parquet").column("peak_memory_bytes").to_pylist())
     return peaks
+
+
+def first_step_walls(overrides: list[str]) -> list[float]:
+    """``wall_time_s`` of every step of a run in a child whose kernel cache is empty (nothing built yet)."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="bench-first-step-") as tmp:
+        env = {**os.environ, "HOOK_RUNNER_CACHE": f"{tmp}/cache"}
+        subprocess.run([sys.executable, *runner_args(f"{tmp}/run", *overrides)], cwd=ROOT, env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        steps = pq.read_table(f"{tmp}/run/steps.parquet").to_pylist()
+    return [row["wall_time_s"] for row in steps if row["split"] == "train"]

@@ -10,6 +10,9 @@ are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md
     python -m benchmarks.run               # resnet18 at batch 8 and 32, I/O, start-up, memory (< 10 min)
     python -m benchmarks.run --resnet50    # also resnet50 at batch 8
     python -m benchmarks.run --quick       # tiny sizes, one repetition: the smoke test
+    python -m benchmarks.run --long        # also a 10,000-job sweep to load
+
+Peers (``wandb.watch``) are timed where installed (``pip install wandb``), except in ``--quick``.
 """
 from __future__ import annotations
 
@@ -28,14 +31,17 @@ import pyarrow.parquet as pq
 import torch
 import torchvision
 
-from benchmarks import io, process
+from benchmarks import io, process, sweep_load
 from benchmarks.variants import make_variants, preset, runner_hooks
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EXTRACT_LAYERS = ["layer4", "avgpool"]
 #: The issue's targets: variant -> largest acceptable median ratio to bare.
 TARGETS = {"runner stats": 1.10, "runner extract (memory)": 1.03, "runner extract (parquet)": 1.05,
-           "runner no-op machinery": 1.02}
+           "runner no-op machinery": 1.01}
+#: Loading a sweep: largest acceptable ratio to a pyarrow dataset over the same files, and of the
+#: memory the load adds to the frame it returns; step 0's wall time to the median step's.
+LOAD_TARGET, LOAD_MEMORY_TARGET, FIRST_STEP_TARGET = 1.3, 1.5, 1.5
 
 
 @dataclass
@@ -51,16 +57,24 @@ class Settings:
     startup_reps: int
     memory_steps: tuple[int, int]
     memory_overrides: list[str]
+    sweep_jobs: list[int]
+    load_reps: int
+    peers: bool
+    first_step_overrides: list[str]
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
         if args.quick:
             return cls([("resnet18", 2, 32)], rounds=1, warmup=1, tensor_steps=2, io_reps=1, stats_steps=3,
-                       startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"])
+                       startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"],
+                       sweep_jobs=[3], load_reps=1, peers=False,
+                       first_step_overrides=["hooks=stats", "model=convnet", "steps=3"])
         models = [("resnet18", 8, 224), ("resnet18", 32, 224)] + ([("resnet50", 8, 224)] if args.resnet50 else [])
         return cls(models, rounds=args.rounds, warmup=3, tensor_steps=30, io_reps=5, stats_steps=100,
                    startup_reps=5, memory_steps=(200, 10),
-                   memory_overrides=["model=resnet18", "data.shape=[2,3,64,64]"])
+                   memory_overrides=["model=resnet18", "data.shape=[2,3,64,64]"],
+                   sweep_jobs=[1000, 10000] if args.long else [1000], load_reps=5, peers=True,
+                   first_step_overrides=["hooks=stats", "model=resnet18", "data.shape=[8,3,224,224]", "steps=6"])
 
 
 class Report:
@@ -120,7 +134,7 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     model = torchvision.models.get_model(name).train()
     x = torch.randn(batch, 3, side, side)
     config = f"{name} batch {batch} {side}x{side}"
-    variants = make_variants(model, x, EXTRACT_LAYERS)
+    variants = make_variants(model, x, EXTRACT_LAYERS, peers=s.peers)
     try:
         times, cpu = interleaved(variants, s.rounds, s.warmup)
     finally:
@@ -202,6 +216,43 @@ def process_costs(report: Report, s: Settings) -> None:
                   [str(short), f"{peaks[short] / 2**20:.0f}", "1.000", ""]])
 
 
+def sweep_loading(report: Report, s: Settings) -> None:
+    """``load_stats`` of an N-job sweep against a pyarrow dataset over the same files, and its memory."""
+    import tempfile
+
+    for jobs in s.sweep_jobs:
+        with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+            sweep = sweep_load.make_sweep(Path(tmp), jobs)
+            times = sweep_load.timings(sweep, s.load_reps)
+            added, frame, rows = sweep_load.memory(sweep)
+        config = f"{jobs} jobs, {rows:,} rows"
+        table = []
+        for read, by in times.items():
+            ours, peer = statistics.median(by["runner"]), statistics.median(by["pyarrow"])
+            ratio = paired_ratio(by["runner"], by["pyarrow"])
+            verdict = f"≤ {LOAD_TARGET} " + ("met" if ratio <= LOAD_TARGET else "**missed**")
+            table.append([read, f"{ours:.2f}", f"{peer:.2f}", f"{ratio:.2f}", verdict])
+            report.add("sweep loading", config, read, ours, "s", ratio, verdict)
+        share = added / frame
+        verdict = f"≤ {LOAD_MEMORY_TARGET} " + ("met" if share <= LOAD_MEMORY_TARGET else "**missed**")
+        table.append(["memory the load adds / frame", f"{added / 2**20:.0f} MiB", f"{frame / 2**20:.0f} MiB",
+                      f"{share:.2f}", verdict])
+        report.add("sweep loading", config, "memory added / frame", added, "bytes", share, verdict)
+        report.table(f"Loading a sweep of {config} (median of {s.load_reps}, interleaved)",
+                     ["read", "load_stats s", "pyarrow dataset s", "ratio", "target"], table)
+
+
+def first_step(report: Report, s: Settings) -> None:
+    """Step 0's wall time against the median step of a ``hooks=stats`` run with nothing built yet."""
+    wall = process.first_step_walls(s.first_step_overrides)
+    ratio = wall[0] / statistics.median(wall[1:])
+    verdict = f"≤ {FIRST_STEP_TARGET} " + ("met" if ratio <= FIRST_STEP_TARGET else "**missed**")
+    report.add("first step", " ".join(s.first_step_overrides), "step 0 / median step", wall[0], "s", ratio, verdict)
+    report.table("Step 0 of a `hooks=stats` run on a machine that has not built the statistics kernel yet",
+                 ["step 0 s", "median step s", "ratio", "target"],
+                 [[f"{wall[0]:.2f}", f"{statistics.median(wall[1:]):.2f}", f"{ratio:.2f}", verdict]])
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -222,6 +273,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
     parser.add_argument("--resnet50", action="store_true", help="also time resnet50 at batch 8")
+    parser.add_argument("--long", action="store_true", help="also load a 10,000-job sweep")
     parser.add_argument("--rounds", type=int, default=10, help="timed interleaved rounds per model (default 10)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
     args = parser.parse_args(argv)
@@ -235,6 +287,8 @@ def main(argv: list[str] | None = None) -> Path:
         captures = (config, step_captures)  # the I/O parts use the last (largest) model
     parquet_costs(report, captures[0], captures[1], s)
     process_costs(report, s)
+    first_step(report, s)
+    sweep_loading(report, s)
     report.say("", f"Total {time.perf_counter() - started:.0f} s; {load()} at the end.")
     report.write(args.out)
     return args.out

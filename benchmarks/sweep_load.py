@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -86,7 +85,3 @@ def memory(sweep: Path) -> tuple[int, int, int]:
                           capture_output=True, text=True)
     added, frame, rows = map(int, done.stdout.split())
     return added, frame, rows
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)

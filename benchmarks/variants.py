@@ -44,12 +44,16 @@ def leaves(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if next(m.children(), None) is None]
 
 
-def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str]) -> list[Variant]:
-    """Every variant of the step on a private copy of ``model``, hooks attached."""
+def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str],
+                  peers: bool = False) -> list[Variant]:
+    """Every variant of the step on a private copy of ``model``, hooks attached; ``peers`` adds
+    the tools a user would pick instead (``wandb.watch``), where they are installed."""
     def fresh() -> nn.Module:
         return copy.deepcopy(model)
 
-    return [
+    # One W&B run per process: wandb.watch logs to the global ``wandb.run``.
+    others = [wandb_watch(fresh(), x, "gradients")] if peers and wandb_installed() else []
+    return [*others,
         bare(fresh(), x),
         noop_by_hand(fresh(), x),
         runner_noop(fresh(), x),
@@ -197,3 +201,27 @@ def feature_extractor(model, x, layers: list[str]) -> Variant:
         out[head].sum().backward()
 
     return Variant("create_feature_extractor", "torchvision FX graph returning the layers and the logits", fx, step)
+
+
+def wandb_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("wandb") is not None
+
+
+def wandb_watch(model, x, log: str) -> Variant:
+    """W&B's ``wandb.watch(model, log=LOG, log_freq=1)`` in an offline run, one ``wandb.log`` a step."""
+    import wandb
+
+    stack = ExitStack()
+    run_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-wandb-"))
+    run = wandb.init(mode="offline", dir=run_dir, project="hook-runner-benchmark")  # wandb.watch logs to wandb.run
+    stack.callback(run.finish)
+    run.watch(model, log=log, log_freq=1)
+
+    def step():
+        loss = _train_step(model, x)
+        run.log({"loss": loss.item()})
+
+    return Variant(f"wandb.watch(log={log!r})", f"W&B's watch, log={log!r}, log_freq=1, offline run",
+                   model, step, stack.close)

@@ -64,8 +64,7 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
 
 def cpu_reductions(flat: torch.Tensor) -> torch.Tensor:
     """``RAW`` of a contiguous float32/float64 CPU tensor by the C kernel (``hooks.native``): one
-    pass on every intra-op thread; a float32 sum that overflows although every element is finite
-    is taken again with float64 sums."""
+    pass on every intra-op thread, float64 sums."""
     return native.reduce_contiguous(flat)
 
 

@@ -4,12 +4,13 @@
  * the GIL. Work is split into `threads` contiguous chunks (the caller passes PyTorch's intra-op
  * thread count), each run on its own POSIX thread; the calling thread runs the first chunk.
  *
- * Sums are taken in blocks of BLOCK elements in the input's precision (vectorised: the build
- * allows reassociation, never finite-math, so NaN and Inf compare as IEEE says) and the block
- * sums are added in double; finite float32 data whose float sums overflow are summed again with
- * double accumulators. Sums run around `shift` (the first element when finite, else 0), so the
- * variance of data whose mean dwarfs its spread does not cancel. A NaN anywhere makes min and
- * max NaN, as torch.aminmax gives.
+ * Every sum is accumulated in double (float32 elements are widened in registers: as fast, the
+ * loop is bound by memory, and as exact as PyTorch's float64 sum); the compiler vectorises the
+ * loop because the build allows reassociation, never finite-math, so NaN and Inf compare as IEEE
+ * says. Sums run around `shift` (the first element when finite, else 0), so the variance of data
+ * whose mean dwarfs its spread does not cancel. Block sums (BLOCK elements) are added to the
+ * chunk's total, which keeps rounding from growing with the tensor's length. A NaN anywhere
+ * makes min and max NaN, as torch.aminmax gives.
  */
 #include <math.h>
 #include <pthread.h>
@@ -85,8 +86,7 @@ typedef struct {
 
 MINMAX(minmax_f32, float)
 MINMAX(minmax_f64, double)
-REDUCE(reduce_f32, minmax_f32, float, float, fabsf)
-REDUCE(reduce_f32_wide, minmax_f32, float, double, fabs)  /* for finite data whose float sums overflow */
+REDUCE(reduce_f32, minmax_f32, float, double, fabs)
 REDUCE(reduce_f64, minmax_f64, double, double, fabs)
 
 #define MAX_THREADS 64
@@ -146,9 +146,5 @@ int hr_reduce(const void *x, int64_t n, int is_double, int threads, double *out)
     const double first = is_double ? ((const double *)x)[0] : ((const float *)x)[0];
     const double shift = isfinite(first) ? first : 0.0;
     if (is_double) return run_chunks(reduce_f64, x, n, sizeof(double), shift, threads, out);
-    int status = run_chunks(reduce_f32, x, n, sizeof(float), shift, threads, out);
-    const int finite_data = out[6] == 0 && out[7] == 0;
-    if (status == 0 && finite_data && !(isfinite(out[0]) && isfinite(out[1]) && isfinite(out[2])))
-        status = run_chunks(reduce_f32_wide, x, n, sizeof(float), shift, threads, out);
-    return status;
+    return run_chunks(reduce_f32, x, n, sizeof(float), shift, threads, out);
 }

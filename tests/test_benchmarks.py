@@ -22,7 +22,8 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     by_section: dict[str, list[dict]] = {}
     for row in rows:
         by_section.setdefault(row["section"], []).append(row)
-    assert set(by_section) == {"hook overhead", "parquet write", "stats table", "start-up", "peak memory"}
+    assert set(by_section) == {"hook overhead", "parquet write", "stats table", "start-up", "peak memory",
+                               "first step", "sweep loading"}
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
 
     overhead = {r["name"]: r for r in by_section["hook overhead"]}
@@ -35,6 +36,9 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     for name in overhead:
         assert f"| {name} |" in markdown
     assert "Start-up" in markdown and "Peak memory" in markdown.replace("Peak RSS", "Peak memory")
+    loading = {r["name"]: r for r in by_section["sweep loading"]}
+    assert set(loading) == {read for read, _, _ in bench.sweep_load.READS} | {"memory added / frame"}
+    assert "Loading a sweep of 3 jobs" in markdown and "Step 0 of a `hooks=stats` run" in markdown
 
 
 def test_every_variant_leaves_the_gradients_of_bare():
