@@ -39,11 +39,22 @@ class AttachedRun:
         self.session = steps.session
         #: The step being recorded (from 0): rows written by the next ``step()`` carry it.
         self.index = 0
+        #: The entries' lifetimes over the steps that ran (the manifest's ``lifetimes``): taken at
+        #: the end of each step, before the next one is begun for a loop that may not run it.
+        self.lifetimes = self.session.lifetimes()
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as
         such, and entries that record after backward (accumulated ``.grad``) record."""
         self.session.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """``backward`` for a framework that calls ``loss.backward()`` itself, inside the block
+        (Lightning's, Hugging Face's): what ``backward`` does around it, done around the block."""
+        with self.session.recorder.backward_pass():
+            yield
+        self.session.after_backward()
 
     def step(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """End the step: one ``steps.parquet`` row (``loss``, wall time since the previous step,
@@ -53,6 +64,7 @@ class AttachedRun:
             raise choice_error(f"step({unknown[0]}=...)", unknown[0], STEP_METRICS or ["(none)"], "per-step measure")
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None if loss is None else float(loss)
         self._steps.finish(self.index, value, metrics=metrics)
+        self.lifetimes = self.session.lifetimes()
         self.index += 1
         self._steps.begin(self.index)
         self._steps.start()
@@ -90,8 +102,9 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
             steps = StepWriter(session, outputs, s, device)
             steps.begin(0)
             steps.start()
-            yield AttachedRun(steps)
-            outputs.extra["lifetimes"] = session.lifetimes()
+            run = AttachedRun(steps)
+            yield run
+            outputs.extra["lifetimes"] = run.lifetimes
 
 
 def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict):

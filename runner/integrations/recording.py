@@ -1,0 +1,60 @@
+"""``Recording``: one ``runner.attach`` block opened and closed by a framework's events.
+
+A framework's callback cannot hold a ``with`` block across its events; this holds it for them:
+``open`` enters ``attach`` (the same checks, session and ``StepWriter``), ``close`` leaves it
+(hooks removed, the run committed), ``abort`` leaves it with the framework's exception (hooks
+removed, nothing final written). ``backward_begin``/``backward_end`` bracket the framework's own
+``loss.backward()``.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from torch import nn
+
+from runner.engine.attach import AttachedRun, Hooks, attach
+
+
+class Recording:
+    """The arguments of ``runner.attach`` (but the model), kept until the framework starts training."""
+
+    def __init__(self, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
+                 **settings) -> None:
+        self.arguments = {"hooks": dict(hooks) if isinstance(hooks, Mapping) else hooks, "overrides": list(overrides),
+                          "out_dir": out_dir, **settings}
+        self.run: AttachedRun | None = None
+        self._block: contextlib.ExitStack | None = None
+        self._backward: contextlib.ExitStack | None = None
+
+    def open(self, model: nn.Module) -> AttachedRun:
+        """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached)."""
+        if self.run is not None:
+            raise RuntimeError("this callback is recording already; give each Trainer its own callback")
+        with contextlib.ExitStack() as block:
+            self.run = block.enter_context(attach(model, **self.arguments))
+            self._block = block.pop_all()
+        return self.run
+
+    def backward_begin(self) -> None:
+        """The framework is about to call ``loss.backward()``."""
+        self._backward = contextlib.ExitStack()
+        self._backward.enter_context(self.run.backward_pass())
+
+    def backward_end(self) -> None:
+        """The framework's ``loss.backward()`` returned."""
+        backward, self._backward = self._backward, None
+        backward.close()
+
+    def close(self) -> None:
+        """Training ended: remove the hooks and commit the run."""
+        block, self._block, self.run, self._backward = self._block, None, None, None
+        if block is not None:
+            block.close()
+
+    def abort(self, exc: BaseException) -> None:
+        """Training failed with ``exc``: remove the hooks, write nothing final (the framework re-raises ``exc``)."""
+        block, self._block, self.run, self._backward = self._block, None, None, None
+        if block is not None:
+            block.__exit__(type(exc), exc, exc.__traceback__)
