@@ -1,6 +1,7 @@
 """``runner.integrations.huggingface.HookCallback``: a real ``transformers.Trainer`` writes the tables a plain loop writes."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -9,7 +10,7 @@ transformers = pytest.importorskip("transformers")  # the `transformers` extra, 
 
 import runner
 import runner.analysis as analysis
-from conftest import assert_no_partial_output, hook_count
+from conftest import assert_no_partial_output, hook_count, readme_code
 from hooks.errors import ConfigError
 from runner.integrations.huggingface import HookCallback
 from runner.store.outputs import STATS_SCHEMA
@@ -31,14 +32,14 @@ def samples() -> list[dict]:
     return [{"input_ids": t, "labels": t} for t in tokens]
 
 
-def train(model, callback, tmp_path, **args) -> None:
+def train(model, callback, tmp_path, eval_dataset=None, **args) -> None:
     arguments = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf-trainer"), use_cpu=True, report_to=[], max_steps=STEPS,
         per_device_train_batch_size=BATCH, train_sampling_strategy="sequential", lr_scheduler_type="constant",
         save_strategy="no", disable_tqdm=True, **{"max_grad_norm": 0.0, **args})
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    transformers.Trainer(model=model, args=arguments, train_dataset=samples(), callbacks=[callback],
-                         optimizers=(optimizer, None)).train()
+    transformers.Trainer(model=model, args=arguments, train_dataset=samples(), eval_dataset=eval_dataset,
+                         callbacks=[callback], optimizers=(optimizer, None)).train()
 
 
 def test_a_trainer_run_writes_the_tables_of_the_same_plain_loop(tmp_path):
@@ -108,3 +109,27 @@ def test_a_mistake_is_one_line_and_leaves_nothing(tmp_path, inside, args, messag
     checkpointing = args.get("gradient_checkpointing", False)  # then the Trainer left a hook of its own
     assert hook_count(model) == (1 if checkpointing else 0) and callback.recording.run is None
     assert_no_partial_output(tmp_path / "hf")
+
+
+def test_after_backward_is_recorded_after_the_trainers_clipping_and_evaluation_is_not_recorded(tmp_path):
+    model = tiny_gpt2()
+    with HookCallback(hooks=["clip", "stats"], out_dir=tmp_path / "hf",
+                      overrides=["hooks.clip.max=1.0", "hooks.clip.min=-1.0", "hooks.stats.layers=transformer.h.0.mlp"]
+                      ) as callback:
+        train(model, callback, tmp_path, eval_dataset=samples()[:2], max_grad_norm=1e-3, eval_strategy="steps",
+              eval_steps=1)
+    grads = analysis.load_stats(tmp_path / "hf")
+    after = grads[grads.phase == "after_backward"]
+    for step, rows in after.groupby("step"):
+        assert np.sqrt((rows.l2.astype(float) ** 2).sum()) == pytest.approx(1e-3, rel=1e-3)  # the total norm, clipped
+    assert sorted(set(after.step)) == list(range(STEPS)) and set(grads.layer) > {"transformer.h.0.mlp"}
+    assert (grads.call == 0).all()  # evaluated after each step: recorded, it would add calls 1.. to the next step
+
+
+def test_the_readme_trainer_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(readme_code("**Hugging Face `Trainer`**"), "README.md (Trainer)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "hf")
+    assert list(steps.step) == list(range(20)) and steps.loss.notna().all()
+    stats = analysis.load_stats(tmp_path / "runs" / "hf")
+    assert set(stats.layer) == {"transformer.h.0.mlp", "transformer.h.1.mlp"}

@@ -12,7 +12,7 @@ lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of t
 
 import runner
 import runner.analysis as analysis
-from conftest import assert_no_partial_output, hook_count
+from conftest import assert_no_partial_output, hook_count, readme_code
 from hooks.errors import ConfigError
 from runner.integrations.lightning import HookCallback
 from runner.store.outputs import STATS_SCHEMA
@@ -119,3 +119,29 @@ def test_a_mistake_is_one_line_and_leaves_nothing(tmp_path, kwargs, message):
     assert message in str(err.value) and len(str(err.value).splitlines()) == 1, err.value
     assert hook_count(module) == 0
     assert_no_partial_output(tmp_path / "pl")
+
+
+def test_validation_inside_fit_is_not_recorded(tmp_path):
+    class Validated(Classifier):
+        def validation_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1])
+
+    module = Validated()
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, val_check_interval=2,
+                                callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl")])
+    trainer.fit(module, loader(), loader())
+    stats = analysis.load_stats(tmp_path / "pl")
+    # validation ran after steps 1 and 3 (4 batches each); recorded, it would add calls 1.. to the next step
+    assert sorted(set(stats.step)) == [0, 1, 2, 3] and (stats.call == 0).all()
+    assert len(stats) == 4 * 3 * 2  # 4 steps x 3 layers x (output, grad_output)
+
+
+def test_the_readme_lightning_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(readme_code("**Lightning**"), "README.md (Lightning)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "lightning")
+    assert len(steps) == 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, one epoch
+    stats = analysis.load_stats(tmp_path / "runs" / "lightning")
+    grads = stats[stats.kind == "param_grad"]
+    assert len(grads) and (grads["max"] <= 0.1 * (1 + 1e-7)).all() and set(grads.layer) >= {"net.conv1", "net.fc"}

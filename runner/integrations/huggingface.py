@@ -41,7 +41,6 @@ class HookCallback(TrainerCallback):
         self.recording = Recording(hooks, overrides, out_dir, **settings)
         self._inside = False
         self._losses: list[float] = []
-        self._recorded: bool | None = None  # recording state before the pause between steps
 
     def __enter__(self) -> HookCallback:
         self._inside = True
@@ -73,9 +72,7 @@ class HookCallback(TrainerCallback):
             self._losses.append(float(loss.detach()))
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
-        if self._recorded is not None:
-            self.recording.run.session.recorder.set_enabled(self._recorded)
-            self._recorded = None
+        self.recording.resume()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs) -> None:
         self.recording.run.session.after_backward()
@@ -84,9 +81,7 @@ class HookCallback(TrainerCallback):
         run = self.recording.run
         losses, self._losses = self._losses, []
         run.step(sum(losses) / len(losses) if losses else None)
-        recorder = run.session.recorder
-        self._recorded = recorder.enabled
-        recorder.set_enabled(False)  # evaluation, logging and saving until the next step
+        self.recording.pause()  # evaluation, logging and saving until the next step
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         self.recording.close()

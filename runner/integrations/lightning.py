@@ -37,7 +37,6 @@ class HookCallback(Callback):
                  accuracy: str | None = None, **settings) -> None:
         self.recording = Recording(hooks, overrides, out_dir, **settings)
         self.accuracy = accuracy
-        self._recorded: bool | None = None  # recording state before a validation pass paused it
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recording.open(pl_module)
@@ -66,15 +65,10 @@ class HookCallback(Callback):
         return None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.recording.run is not None:
-            recorder = self.recording.run.session.recorder
-            self._recorded = recorder.enabled
-            recorder.set_enabled(False)
+        self.recording.pause()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.recording.run is not None and self._recorded is not None:
-            self.recording.run.session.recorder.set_enabled(self._recorded)
-        self._recorded = None
+        self.recording.resume()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recording.close()

@@ -4,7 +4,7 @@ A framework's callback cannot hold a ``with`` block across its events; this hold
 ``open`` enters ``attach`` (the same checks, session and ``StepWriter``), ``close`` leaves it
 (hooks removed, the run committed), ``abort`` leaves it with the framework's exception (hooks
 removed, nothing final written). ``backward_begin``/``backward_end`` bracket the framework's own
-``loss.backward()``.
+``loss.backward()``; ``pause``/``resume`` leave the passes between training steps out.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Recording:
         self.run: AttachedRun | None = None
         self._block: contextlib.ExitStack | None = None
         self._backward: contextlib.ExitStack | None = None
+        self._paused: bool | None = None  # whether the recorder recorded before ``pause``
 
     def open(self, model: nn.Module) -> AttachedRun:
         """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached)."""
@@ -46,6 +47,21 @@ class Recording:
         """The framework's ``loss.backward()`` returned."""
         backward, self._backward = self._backward, None
         backward.close()
+
+    def pause(self) -> None:
+        """Passes from here to ``resume`` are not training steps (validation, evaluation): not recorded."""
+        if self.run is not None and self._paused is None:
+            recorder = self.run.session.recorder
+            self._paused = recorder.enabled
+            recorder.set_enabled(False)
+
+    def resume(self) -> None:
+        """Record again; the paused passes leave nothing, not even their count of calls in the next step."""
+        if self.run is not None and self._paused is not None:
+            recorder = self.run.session.recorder
+            recorder.drain()
+            recorder.set_enabled(self._paused)
+        self._paused = None
 
     def close(self) -> None:
         """Training ended: remove the hooks and commit the run."""
