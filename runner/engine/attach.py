@@ -4,7 +4,8 @@ The entries are composed as the command line composes them (preset names, ``over
 mapping of entries), checked by the plan's own functions before anything is attached or
 written, and recorded by the CLI loop's own ``StepWriter``: the run directory is the one
 ``python -m runner`` writes, and ``runner.analysis`` reads it like any run. Hooks leave the
-model on exit, also on an exception; on an exception nothing final is written.
+model on exit, also on an exception; on an exception nothing final is written. Under
+``torch.distributed`` each rank records its own part of the run (``runner.store.ranks``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from runner.cli.commandline import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.steps import StepWriter
 from runner.store.outputs import STEP_METRICS, RunOutputs
+from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
 ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output")
@@ -96,9 +98,10 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
-    with HookSession(model, hooks_built, recorder) as session:
-        with RunOutputs(Path(out_dir), config_yaml, lines, max(1, int(s.output.row_group_mb * (1 << 20))),
-                        s.overwrite, extra={"seed": s.seed}) as outputs:
+    with rank_part(Path(out_dir), s.overwrite, config_yaml) as (part_dir, rank_extra), \
+            HookSession(model, hooks_built, recorder) as session:
+        with RunOutputs(part_dir, config_yaml, lines, max(1, int(s.output.row_group_mb * (1 << 20))),
+                        s.overwrite, extra={"seed": s.seed, **rank_extra}) as outputs:
             steps = StepWriter(session, outputs, s, device)
             steps.begin(0)
             steps.start()
