@@ -133,3 +133,11 @@ def test_the_readme_trainer_example_runs_as_written(tmp_path, monkeypatch):
     assert list(steps.step) == list(range(20)) and steps.loss.notna().all()
     stats = analysis.load_stats(tmp_path / "runs" / "hf")
     assert set(stats.layer) == {"transformer.h.0.mlp", "transformer.h.1.mlp"}
+
+
+def test_a_callback_event_without_a_model_is_one_line(tmp_path):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to=[])
+    with pytest.raises(ConfigError, match=r"^HookCallback: the Trainer passed model=NoneType, not a torch.nn.Module$"):
+        with HookCallback(hooks=HOOKS, out_dir=tmp_path / "hf") as callback:
+            callback.on_train_begin(args, transformers.TrainerState(), transformers.TrainerControl())
+    assert not (tmp_path / "hf").exists()

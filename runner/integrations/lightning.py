@@ -42,12 +42,10 @@ class HookCallback(Callback):
         self.recording.open(pl_module)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self.recording.run is not None:
-            self.recording.backward_begin()
+        self.recording.backward_begin()
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.recording.run is not None:
-            self.recording.backward_end()
+        self.recording.backward_end()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         run = self.recording.run

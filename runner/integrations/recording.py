@@ -31,8 +31,6 @@ class Recording:
 
     def open(self, model: nn.Module) -> AttachedRun:
         """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached)."""
-        if self.run is not None:
-            raise RuntimeError("this callback is recording already; give each Trainer its own callback")
         with contextlib.ExitStack() as block:
             self.run = block.enter_context(attach(model, **self.arguments))
             self._block = block.pop_all()
