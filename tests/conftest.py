@@ -216,3 +216,10 @@ def tmpfs(tmp_path):
     yield _mount
     for where in mounted:
         subprocess.run(["umount", str(where)], check=False)
+
+
+def readme_code(marker: str, language: str = "python") -> str:
+    """The first ``language`` code block of README.md after ``marker`` (in the section "Your own loop"), as written."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Your own loop", 1)[1].split("\n## ", 1)[0]
+    return section.split(marker, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]

@@ -97,7 +97,7 @@ def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypa
     monkeypatch.setattr(analysis.load, "_dataset", lambda files: Spy(real(files)))
     full = analysis.load_stats(sweep)
     df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
-    assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "run_dir"}
+    assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "rank", "run_dir"}
     assert len(df) == (full.kind == "param_grad").sum()
     pd.testing.assert_frame_equal(df.reset_index(drop=True),
                                   full[full.kind == "param_grad"][list(df.columns)].reset_index(drop=True))

@@ -138,3 +138,19 @@ def test_entries_given_as_a_mapping_record_what_they_name(tmp_path):
     assert sorted(stats.step) == [0, 2] and set(stats.layer) == {"fc"} and set(stats.hook) == {"mine"}
     with torch.no_grad():
         np.testing.assert_allclose(stats["mean"], [model(x).mean().item()] * 2, rtol=1e-6)
+
+
+def test_lifetimes_end_with_the_last_step_that_ran(tmp_path):
+    """The step after the last one is begun for the loop, which never runs it: no entry ends or starts there."""
+    import json
+
+    model = ConvNet()
+    x = torch.randn(2, 3, 8, 8)
+    entries = {"early": {"type": "stats", "layers": "fc", "kinds": ["output"], "steps": [0, 3]},
+               "late": {"type": "stats", "layers": "fc", "kinds": ["output"], "steps": [3, 5]}}
+    with runner.attach(model, hooks=entries, out_dir=tmp_path / "out", on_silent="ignore") as rec:
+        for _ in range(3):
+            rec.step(model(x).sum())
+    lifetimes = json.loads((tmp_path / "out" / "manifest.json").read_text())["lifetimes"]
+    assert lifetimes["hooks.early"] == {"attached_at_step": 0, "removed_at_step": None, "calls": 3}
+    assert lifetimes["hooks.late"] == {"attached_at_step": None, "removed_at_step": None, "calls": 0}

@@ -88,7 +88,7 @@ def test_sweep_loads_as_one_table_with_override_columns(run_with, tmp_path):
             tmp_path / "sweep" / str(clip_max), ["model=convnet", "hooks=clip", f"hooks.clip.max={clip_max}"])
     df = analysis.load_stats(tmp_path / "sweep", columns=["layer", "slot", "phase", "max"],
                              filters=[("phase", "=", "after_backward")])
-    assert set(df.columns) == {"layer", "slot", "phase", "max", "model", "hooks", "hooks.clip.max", "run_dir"}
+    assert set(df.columns) == {"layer", "slot", "phase", "max", "model", "hooks", "hooks.clip.max", "rank", "run_dir"}
     assert (df["max"] <= df["hooks.clip.max"] * (1 + 1e-7)).all()  # float32(0.001) > 0.001
     assert sorted(df["hooks.clip.max"].unique()) == [0.001, 0.1]
     with pytest.raises(FileNotFoundError, match="no complete run"):

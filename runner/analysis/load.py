@@ -10,6 +10,9 @@ wrote is kept (null in the rows of the others), and ``columns``/``filters`` are 
 the scan. Values are converted from
 Arrow to numpy directly, so a NaN stays a NaN.
 
+Every row has a ``rank``: the process that recorded it in a run under ``torch.distributed`` (each
+rank writes its own part, ``runner.store.ranks``), 0 otherwise.
+
 Files written before ``schema_version`` "2" named the tensor columns ``values`` and ``shape``;
 they are read under today's names, ``tensor_values`` and ``tensor_shape``.
 
@@ -37,6 +40,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.store.outputs import MANIFEST
+from runner.store.ranks import is_part, rank_files
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
 STATUS = "status.json"
@@ -60,7 +64,7 @@ def run_dirs(path: str | Path) -> list[Path]:
         return [path]
     found = []
     for root, dirs, files in os.walk(path):
-        if MANIFEST in files:
+        if MANIFEST in files and not is_part(Path(root)):
             found.append(Path(root))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
     if not found:
@@ -206,16 +210,16 @@ def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
 
 def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any,
           empty_columns: Sequence[str] = _CAPTURE_COLUMNS) -> pd.DataFrame:
-    runs = run_dirs(path)
-    have = [r for r in runs if (r / name).is_file()]
+    parts = [(r, rank, file) for r in run_dirs(path) for rank, file in rank_files(r, name)]
+    have = [r for r, _, _ in parts]  # a run of several ranks: once per rank
     if not have:  # e.g. tensors.parquet of runs that kept no tensor
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
-        return empty.assign(run_dir=pd.Categorical([]))
-    dataset = _dataset([r / name for r in have])
+        return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
+    dataset = _dataset([file for _, _, file in parts])
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
-    position = {str(r / name): i for i, r in enumerate(have)}
+    position = {str(file): i for i, (_, _, file) in enumerate(parts)}
     table, codes = _scan(dataset, wanted if wanted is not None else stored, expression, position)
     for old, new in RENAMED.items():
         if old in table.column_names:
@@ -228,6 +232,7 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     for key in dict.fromkeys(k for own in overrides for k in own):
         if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
             df[key] = _per_row(codes, [own.get(key) for own in overrides])
+    df["rank"] = np.array([rank for _, rank, _ in parts], dtype=np.int64)[codes]  # 0 unless under torchrun
     df["run_dir"] = _categorical(codes, [str(r) for r in have])
     df.attrs["overrides"] = [k for k in dict.fromkeys(k for own in overrides for k in own) if k in df.columns]
     return df
@@ -238,7 +243,7 @@ def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: 
 
     Args:
         path: a run directory or any directory above run directories (a sweep).
-        columns: read only these parquet columns (override and ``run_dir`` columns are always added).
+        columns: read only these parquet columns (override, ``rank`` and ``run_dir`` columns are always added).
         filters: pyarrow filters applied while reading, e.g. ``[("kind", "=", "param_grad")]``
             (a list of tuples or a ``pyarrow.compute`` expression).
     """

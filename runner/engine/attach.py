@@ -4,7 +4,8 @@ The entries are composed as the command line composes them (preset names, ``over
 mapping of entries), checked by the plan's own functions before anything is attached or
 written, and recorded by the CLI loop's own ``StepWriter``: the run directory is the one
 ``python -m runner`` writes, and ``runner.analysis`` reads it like any run. Hooks leave the
-model on exit, also on an exception; on an exception nothing final is written.
+model on exit, also on an exception; on an exception nothing final is written. Under
+``torch.distributed`` each rank records its own part of the run (``runner.store.ranks``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from runner.cli.commandline import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.steps import StepWriter
 from runner.store.outputs import STEP_METRICS, RunOutputs
+from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
 ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output")
@@ -39,11 +41,22 @@ class AttachedRun:
         self.session = steps.session
         #: The step being recorded (from 0): rows written by the next ``step()`` carry it.
         self.index = 0
+        #: The entries' lifetimes over the steps that ran (the manifest's ``lifetimes``): taken at
+        #: the end of each step, before the next one is begun for a loop that may not run it.
+        self.lifetimes = self.session.lifetimes()
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as
         such, and entries that record after backward (accumulated ``.grad``) record."""
         self.session.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """``backward`` for a framework that calls ``loss.backward()`` itself, inside the block
+        (Lightning's, Hugging Face's): what ``backward`` does around it, done around the block."""
+        with self.session.recorder.backward_pass():
+            yield
+        self.session.after_backward()
 
     def step(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """End the step: one ``steps.parquet`` row (``loss``, wall time since the previous step,
@@ -53,6 +66,7 @@ class AttachedRun:
             raise choice_error(f"step({unknown[0]}=...)", unknown[0], STEP_METRICS or ["(none)"], "per-step measure")
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None if loss is None else float(loss)
         self._steps.finish(self.index, value, metrics=metrics)
+        self.lifetimes = self.session.lifetimes()
         self.index += 1
         self._steps.begin(self.index)
         self._steps.start()
@@ -84,14 +98,16 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
-    with HookSession(model, hooks_built, recorder) as session:
-        with RunOutputs(Path(out_dir), config_yaml, lines, max(1, int(s.output.row_group_mb * (1 << 20))),
-                        s.overwrite, extra={"seed": s.seed}) as outputs:
+    with rank_part(Path(out_dir), s.overwrite, config_yaml) as (part_dir, rank_extra), \
+            HookSession(model, hooks_built, recorder) as session:
+        with RunOutputs(part_dir, config_yaml, lines, max(1, int(s.output.row_group_mb * (1 << 20))),
+                        s.overwrite, extra={"seed": s.seed, **rank_extra}) as outputs:
             steps = StepWriter(session, outputs, s, device)
             steps.begin(0)
             steps.start()
-            yield AttachedRun(steps)
-            outputs.extra["lifetimes"] = session.lifetimes()
+            run = AttachedRun(steps)
+            yield run
+            outputs.extra["lifetimes"] = run.lifetimes
 
 
 def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict):

@@ -1,0 +1,87 @@
+"""``HookCallback``: ``runner.attach`` for a Hugging Face ``transformers.Trainer``.
+
+The ``Trainer`` has no event around its ``loss.backward()`` and none for an exception, so:
+
+- the callback is a context manager around ``trainer.train()``: leaving the block on an
+  exception removes the hooks and writes nothing final (used outside one, ``train`` refuses);
+- what ``run.backward`` does after backward (accumulated ``.grad``) is done at
+  ``on_pre_optimizer_step``: once per optimizer step, after gradient accumulation and after the
+  ``Trainer``'s own clipping (``max_grad_norm``, 1.0 by default; 0 records ``.grad`` unclipped);
+- forward calls that activation (gradient) checkpointing repeats in backward could not be told from
+  forward calls, so that setting is refused.
+
+One optimizer step is one step; its loss is the mean of the ``loss`` the model returned for its
+micro-batches (NaN when the model returns none). Evaluation and prediction between steps are not
+recorded (the entries still act on them).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from hooks.errors import ConfigError
+from runner.engine.attach import Hooks
+from runner.integrations.recording import Recording
+
+
+class HookCallback(TrainerCallback):
+    """Record ``hooks`` (as ``runner.attach`` takes them) during ``Trainer.train`` into ``out_dir``.
+
+    Example:
+        >>> with HookCallback(hooks=["clip", "stats"], out_dir="runs/hf") as callback:
+        ...     Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    """
+
+    def __init__(self, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
+                 **settings) -> None:
+        self.recording = Recording(hooks, overrides, out_dir, **settings)
+        self._inside = False
+        self._losses: list[float] = []
+
+    def __enter__(self) -> HookCallback:
+        self._inside = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._inside = False
+        if exc is not None:
+            self.recording.abort(exc)
+        else:
+            self.recording.close()
+
+    def on_train_begin(self, args, state, control, model: nn.Module | None = None, **kwargs) -> None:
+        if not self._inside:
+            raise ConfigError("HookCallback: use it as `with HookCallback(...) as callback:` around trainer.train(), "
+                              "so that a failed training removes its hooks")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"HookCallback: the Trainer passed model={type(model).__name__}, not a torch.nn.Module")
+        if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:  # the name since 5.x, before
+            raise ConfigError("HookCallback: activation (gradient) checkpointing is not supported (the Trainer has no "
+                              "event around backward to tell recomputed calls from forward ones); use runner.attach")
+        run = self.recording.open(model)
+        run.session.add(model.register_forward_hook(self._keep_loss))
+
+    def _keep_loss(self, module: nn.Module, args, output) -> None:
+        """The loss of a training micro-batch, as the model returned it."""
+        loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+        if module.training and isinstance(loss, torch.Tensor):
+            self._losses.append(float(loss.detach()))
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self.recording.resume()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs) -> None:
+        self.recording.run.session.after_backward()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        run = self.recording.run
+        losses, self._losses = self._losses, []
+        run.step(sum(losses) / len(losses) if losses else None)
+        self.recording.pause()  # evaluation, logging and saving until the next step
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        self.recording.close()

@@ -1,0 +1,75 @@
+"""``HookCallback``: ``runner.attach`` for a Lightning ``Trainer`` (``pip install hook-runner[lightning]``).
+
+The entries are attached to the ``LightningModule`` when training starts (after the sanity
+check), so layers are named as in it (``net.fc`` for ``self.net = ...``). Each training batch
+is one step: the loss ``training_step`` returned, ``accuracy`` as logged with ``self.log``.
+Lightning's own ``loss.backward()`` is bracketed by ``on_before_backward``/``on_after_backward``,
+which is where ``run.backward`` does its work, so accumulated ``.grad`` is recorded before the
+optimizer steps. Validation inside ``fit`` is not recorded (the entries still act on it). When
+``fit`` ends the hooks are removed and the run is committed; on an exception they are removed
+and nothing final is written.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from hooks.errors import choice_error
+from runner.engine.attach import Hooks
+from runner.integrations.recording import Recording
+
+
+class HookCallback(Callback):
+    """Record ``hooks`` (as ``runner.attach`` takes them) during ``Trainer.fit`` into ``out_dir``.
+
+    ``accuracy``: the name the module logs its batch accuracy under (``self.log(NAME, ...)``),
+    recorded as ``steps.parquet``'s ``accuracy``; by default ``"accuracy"`` when it is logged.
+    ``settings``: those of ``runner.attach`` (``seed``, ``on_silent``, ``sample``, ...).
+
+    Example:
+        >>> trainer = Trainer(max_steps=100, callbacks=[HookCallback(hooks=["clip", "stats"], out_dir="runs/pl")])
+    """
+
+    def __init__(self, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
+                 accuracy: str | None = None, **settings) -> None:
+        self.recording = Recording(hooks, overrides, out_dir, **settings)
+        self.accuracy = accuracy
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.open(pl_module)
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        self.recording.backward_begin()
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.backward_end()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        run = self.recording.run
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        run.step(loss if isinstance(loss, torch.Tensor) else None, accuracy=self._accuracy(trainer, run.index))
+
+    def _accuracy(self, trainer: Trainer, step: int) -> float | None:
+        """The batch accuracy the module logged; a name given but never logged is an error at step 0."""
+        logged = trainer.callback_metrics
+        name = self.accuracy or "accuracy"
+        if name in logged:
+            return float(logged[name])
+        if self.accuracy is not None and step == 0:
+            raise choice_error("HookCallback(accuracy=...)", name, list(logged) or ["(nothing logged)"], "logged metric")
+        return None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.pause()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.resume()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.close()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.recording.abort(exception)

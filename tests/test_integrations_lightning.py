@@ -1,0 +1,147 @@
+"""``runner.integrations.lightning.HookCallback``: a real ``lightning.Trainer`` writes the tables a plain loop writes."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of the `test` extra
+
+import runner
+import runner.analysis as analysis
+from conftest import assert_no_partial_output, hook_count, readme_code
+from hooks.errors import ConfigError
+from runner.integrations.lightning import HookCallback
+from runner.store.outputs import STATS_SCHEMA
+
+HOOKS, OVERRIDES = ["clip", "stats"], ["hooks.clip.max=0.001"]
+LR = 0.5
+
+
+class Classifier(lightning.LightningModule):
+    """Two linear layers; logs its batch accuracy as ``accuracy``."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.relu, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)
+        self.fail_at = fail_at
+
+    def forward(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.fail_at:
+            raise RuntimeError("user's bug")
+        x, y = batch
+        out = self(x)
+        self.log("accuracy", (out.argmax(1) == y).float().mean(), on_step=True, on_epoch=False)
+        return F.cross_entropy(out, y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+def loader() -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(24, 8, generator=g), torch.randint(0, 3, (24,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=6)  # 4 steps, in order
+
+
+def fit(module, callback) -> None:
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    trainer.fit(module, loader())
+
+
+def test_a_lightning_fit_writes_the_tables_of_the_same_plain_loop(tmp_path):
+    module = Classifier()
+    fit(module, HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "pl"))
+    assert hook_count(module) == 0
+
+    plain = Classifier()
+    opt = torch.optim.SGD(plain.parameters(), lr=LR)
+    with runner.attach(plain, hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "plain") as run:
+        for x, y in loader():
+            opt.zero_grad()
+            out = plain(x)
+            loss = F.cross_entropy(out, y)
+            run.backward(loss)
+            opt.step()
+            run.step(loss, accuracy=(out.argmax(1) == y).float().mean().item())
+
+    mine, theirs = analysis.load_stats(tmp_path / "pl"), analysis.load_stats(tmp_path / "plain")
+    assert len(mine) == len(theirs) > 0 and set(mine.phase) == {"forward", "backward", "after_backward"}
+    pd.testing.assert_frame_equal(mine[STATS_SCHEMA.names], theirs[STATS_SCHEMA.names])
+    drop = ["wall_time_s", "peak_memory_bytes", "run_dir"]
+    steps_pl, steps_plain = analysis.load_steps(tmp_path / "pl"), analysis.load_steps(tmp_path / "plain")
+    pd.testing.assert_frame_equal(steps_pl.drop(columns=drop), steps_plain.drop(columns=drop))
+    assert list(steps_pl.step) == [0, 1, 2, 3] and steps_pl.accuracy.notna().all()
+
+
+def test_the_clip_entry_acts_on_what_lightning_trains(tmp_path):
+    """Hand-written: the same four SGD steps with every gradient clamped to [-0.01, 0.001]."""
+    module = Classifier()
+    fit(module, HookCallback(hooks=["clip"], overrides=OVERRIDES, out_dir=tmp_path / "pl"))
+    plain = Classifier()
+    opt = torch.optim.SGD(plain.parameters(), lr=LR)
+    for x, y in loader():
+        opt.zero_grad()
+        F.cross_entropy(plain(x), y).backward()
+        for p in plain.parameters():
+            p.grad.clamp_(-0.01, 0.001)
+        opt.step()
+    for a, b in zip(module.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b)
+    grads = analysis.load_stats(tmp_path / "pl")
+    assert (grads["max"] <= 0.001 * (1 + 1e-7)).all() and set(grads.kind) == {"param_grad"}
+
+
+def test_an_exception_in_training_removes_the_hooks_and_writes_nothing_final(tmp_path):
+    module = Classifier(fail_at=2)
+    with pytest.raises(RuntimeError, match="user's bug"):
+        fit(module, HookCallback(hooks=HOOKS, out_dir=tmp_path / "pl"))
+    assert hook_count(module) == 0
+    assert_no_partial_output(tmp_path / "pl")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hooks": ["clp"]}, "did you mean 'clip'"),
+    ({"hooks": ["stats"], "accuracy": "acc"}, "HookCallback(accuracy=...): unknown logged metric 'acc'"),
+])
+def test_a_mistake_is_one_line_and_leaves_nothing(tmp_path, kwargs, message):
+    module = Classifier()
+    with pytest.raises(ConfigError) as err:
+        fit(module, HookCallback(out_dir=tmp_path / "pl", **kwargs))
+    assert message in str(err.value) and len(str(err.value).splitlines()) == 1, err.value
+    assert hook_count(module) == 0
+    assert_no_partial_output(tmp_path / "pl")
+
+
+def test_validation_inside_fit_is_not_recorded(tmp_path):
+    class Validated(Classifier):
+        def validation_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1])
+
+    module = Validated()
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, val_check_interval=2,
+                                callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl")])
+    trainer.fit(module, loader(), loader())
+    stats = analysis.load_stats(tmp_path / "pl")
+    # validation ran after steps 1 and 3 (4 batches each); recorded, it would add calls 1.. to the next step
+    assert sorted(set(stats.step)) == [0, 1, 2, 3] and (stats.call == 0).all()
+    assert len(stats) == 4 * 3 * 2  # 4 steps x 3 layers x (output, grad_output)
+
+
+def test_the_readme_lightning_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(readme_code("**Lightning**"), "README.md (Lightning)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "lightning")
+    assert len(steps) == 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, one epoch
+    stats = analysis.load_stats(tmp_path / "runs" / "lightning")
+    grads = stats[stats.kind == "param_grad"]
+    assert len(grads) and (grads["max"] <= 0.1 * (1 + 1e-7)).all() and set(grads.layer) >= {"net.conv1", "net.fc"}
