@@ -49,6 +49,11 @@ def test_a_dataset_trains_as_a_hand_written_dataloader_loop(run_with):
     np.testing.assert_allclose(steps[steps.split == "eval"][["loss", "accuracy"]].to_numpy(), evals, rtol=1e-5)
 
 
+def test_worker_processes_load_the_same_batches_as_the_main_process(run_with):
+    one, two = (analysis.load_steps(run_with(*LABELLED, "steps=6", f"data.num_workers={n}")) for n in (0, 2))
+    np.testing.assert_array_equal(one[["loss", "accuracy"]].to_numpy(), two[["loss", "accuracy"]].to_numpy())
+
+
 def test_a_dataset_class_without_labels_cycles_in_order_with_a_partial_last_batch(run_with):
     run_dir = run_with("model=mlp", "data=dataset", "data._target_=datasets_for_tests.Squares", "+data.kwargs.n=10",
                        "data.batch_size=4", "data.shuffle=false", "steps=4", "loss=none", "hooks=extract",

@@ -72,7 +72,8 @@ def _saved_convnet(path, **changes) -> dict[str, torch.Tensor]:
 
 def test_a_safetensors_checkpoint_is_loaded(tmp_path):
     saved = _saved_convnet(tmp_path / "w.safetensors")
-    model = build_model(compile_plan(make_config("model=convnet", f"model.checkpoint={tmp_path / 'w.safetensors'}")).model)
+    plan = compile_plan(make_config("model=convnet", f"model.checkpoint={tmp_path / 'w.safetensors'}"))
+    model = build_model(plan.model)
     assert torch.equal(model.fc.weight, saved["fc.weight"]) and torch.equal(model.conv.bias, saved["conv.bias"])
     torch.manual_seed(0)
     assert not torch.equal(ConvNet().fc.weight, saved["fc.weight"])  # not what the run's seed builds

@@ -61,7 +61,8 @@ def test_the_training_example_runs_as_written_and_shows_what_the_readme_says(tmp
     assert (loss["clip"] > loss["none"]).all()                              # "higher at every eval"
     but = re.search(r"lower at all evals but those after\s+steps (\d+) and\s+(\d+)", SECTION)
     assert list(accuracy.index[accuracy["clip"] >= accuracy["none"]]) == [int(n) for n in but.groups()]
-    said = re.search(r"\((\d+\.\d+) against (\d+\.\d+) after 300\s+steps, halfway (\d+\.\d+) against (\d+\.\d+)\)", SECTION)
+    said = re.search(r"\((\d+\.\d+) against (\d+\.\d+) after 300\s+steps, halfway (\d+\.\d+) against "
+                     r"(\d+\.\d+)\)", SECTION)
     assert [float(n) for n in said.groups()] == [round(loss.loc[299, "clip"], 2), round(loss.loc[299, "none"], 2),
                                                 round(loss.loc[149, "clip"], 2), round(loss.loc[149, "none"], 2)]
     ends = re.search(r"ends at\s+(\d+\.\d+) against (\d+\.\d+)", SECTION)

@@ -22,7 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
-from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel, NoOptimizer,
+from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel,
+                                  NoOptimizer,
                                   OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
@@ -174,7 +175,8 @@ def _steps_or_epochs(typed: DictConfig) -> None:
 
 
 def _check_settings(s: RunConfig) -> None:
-    for key, value, minimum in (("steps", 1 if s.steps is None else s.steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
+    steps = 1 if s.steps is None else s.steps  # None: epochs, counted once the data is built
+    for key, value, minimum in (("steps", steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
                                 ("sample.every", s.sample.every, 1)):
         if value < minimum:
             hint = " (1 = every step)" if key == "sample.every" else ""

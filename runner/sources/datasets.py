@@ -69,9 +69,10 @@ def user_dataset(data: DictConfig) -> Dataset:
     try:
         dataset = target(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the user's code raised: one line naming the target
-        raise ConfigError(f"data._target_: '{path}' raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        raise ConfigError(f"data._target_: '{path}' raised {type(exc).__name__}: {_one_line(exc)}") from None
     if not isinstance(dataset, Dataset):
-        raise ConfigError(f"data._target_: '{path}' returned a {type(dataset).__name__}, not a torch.utils.data.Dataset")
+        raise ConfigError(f"data._target_: '{path}' returned a {type(dataset).__name__}, "
+                          f"not a torch.utils.data.Dataset")
     return dataset
 
 
@@ -88,7 +89,7 @@ def image_folder(data: DictConfig, model: DictConfig) -> Dataset:
         dataset = ImageFolder(str(path), transform=imagenet_transform(data))
     except FileNotFoundError as exc:  # no class subfolder, or none holding an image
         raise ConfigError(f"data.path: '{path}' needs one subfolder of images per class "
-                          f"(PATH/CLASS/IMAGE): {' '.join(str(exc).split())}") from None
+                          f"(PATH/CLASS/IMAGE): {_one_line(exc)}") from None
     classes = model.get("num_classes")
     if classes is not None and len(dataset.classes) > int(classes):
         raise ConfigError(f"data.path: '{path}' has {len(dataset.classes)} classes ({', '.join(dataset.classes[:10])}"
@@ -123,8 +124,7 @@ def _first_batch(dataset: Dataset, data: DictConfig) -> tuple[torch.Tensor, torc
     try:
         return _input_and_labels(default_collate([item]))
     except (TypeError, RuntimeError, ConfigError) as exc:
-        raise ConfigError(f"data: items of the {data.kind} dataset cannot be batched: {' '.join(str(exc).split())[:200]}"
-                          ) from None
+        raise ConfigError(f"data: items of the {data.kind} dataset cannot be batched: {_one_line(exc)}") from None
 
 
 def _forever(loader: DataLoader, data: DictConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -146,6 +146,10 @@ def _input_and_labels(batch) -> tuple[torch.Tensor, torch.Tensor | None]:
     labels = batch[1] if len(batch) > 1 else None
     integer = isinstance(labels, torch.Tensor) and labels.dim() == 1 and labels.dtype in _INTEGERS
     return batch[0], labels.long() if integer else None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
