@@ -23,8 +23,7 @@ from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
 from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel,
-                                  NoOptimizer,
-                                  OutputConfig, RunConfig, SampleConfig, SGDConfig)
+                                  NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
