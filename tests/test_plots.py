@@ -277,3 +277,19 @@ def test_grad_cam_title_names_the_class_as_the_weights_do():
     assert explained_class(trained) == "class 3"
     trained.loss.target_class = None
     assert explained_class(trained) == "each sample's top-scoring class"
+
+
+def test_loss_curves_draw_a_panel_per_metric_of_the_splits_asked_for(run_with, tmp_path):
+    for hooks in ("none", "clip"):
+        run_with("model=digits_cnn", "data=digits", "loss=cross_entropy", "optimizer=sgd", "steps=4", "eval_every=2",
+                 f"hooks={hooks}")
+    steps = analysis.load_steps(tmp_path)
+    fig = plots.loss_curves(steps, by=["hooks"], metrics=("loss", "accuracy"), splits=("eval",))
+    assert png_size(plots.png_bytes(fig)) == (1100, 400)
+    for ax, metric in zip(fig.axes, ("loss", "accuracy")):
+        assert ax.get_ylabel() == f"{metric} (held out)"
+        assert [line.get_label() for line in ax.lines] == ["hooks=clip", "hooks=none"]
+        for line, hooks in zip(ax.lines, ("clip", "none")):
+            held = steps[(steps.hooks == hooks) & (steps.split == "eval")]
+            np.testing.assert_array_equal(line.get_xdata(), held.step)
+            np.testing.assert_array_equal(line.get_ydata(), held[metric])

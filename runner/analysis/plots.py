@@ -187,26 +187,32 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
     return fig
 
 
-def loss_curves(steps: pd.DataFrame, by: list[str] | None = None) -> Figure:
-    """The loss per step, one colour per run (``load_steps``'s frame): train solid, eval dashed. 8 x 4 inches."""
+def loss_curves(steps: pd.DataFrame, by: list[str] | None = None, metrics: Sequence[str] = ("loss",),
+                splits: Sequence[str] = ("train", "eval")) -> Figure:
+    """Each of ``metrics`` (``loss``, ``accuracy``) per step, one panel each, one colour per run
+    (``load_steps``'s frame): train solid, eval dashed, of the ``splits`` asked for. 8 x 4 inches for
+    one panel, 5.5 x 4 for each of more."""
     by = by or _varying_overrides(steps)
-    fig = Figure(figsize=(8, 4), layout="constrained")
-    ax = fig.subplots()
+    fig = Figure(figsize=(8 if len(metrics) == 1 else 5.5 * len(metrics), 4), layout="constrained")
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     has_split = "split" in steps.columns
+    both = has_split and len(splits) > 1 and (steps["split"] == "eval").any()
     runs = _ordered_runs(steps, by)
-    for colour, (label, run) in zip(_colours(len(runs)), runs):
-        for split, style in (("train", "-"), ("eval", "--")):
-            part = run[run["split"] == split] if has_split else (run if split == "train" else run.iloc[:0])
-            if not part.empty:
-                ax.plot(part["step"], part["loss"], style, marker=".", markersize=3, color=colour,
-                        label=f"{label} ({split})" if has_split and (steps["split"] == "eval").any() else label)
-    positive = steps["loss"].dropna()
-    if len(positive) and (positive > 0).all() and positive.max() / positive.min() > 100:
-        ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss" + (" (log)" if ax.get_yscale() == "log" else ""))
-    ax.legend(fontsize="small")
-    ax.grid(True, alpha=0.3)
+    for ax, metric in zip(axes, metrics):
+        for colour, (label, run) in zip(_colours(len(runs)), runs):
+            for split, style in (("train", "-"), ("eval", "--")):
+                part = run[run["split"] == split] if has_split else (run if split == "train" else run.iloc[:0])
+                if split in splits and not part.empty:
+                    ax.plot(part["step"], part[metric], style, marker=".", markersize=3, color=colour,
+                            label=f"{label} ({split})" if both else label)
+        positive = steps[metric].dropna()
+        if len(positive) and (positive > 0).all() and positive.max() / positive.min() > 100:
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        held = " (held out)" if has_split and list(splits) == ["eval"] else ""
+        ax.set_ylabel(metric + held + (" (log)" if ax.get_yscale() == "log" else ""))
+        ax.legend(fontsize="small")
+        ax.grid(True, alpha=0.3)
     return fig
 
 

@@ -75,6 +75,16 @@ class NamedModel:
     input_kind: str = "tensor"
 
 
+@dataclass
+class HFModel(NamedModel):
+    """A Hugging Face model saved in a local directory (``save_pretrained``), loaded offline."""
+
+    name: str = "hf"
+    path: str = MISSING                 #: the directory holding config.json and the weights
+    auto: str = "causal_lm"             #: which Auto class loads it (``runner.sources.hf.AUTO_CLASSES``)
+    input_kind: str = "tokens"
+
+
 #: Keys of a model config that describe the run around the model. A ``_target_`` model (which has
 #: no schema: its other keys are its constructor's arguments) takes these too.
 MODEL_RUN_KEYS = tuple(f.name for f in dataclasses.fields(NamedModel))
@@ -126,6 +136,34 @@ class DigitsData(DataBase):
 
 
 @dataclass
+class LoaderConfig:
+    """How a ``Dataset`` is batched (``torch.utils.data.DataLoader``) and which part is held out."""
+
+    batch_size: int = 32
+    shuffle: bool = True               #: a new order each epoch, drawn from the run's seed
+    num_workers: int = 0
+    drop_last: bool = False
+    held_out: float = 0.0              #: fraction kept apart for eval passes (0: they draw training batches)
+    split_seed: int = 0                #: which items are held out: the same for every run seed
+
+
+@dataclass
+class DatasetData(LoaderConfig, DataBase):
+    """Any ``torch.utils.data.Dataset``: ``_target_`` names its class or a function returning one."""
+
+    kind: str = "dataset"
+    _target_: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)  #: the arguments ``_target_`` is called with
+
+
+@dataclass
+class ImageFolderData(LoaderConfig, ImageFiles):
+    """torchvision's ``ImageFolder`` at ``path``: one subfolder per class, the ImageNet transforms."""
+
+    kind: str = "imagefolder"
+
+
+@dataclass
 class LossConfig:
     name: str = "sum"
     target_class: Optional[int] = None  #: class_score only: a class index, or null for the top class
@@ -156,7 +194,8 @@ class AdamConfig:
 
 OPTIMIZER_SCHEMAS = {"none": NoOptimizer, "sgd": SGDConfig, "adam": AdamConfig}
 DATA_SCHEMAS = {"synthetic": SyntheticData, "tokens": TokenData, "fake": FakeImages, "image": ImageFiles,
-                "digits": DigitsData}
+                "digits": DigitsData, "dataset": DatasetData, "imagefolder": ImageFolderData}
+MODEL_SCHEMAS = {"hf": HFModel}  #: by ``model.name``; other names are ``NamedModel``
 
 
 @dataclass
@@ -165,7 +204,8 @@ class RunConfig:
 
     seed: int = 0                     #: seeds torch (model init) and the data generator
     device: Device = Device.auto
-    steps: int = 1                    #: forward/backward passes; each step writes its own rows
+    steps: Optional[int] = None       #: forward/backward passes; each step writes its own rows (null: 1)
+    epochs: Optional[int] = None      #: instead of steps: passes over a dataset with a length
     mode: Mode = Mode.train           #: the model's mode (BatchNorm and Dropout behave differently)
     on_nonfinite: Policy = Policy.warn
     on_silent: Policy = Policy.warn   #: an entry that matched but recorded or changed nothing
@@ -201,6 +241,8 @@ def register_schemas() -> None:
     for name, schema in DATA_SCHEMAS.items():
         store.store(group="data_schema", name=name, node=schema)
     store.store(group="model_schema", name="named", node=NamedModel)
+    for name, schema in MODEL_SCHEMAS.items():
+        store.store(group="model_schema", name=name, node=schema)
     for type_name in HOOK_TYPES:
         store.store(group="hook_schema", name=type_name, node=hook_schema(type_name))
 

@@ -22,17 +22,18 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
-from runner.config.schema import (DATA_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel, NoOptimizer,
-                                  OutputConfig, RunConfig, SampleConfig, SGDConfig)
+from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel,
+                                  NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
+from runner.sources.hf import check_hf
 from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
 from runner.sources.models import check_target
 
 #: The schema each data kind is merged into.
 _DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image",
-                     "digits": "digits"}
+                     "digits": "digits", "dataset": "dataset", "imagefolder": "imagefolder"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
     data = DataSource(_data_config(typed.data), model)
+    if settings.epochs is not None:
+        settings.steps = data.epoch_steps(settings.epochs)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
     hooks = compile_hooks(typed)
@@ -91,6 +94,7 @@ def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[Di
     """``cfg`` merged into the schema and resolved, and its run settings, checked (also for ``runner.attach``);
     ``overrides`` are the command that composed it (a preset listed twice in ``hooks=[...]`` is refused)."""
     typed = _typed(cfg)
+    _steps_or_epochs(typed)
     settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
     _check_settings(settings)
     _check_repeated_presets(overrides)
@@ -158,8 +162,20 @@ def _resolved(node, key: str):
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from None
 
 
+def _steps_or_epochs(typed: DictConfig) -> None:
+    """``steps`` or ``epochs``, never both; neither is one step (kept as ``steps: 1`` in config.yaml)."""
+    if typed.steps is not None and typed.epochs is not None:
+        raise ConfigError(f"epochs: {typed.epochs} and steps: {typed.steps} both given; set one of them "
+                          f"(epochs counts passes over the dataset)")
+    if typed.epochs is None:
+        typed.steps = 1 if typed.steps is None else typed.steps
+    elif typed.epochs < 1:
+        raise ConfigError(f"epochs: {typed.epochs} must be at least 1")
+
+
 def _check_settings(s: RunConfig) -> None:
-    for key, value, minimum in (("steps", s.steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
+    steps = 1 if s.steps is None else s.steps  # None: epochs, counted once the data is built
+    for key, value, minimum in (("steps", steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
                                 ("sample.every", s.sample.every, 1)):
         if value < minimum:
             hint = " (1 = every step)" if key == "sample.every" else ""
@@ -197,7 +213,9 @@ def _model_config(model: DictConfig) -> DictConfig:
             raise ConfigError("model._target_: required for model=custom, e.g. model._target_=mypkg.MyNet")
         check_target(model)
         return model
-    return _merged(NamedModel, model, "model", f"key for model '{model.get('name')}'")
+    name = model.get("name")
+    merged = _merged(MODEL_SCHEMAS.get(name, NamedModel), model, "model", f"key for model '{name}'")
+    return check_hf(merged) if name == "hf" else merged
 
 
 def _data_config(data: DictConfig) -> DictConfig:

@@ -1,5 +1,6 @@
 """Input batches: constant ``ones``, seeded ``randn``, torchvision's ``fake`` images, ``image`` files,
-``tokens`` ids, or scikit-learn's labelled ``digits``.
+``tokens`` ids, scikit-learn's labelled ``digits``, or any ``dataset`` / ``imagefolder`` through a
+``DataLoader`` (``runner.sources.datasets``).
 
 The shape follows the model (``model.input_shape``) unless ``data.shape`` is given. ``randn``
 draws from its own generator seeded with the run's seed, so the data do not depend on how many
@@ -43,7 +44,7 @@ class DataSource:
     def __init__(self, data: DictConfig, model: DictConfig) -> None:
         kind = data.get("kind")
         makers = {"ones": _synthetic, "randn": _synthetic, "fake": _fake, "image": _images, "tokens": _tokens,
-                  "digits": _digits}
+                  "digits": _digits, "dataset": _loaded, "imagefolder": _loaded}
         if kind not in makers:
             raise choice_error("data.kind", kind, makers, "data kind")
         if model.get("input_kind") == "tokens" and kind != "tokens":
@@ -65,6 +66,12 @@ class DataSource:
             if self.data.get("requires_grad"):
                 x.requires_grad_(True)
             yield Batch(x=x, targets=labels.to(device))
+
+    def epoch_steps(self, epochs: int) -> int:
+        """The training steps of ``epochs`` passes over the data (``epochs=N`` instead of ``steps``)."""
+        if self._make.epoch_steps is None:
+            raise ConfigError(f"epochs: data={self.kind} has no length to count epochs in; use steps=N")
+        return epochs * self._make.epoch_steps
 
     def _check_targets(self) -> None:
         """Class targets must be classes of the model: cross_entropy fails mid-run otherwise."""
@@ -90,6 +97,7 @@ class _Maker:
     dtype: torch.dtype
     make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
     held_out: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]] | None = None
+    epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
 
 
 def _shape(data: DictConfig, model: DictConfig) -> list[int]:
@@ -152,10 +160,27 @@ def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) 
     return torch.randint(0, classes, (n,), generator=gen)
 
 
+def imagenet_transform(data: DictConfig):
+    """torchvision's ImageNet preparation with ``data``'s sizes and normalisation (``image``, ``imagefolder``)."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize(int(data.resize)),
+        transforms.CenterCrop(int(data.crop)),
+        transforms.ToTensor(),
+        transforms.Normalize(list(data.mean), list(data.std)),
+    ])
+
+
+def _loaded(data: DictConfig, model: DictConfig) -> _Maker:
+    from runner.sources.datasets import loader_maker  # it builds on this module's _Maker
+
+    return loader_maker(data, model)
+
+
 def _images(data: DictConfig, model: DictConfig) -> _Maker:
     """Load one image or a folder of them as the torchvision ImageNet transforms would."""
     from PIL import Image
-    from torchvision import transforms
 
     path = Path(str(data.get("path") or ""))
     if not str(data.get("path") or ""):
@@ -168,12 +193,7 @@ def _images(data: DictConfig, model: DictConfig) -> _Maker:
         files = [path]
     else:
         raise ConfigError(f"data.path: no file or folder at '{path}'")
-    transform = transforms.Compose([
-        transforms.Resize(int(data.resize)),
-        transforms.CenterCrop(int(data.crop)),
-        transforms.ToTensor(),
-        transforms.Normalize(list(data.mean), list(data.std)),
-    ])
+    transform = imagenet_transform(data)
     images = []
     for f in files:
         try:
@@ -215,4 +235,4 @@ def _digits(data: DictConfig, model: DictConfig) -> _Maker:
                 yield x[index], y[index]
 
     return _Maker([size, 1, 8, 8], torch.float32, make,
-                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()))
+                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size)

@@ -1,9 +1,6 @@
 """Models by name: the tutorials' small networks, any torchvision classifier, or any ``_target_``."""
 from __future__ import annotations
 
-import importlib
-import inspect
-import typing
 from pathlib import Path
 
 import torch
@@ -15,6 +12,8 @@ from torch import nn
 from hooks.errors import ConfigError, choice_error
 
 from runner.config.schema import MODEL_RUN_KEYS as RUN_KEYS
+from runner.sources.hf import load_hf
+from runner.sources.targets import builds, check_arguments, locate
 
 #: Factories that build a model without saying so in an annotation, allowed by name.
 ALLOWED_FACTORIES = ("torchvision.models.get_model",)
@@ -90,65 +89,17 @@ def gpt2_tiny(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: i
 def check_target(cfg: DictConfig) -> None:
     """Refuse a ``_target_`` that does not build a model, before anything is called.
 
-    A config names code to run; it may name only what builds an ``nn.Module``: a subclass of it,
-    a callable whose return annotation is one (torchvision's builders, the user's own factory
-    with ``-> nn.Module``), ``torchvision.models.get_model`` or a ``from_pretrained``. So
-    ``builtins.open``, ``os.makedirs`` or ``torch.save`` are refused without running, and the
-    keys must be arguments the target takes.
+    It may name a subclass of ``nn.Module``, a callable whose return annotation is one
+    (torchvision's builders, the user's own factory with ``-> nn.Module``),
+    ``torchvision.models.get_model`` or a ``from_pretrained``; the keys must be arguments it takes.
     """
     path = str(cfg._target_)
     target = locate(path, "model._target_")
-    if not _builds_a_module(path, target):
+    if not (path in ALLOWED_FACTORIES or path.endswith(".from_pretrained") or builds(target, nn.Module)):
         raise ConfigError(f"model._target_: '{path}' is not an nn.Module class, nor a function annotated to "
                           f"return one (-> nn.Module), nor one of {', '.join(ALLOWED_FACTORIES)} or a "
                           f"from_pretrained; refused without calling it")
-    kwargs = [k for k in cfg.keys() if k not in RUN_KEYS and k != "_target_"]
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
-        return
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return
-    for key in kwargs:
-        if key not in params:
-            raise choice_error(f"model.{key}", key, [*params] or ["(none)"], f"argument of '{path}'")
-
-
-def locate(path: str, key: str) -> object:
-    """The object a dotted path names (``pkg.mod.Class.method``), imported but not called.
-
-    Raises:
-        ConfigError: naming ``key``, when no module of the path imports or it lacks the attribute.
-    """
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not ".".join(parts[:cut]).startswith(exc.name):
-                raise ConfigError(f"{key}: importing '{path}' failed: {exc}") from None
-            continue
-        except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
-            raise ConfigError(f"{key}: importing '{path}' failed: {type(exc).__name__}: {exc}") from None
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            raise ConfigError(f"{key}: '{'.'.join(parts[:cut])}' has no '{'.'.join(parts[cut:])}'") from None
-        return obj
-    raise ConfigError(f"{key}: cannot import '{path}': no module named '{parts[0]}'")
-
-
-def _builds_a_module(path: str, target: object) -> bool:
-    if inspect.isclass(target):
-        return issubclass(target, nn.Module)
-    if path in ALLOWED_FACTORIES or path.endswith(".from_pretrained"):
-        return True
-    try:
-        returned = typing.get_type_hints(target).get("return")
-    except Exception:  # noqa: BLE001 - unresolvable annotations: no promise of a module
-        return False
-    return inspect.isclass(returned) and issubclass(returned, nn.Module)
+    check_arguments(target, path, [k for k in cfg.keys() if k not in RUN_KEYS and k != "_target_"], "model.")
 
 
 def build_model(cfg: DictConfig) -> nn.Module:
@@ -156,8 +107,9 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
     ``_target_`` wins over ``name``: every key except ``RUN_KEYS`` goes to Hydra's
     ``instantiate`` (``model=custom model._target_=pkg.Net +model.width=64``), once
-    ``check_target`` accepted it. Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision
-    model, built with ``weights`` (``null`` = random init; a weights name such as ``DEFAULT`` downloads).
+    ``check_target`` accepted it. ``name: hf`` loads a Hugging Face directory (``runner.sources.hf``).
+    Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision model, built with ``weights``
+    (``null`` = random init; a weights name such as ``DEFAULT`` downloads).
     """
     if OmegaConf.is_missing(cfg, "_target_"):
         raise ConfigError("model._target_: required for model=custom, e.g. model._target_=mypkg.MyNet")
@@ -168,6 +120,8 @@ def build_model(cfg: DictConfig) -> nn.Module:
             model = instantiate(kwargs)
         except Exception as exc:  # Hydra wraps import and constructor errors alike
             raise ConfigError(f"model._target_: cannot build '{cfg._target_}': {str(exc).splitlines()[0]}") from None
+    elif cfg.get("name") == "hf":
+        model = load_hf(cfg)
     else:
         model = _named_model(cfg.get("name"), cfg.get("weights"))
     if not isinstance(model, nn.Module):
@@ -194,11 +148,22 @@ def _named_model(name: str | None, weights: str | None) -> nn.Module:
                           f"use model.checkpoint=PATH to load a local state_dict") from None
 
 
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ConfigError("model.checkpoint: a .safetensors file needs the 'safetensors' package: "
+                          "pip install -e '.[safetensors]'") from None
+    return load_file(path, device="cpu")
+
+
 def _load_checkpoint(model: nn.Module, path: Path) -> None:
+    """A state_dict from ``.safetensors`` or (anything else) ``torch.load(weights_only=True)``, all keys fitting."""
     if not path.is_file():
         raise ConfigError(f"model.checkpoint: no file at '{path}'")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _read_safetensors(path) if path.suffix == ".safetensors" else \
+            torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - empty, truncated, corrupt, TorchScript or unsafe pickles
         detail = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"model.checkpoint: cannot read '{path}' as a weights-only state_dict: {detail}") from None

@@ -1,0 +1,36 @@
+"""Datasets that tests name through ``data._target_``."""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+
+def labelled(n: int = 40, classes: int = 5) -> TensorDataset:
+    """``n`` seeded [3, 8, 8] images (``convnet``'s input) with labels in ``[0, classes)``."""
+    gen = torch.Generator().manual_seed(7)
+    return TensorDataset(torch.randn(n, 3, 8, 8, generator=gen), torch.randint(0, classes, (n,), generator=gen))
+
+
+class Squares(Dataset):
+    """Item ``i`` is the [100] vector of ``i``'s, unlabelled (``mlp``'s input): a class, not a function."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((100,), float(i))
+
+
+class Stream(IterableDataset):
+    """Three [100] vectors and then no more: an IterableDataset has no length to count epochs in."""
+
+    def __iter__(self):
+        return (torch.full((100,), float(i)) for i in range(3))
+
+
+def not_a_dataset(n: int = 3) -> list:
+    """Annotated to return a list: refused without being called."""
+    raise AssertionError("called")
