@@ -105,6 +105,7 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1024
 ReturnToService=2
 MinJobAge=3600
+KillWait=5
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=$RUN/slurmctld.pid

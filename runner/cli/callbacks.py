@@ -51,7 +51,7 @@ class EarlyChecks(Callback):
         bad, code = [], 0
         for num, overrides in enumerate(jobs):
             try:
-                check_output_dir(_job_dir(config, num), bool(config.get("overwrite")))
+                check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
             except (ConfigError, OutputError) as exc:
                 bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
                 code = max(code, failure_code(exc))
@@ -66,7 +66,7 @@ class EarlyChecks(Callback):
                     f"{len(failed)} of {len(statuses)} jobs failed:", EXIT_RUN_ERROR)
 
 
-def _job_dir(config: DictConfig, num: int) -> Path:
+def job_dir(config: DictConfig, num: int) -> Path:
     """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
     hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
     with open_dict(hydra):
