@@ -13,10 +13,11 @@ USR2 (``signal_delay_s`` before the time limit, or on preemption) it calls the l
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 from collections.abc import Iterator
+
+from runner.store.resume import in_scheduler_job
 
 
 class Terminated(SystemExit):
@@ -42,11 +43,6 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def in_scheduler_job() -> bool:
-    """Whether this process is a submitit job (submitit sets ``SUBMITIT_EXECUTOR`` in its jobs)."""
-    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
 def scheduler_state(exc: BaseException) -> str | None:
