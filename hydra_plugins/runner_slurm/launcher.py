@@ -86,8 +86,12 @@ class SlurmLauncher(UpstreamSlurmLauncher):
         watch = PendingWatch(self.unschedulable_after_s, self.unschedulable_reasons)
         start = time.monotonic()
         array = jobs[0].job_id.split("_")[0]
-        while not all(job.done() for job in jobs):
-            reason = watch.stuck(_squeue(array), time.monotonic())
+        while True:
+            queued = _squeue(array)
+            # a job that left the queue without a result (scancel, time limit): ask sacct now, not at its next poll
+            if all(job.done(force_check=queued is not None and job.job_id not in queued) for job in jobs):
+                return
+            reason = watch.stuck(queued or {}, time.monotonic())
             if reason:
                 for job in jobs:
                     job.cancel(check=False)
@@ -112,14 +116,14 @@ class SlurmLauncher(UpstreamSlurmLauncher):
             return JobReturn(overrides=overrides, status=JobStatus.COMPLETED)  # status.json reports it
 
 
-def _squeue(array: str) -> dict[str, tuple[str, str]]:
-    """``{job id: (state, reason)}`` of the array's jobs still in the queue (empty if squeue fails)."""
+def _squeue(array: str) -> dict[str, tuple[str, str]] | None:
+    """``{job id: (state, reason)}`` of the array's jobs still pending or running; ``None`` if squeue failed."""
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%i|%T|%r"], capture_output=True, text=True,
-                             timeout=30).stdout
+        proc = subprocess.run(["squeue", "-h", "-r", "-j", array, "-t", "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING",
+                               "-o", "%i|%T|%r"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_squeue(out)
+        return None
+    return parse_squeue(proc.stdout) if proc.returncode == 0 else None
 
 
 def _exit(line: str) -> None:

@@ -34,6 +34,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from runner.store.outputs import MANIFEST
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
@@ -53,7 +54,7 @@ def run_dirs(path: str | Path) -> list[Path]:
     path = Path(path)
     if (path / MANIFEST).is_file():
         return [path]
-    found = sorted(p.parent for p in path.rglob(MANIFEST))
+    found = listed_runs(path) or sorted(p.parent for p in path.rglob(MANIFEST))
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
     return found
@@ -65,6 +66,9 @@ def failed_jobs(path: str | Path) -> pd.DataFrame:
     A failed job leaves ``status.json`` with ``"status": "failed"`` and no manifest; its overrides
     are read from the status file or, failing that, from Hydra's ``.hydra/overrides.yaml``.
     """
+    listed = listed_failures(path)  # a sweep's sweep.json, with jobs the scheduler ended
+    if listed is not None:
+        return pd.DataFrame(listed, columns=["job_dir", "overrides", "error"])
     rows = []
     for status_file in sorted(Path(path).rglob(STATUS)):
         job = status_file.parent
