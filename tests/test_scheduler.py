@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from runner.cli.scheduler import PendingWatch, parse_squeue, run_state, sbatch_error
+from runner.cli.scheduler import PendingWatch, parse_squeue, run_state, sbatch_error, trace_error
 
 PARAMS = {"partition": "gpu", "gpus_per_node": 1, "gres": None, "cpus_per_task": 8, "mem_gb": 32, "timeout_min": 120}
 
@@ -56,3 +56,29 @@ def test_a_slurm_preset_without_its_partition_is_one_line_and_writes_nothing(tmp
         "error: hydra.launcher.partition: required by hydra/launcher=slurm_cpu; give it, e.g. "
         "hydra.launcher.partition=NAME (sinfo lists the partitions)"]
     assert not (tmp_path / "sweep").exists()
+
+
+def test_the_presets_settings():
+    from hydra import compose, initialize_config_dir
+
+    from runner.cli.commandline import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        gpu, cpu = (compose(config_name="config", overrides=[f"hydra/launcher={name}", "hydra.launcher.partition=p"],
+                            return_hydra_config=True).hydra.launcher for name in ("slurm", "slurm_cpu"))
+    assert (gpu.gpus_per_node, gpu.cpus_per_task, gpu.mem_gb) == (1, 8, 32)
+    assert (cpu.gpus_per_node, cpu.cpus_per_task, cpu.mem_gb) == (None, 1, 2)
+    for launcher in (gpu, cpu):
+        assert (launcher.timeout_min, launcher.signal_delay_s, launcher.max_num_timeout) == (120, 120, 3)
+        assert (launcher.unschedulable_after_s, launcher.array_parallelism) == (120, 64)
+        assert "PartitionConfig" in launcher.unschedulable_reasons and "Resources" not in launcher.unschedulable_reasons
+
+
+def test_a_job_that_raised_is_reported_by_its_exception_line():
+    message = ("Job (task=0) failed during processing with trace:\n----------------------\n"
+               "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+               "RuntimeError: boom\n\n----------------------\n"
+               "You can check full logs with 'job.stderr(0)' and 'job.stdout(0)'or at paths:\n"
+               "  - /sweep/.submitit/7_0/7_0_0_log.err\n  - /sweep/.submitit/7_0/7_0_0_log.out\n")
+    assert trace_error(message) == "RuntimeError: boom"
+    assert trace_error("Job got killed for an unknown reason.") == "Job got killed for an unknown reason."

@@ -25,7 +25,7 @@ from runner.store.sweep_record import SWEEP
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "slurm-single-node.sh"
+SCRIPT = "scripts/slurm-single-node.sh"  # as the README writes it, from the repository root
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 #: The README's sweep on the CPU preset (4 jobs).
 README_SWEEP = ("python -m runner -m hydra/launcher=slurm_cpu hydra.launcher.partition=debug model=mlp steps=2 "
@@ -42,7 +42,7 @@ def slurm():
     if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
         pytest.skip("cannot run Slurm here: no slurmctld and no apt-get to install it")
     was_up = "slurmctld: running" in _sh(f"{SCRIPT} status").stdout
-    proc = _sh(str(SCRIPT))
+    proc = _sh(SCRIPT)
     if proc.returncode == 3:
         pytest.skip(proc.stderr.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stderr
@@ -83,7 +83,9 @@ def _jobs(sweep_dir: Path) -> dict[int, dict]:
 
 
 def _sacct_states(array: str) -> list[str]:
-    return [line.split()[0] for line in _sh(f"sacct -X -n -P -j {array} -o State").stdout.splitlines()]
+    """The jobs' states by the README's ``sacct`` command (two header lines, then JobID State ExitCode)."""
+    lines = _sh(f"sacct -X -j {array} -o JobID,State,ExitCode").stdout.splitlines()[2:]
+    return [line.split()[1].rstrip("+") for line in lines]  # CANCELLED+: "CANCELLED by 0", cut to the column
 
 
 def test_the_readme_sweep_runs_four_jobs_on_slurm_cpu_and_loads_as_one_table(slurm, tmp_path):
@@ -95,6 +97,7 @@ def test_the_readme_sweep_runs_four_jobs_on_slurm_cpu_and_loads_as_one_table(slu
     sizes = stats.groupby(["hooks.clip.max", "seed"], observed=True).size()
     assert len(sizes) == 4 and sizes.nunique() == 1  # every job wrote the same rows
     assert {job["state"] for job in _jobs(tmp_path).values()} == {"ok"}
+    assert "slurmd: running" in _sh(f"{SCRIPT} status").stdout
     assert _sacct_states(_array_id(tmp_path)) == ["COMPLETED"] * 4  # the scheduler's states: sacct
 
 

@@ -30,8 +30,8 @@ from omegaconf import OmegaConf
 
 from runner.cli.callbacks import job_dir
 from runner.cli.execute import EXIT_CONFIG_ERROR, read_status, write_status
-from runner.cli.scheduler import UNSCHEDULABLE, PendingWatch, parse_squeue, run_state, sbatch_error, stuck_error
-from runner.cli.slurm_conf import OWN_KEYS
+from runner.cli.scheduler import (UNSCHEDULABLE, PendingWatch, parse_squeue, run_state, sbatch_error, stuck_error,
+                                  trace_error)
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,11 @@ _POLL_S, _POLL_MAX_S = 2.0, 30.0
 
 
 class SlurmLauncher(UpstreamSlurmLauncher):
-    def __init__(self, **params: Any) -> None:
-        own = {key: params.pop(key) for key in OWN_KEYS if key in params}
+    def __init__(self, unschedulable_after_s: float | None = None, unschedulable_reasons: Sequence[str] = UNSCHEDULABLE,
+                 **params: Any) -> None:
         super().__init__(**params)
-        limit = own.get("unschedulable_after_s", 120)
-        reasons = own.get("unschedulable_reasons") or UNSCHEDULABLE
-        self.unschedulable_after_s = None if limit is None else float(limit)
-        self.unschedulable_reasons = list(OmegaConf.to_container(reasons) if OmegaConf.is_config(reasons) else reasons)
+        self.unschedulable_after_s = unschedulable_after_s
+        self.unschedulable_reasons = list(unschedulable_reasons)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import submitit
@@ -108,8 +106,8 @@ class SlurmLauncher(UpstreamSlurmLauncher):
             out_dir = job_dir(self.config, num)
             if (read_status(out_dir) or {}).get("status") in (None, "requeued"):  # else the job said how it ended
                 slurm = job.state
-                if isinstance(exc, submitit.core.utils.FailedJobError):  # raised in the job: its last line
-                    state, why = "failed", [ln for ln in str(exc).splitlines() if ln.strip(" -")][-1].strip()
+                if isinstance(exc, submitit.core.utils.FailedJobError):  # raised in the job
+                    state, why = "failed", trace_error(str(exc))
                 else:
                     state, why = run_state(slurm), f"Slurm state {slurm}"
                 write_status(out_dir, overrides, f"{state} (job {job.job_id}): {why}", state=state)

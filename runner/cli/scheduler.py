@@ -93,3 +93,12 @@ def stuck_error(reason: str, waited_s: float, params: Mapping[str, object]) -> s
 def run_state(slurm_state: str) -> str:
     """The run state of a job Slurm ended without a result (``CANCELLED by 0`` -> ``cancelled``)."""
     return RUN_STATES.get(slurm_state.split()[0] if slurm_state else "", "failed")
+
+
+def trace_error(message: str) -> str:
+    """The exception line of submitit's ``FailedJobError`` (its traceback sits between two dashed lines)."""
+    lines = message.splitlines()
+    dashes = [i for i, line in enumerate(lines) if line.strip() and not line.strip("-")]
+    trace = lines[dashes[0] + 1:dashes[1]] if len(dashes) >= 2 else lines
+    found = [line.strip() for line in trace if line.strip()]
+    return found[-1] if found else message.strip()

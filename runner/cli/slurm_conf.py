@@ -7,17 +7,13 @@ importing the launcher (``hydra_plugins.runner_slurm``, which imports the callba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from omegaconf import MISSING
 
 from runner.cli.scheduler import UNSCHEDULABLE
-
-#: The keys this schema adds (the launcher takes them out before upstream's ``__init__``).
-OWN_KEYS = ("unschedulable_after_s", "unschedulable_reasons")
-
 
 @dataclass
 class RunnerSlurmConf(SlurmQueueConf):
@@ -26,8 +22,8 @@ class RunnerSlurmConf(SlurmQueueConf):
     partition: Optional[str] = MISSING
     #: Seconds every job of the sweep may stay PENDING for one of ``unschedulable_reasons`` before the
     #: sweep is cancelled with the reason; null: wait forever.
-    unschedulable_after_s: Any = 120
-    unschedulable_reasons: list = field(default_factory=lambda: list(UNSCHEDULABLE))
+    unschedulable_after_s: Optional[float] = 120.0
+    unschedulable_reasons: List[str] = field(default_factory=lambda: list(UNSCHEDULABLE))
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="runner_slurm", node=RunnerSlurmConf, provider="runner")
