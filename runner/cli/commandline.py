@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 import yaml
 
+import runner.cli.slurm_conf  # noqa: F401  (stores the Slurm presets' schema)
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 from hooks.errors import ConfigError, choice_error
 from runner.engine.plan import Plan, compile_plan
@@ -53,6 +54,8 @@ def check_command_line(argv: Sequence[str]) -> list[str]:
         try:
             cfg, remote = compose_job(job)
             _plans[_key(cfg)] = compile_plan(cfg, job, check_device=not remote)
+        except LauncherError as exc:  # the same for every job: said once
+            return [str(exc)]
         except ConfigError as exc:
             label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
             problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
@@ -102,9 +105,25 @@ def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:
     except yaml.YAMLError as exc:  # a config file that is not YAML: name the file and the line
         raise ConfigError(_yaml_error(exc)) from None
     launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
+    _check_required(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, launcher.endswith(_REMOTE_LAUNCHERS)
+
+
+class LauncherError(ConfigError):
+    """A mistake in ``hydra.launcher``: shared by every job of the sweep."""
+
+
+def _check_required(cfg: DictConfig) -> None:
+    """A launcher preset's ``???`` values (``hydra.launcher.partition``) must be given on the command line."""
+    node = OmegaConf.select(cfg, "hydra.launcher")
+    missing = [key for key in (node or {}) if OmegaConf.is_missing(node, key)]
+    if missing:
+        preset = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher")
+        raise LauncherError(f"hydra.launcher.{missing[0]}: required by hydra/launcher={preset}; give it, e.g. "
+                          f"hydra.launcher.{missing[0]}=NAME" + (" (sinfo lists the partitions)"
+                                                                 if missing[0] == "partition" else ""))
 
 
 def compose_config(overrides: Sequence[str]) -> DictConfig:

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hooks.errors import ConfigError
-from runner.cli.signals import Terminated, sigterm_raises
+from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
 from runner.engine.loop import run
 from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
@@ -72,8 +72,13 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
         if not multirun:
             raise  # a bug in the model or the runner: Hydra prints the traceback and exits 1
         log.exception("job failed")
-        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR)
+        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR, scheduler_state(exc))
         return
+    except SystemExit:
+        if multirun and in_scheduler_job():  # submitit requeued the job (preemption, time limit) and exits
+            write_status(out_dir, overrides, "requeued by the scheduler; resumes from its last complete step",
+                         state="requeued")
+        raise
     finally:
         if claim is not None:
             claim.release()
@@ -110,16 +115,29 @@ def failure_code(exc: Exception) -> int:
     return EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
 
 
-def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None) -> None:
-    """Record how one job of a sweep ended (``error`` is ``None`` on success)."""
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
+    """Record how one job of a sweep ended (``error`` is ``None`` on success).
+
+    ``state``: ``ok``, ``failed`` (the default for an error), or what the scheduler did:
+    ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    status = {"status": "failed" if error else "ok", "overrides": list(overrides), "error": error}
+    status = {"status": state or ("failed" if error else "ok"), "overrides": list(overrides), "error": error}
     (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
 
 
-def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int) -> None:
+def read_status(out_dir: str | Path) -> dict | None:
+    """A job's ``status.json``, or ``None`` when it wrote none (yet)."""
+    try:
+        return json.loads((Path(out_dir) / STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int,
+          state: str | None = None) -> None:
     print(f"error: {message}", file=sys.stderr)
     if not multirun:
         sys.exit(code)
-    write_status(out_dir, overrides, message)
+    write_status(out_dir, overrides, message, state)

@@ -4,6 +4,11 @@ Python's default SIGTERM handler ends the process at once: no ``finally``, no ``
 so temporary files stay behind and the handles of the hook session are never removed.
 Schedulers (SLURM, Kubernetes, systemd) stop jobs with SIGTERM, so the CLI turns it into
 ``Terminated``, a ``SystemExit`` with the shell's status 143 (128 + 15).
+
+Inside a submitit job (a sweep on Slurm) the handlers are submitit's and stay in place: it
+ignores SIGTERM (Slurm's preemption sends it before USR2; ``scancel`` before SIGKILL), and on
+USR2 (``signal_delay_s`` before the time limit, or on preemption) it calls the launcher's
+``checkpoint``, requeues the job and exits; the requeued job resumes (``runner.store.resume``).
 """
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+
+from runner.store.resume import in_scheduler_job
 
 
 class Terminated(SystemExit):
@@ -25,9 +32,10 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def sigterm_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises ``Terminated``; the previous handler is restored after.
 
-    Signal handlers can only be set from the main thread; elsewhere the block runs unchanged.
+    Signal handlers can only be set from the main thread; elsewhere, and in a submitit job, the
+    block runs unchanged.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or in_scheduler_job():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -35,3 +43,12 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def scheduler_state(exc: BaseException) -> str | None:
+    """``timeout`` for submitit's refusal to requeue a job that timed out once too often, else ``None``."""
+    if not in_scheduler_job():
+        return None
+    from submitit.core.utils import UncompletedJobError  # only in a submitit job, where it is loaded
+
+    return "timeout" if isinstance(exc, UncompletedJobError) and "timed-out" in str(exc) else None

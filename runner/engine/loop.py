@@ -25,6 +25,7 @@ from runner.sources.models import build_model
 from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, check_output_dir
 from runner.store.provenance import provenance
+from runner.store.resume import Resume, in_scheduler_job
 
 
 def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
@@ -46,15 +47,18 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     data = plan.data.batches(s.seed, device)
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
+    resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
+    first = resume.restore(data)  # a requeued job's run goes on from its last complete step
     compile_time_s = _warm_up_statistics(plan, device)
     with HookSession(model, plan.hooks, recorder) as session:
         forward = _compiled(model) if s.compile else model
         extra = {"seed": s.seed, "compile_time_s": compile_time_s,
-                 "provenance": provenance(plan)}  # what a replay checks (runner.cli.replay)
+                 "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
+                 **({"resumed_at_step": first} if first else {})}
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
-                        extra=extra) as outputs, progress_bar(s.steps, s.progress) as bar:
+                        extra=extra) as outputs, resume.keeping(outputs), progress_bar(s.steps, s.progress) as bar:
             steps = StepWriter(session, outputs, s, device)
-            for step in range(s.steps):
+            for step in range(first, s.steps):
                 steps.begin(step)
                 batch = next(data)
                 if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
@@ -70,7 +74,9 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                     _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies))
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
+                resume.mark(step + 1)
             outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
+    resume.finish()
     return out_dir
 
 

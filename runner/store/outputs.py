@@ -248,6 +248,18 @@ class RunOutputs:
         except OSError:
             pass
 
+    def write_rows(self, name: str, table: pa.Table) -> None:
+        """Append rows an earlier attempt of this run wrote (``runner.store.resume``) to file ``name``."""
+        self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
+
+    def flush_partial(self) -> dict[str, Path]:
+        """After an interruption, before the exit: write what is queued and close the temporary
+        files, readable as they are; return them by name (``runner.store.resume`` keeps their rows)."""
+        self._writer.close()
+        for sink in self._sinks.values():
+            sink.finish()
+        return {name: sink.tmp for name, sink in self._sinks.items()}
+
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
                    split: str = "train", peak_memory_bytes: int | None = None,
                    metrics: dict[str, float] | None = None) -> None:

@@ -1,0 +1,1 @@
+"""The runner's Slurm launcher: Hydra finds launchers only in the ``hydra_plugins`` package."""

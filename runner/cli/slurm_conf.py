@@ -1,0 +1,29 @@
+"""The schema of ``hydra/launcher=slurm``: upstream's Slurm settings plus the runner's wait for an
+unschedulable sweep, stored in Hydra's ConfigStore as ``hydra/launcher/runner_slurm``.
+
+Apart from ``runner.cli.slurm`` so that the command-line checks can compose the presets without
+importing the launcher (``hydra_plugins.runner_slurm``, which imports the callbacks, which import the command line).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+from omegaconf import MISSING
+
+from runner.cli.scheduler import UNSCHEDULABLE
+
+@dataclass
+class RunnerSlurmConf(SlurmQueueConf):
+    _target_: str = "hydra_plugins.runner_slurm.launcher.SlurmLauncher"
+    #: Required (a ``???`` in a preset does not replace upstream's ``None`` when merged).
+    partition: Optional[str] = MISSING
+    #: Seconds every job of the sweep may stay PENDING for one of ``unschedulable_reasons`` before the
+    #: sweep is cancelled with the reason; null: wait forever.
+    unschedulable_after_s: Optional[float] = 120.0
+    unschedulable_reasons: List[str] = field(default_factory=lambda: list(UNSCHEDULABLE))
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="runner_slurm", node=RunnerSlurmConf, provider="runner")

@@ -1,0 +1,118 @@
+"""A requeued run goes on from its last complete step instead of starting over.
+
+On preemption or near its time limit, a sweep job on Slurm gets USR2; submitit's handler
+requeues the job and exits with ``SystemExit``, wherever the step was. So the state after each
+complete step is kept in memory (model, optimizer, RNG: a copy per step, only in a job the
+scheduler can requeue), and when the run exits that way, ``.resume/`` in the run directory
+receives that state and the rows the run wrote for the complete steps (read back from its
+temporary parquet files). The requeued job's run finds them, restores the state, replays the
+data stream to the same batch and writes the kept rows first: its final files hold the same
+rows as an uninterrupted run's. ``.resume/`` belongs to one config (its hash); it is removed
+once the run is committed.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from runner.store.errors import OutputError
+
+RESUME = ".resume"
+_STATE = "state.pt"
+
+
+def in_scheduler_job() -> bool:
+    """Whether this process is a submitit job, which the scheduler may requeue (submitit sets
+    ``SUBMITIT_EXECUTOR`` in its jobs)."""
+    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
+
+
+class Resume:
+    """The resume point of one run in ``out_dir``: kept after each step when ``enabled``, restored when found."""
+
+    def __init__(self, out_dir: Path, config_yaml: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                 enabled: bool) -> None:
+        self.dir = Path(out_dir) / RESUME
+        self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
+        self.model = model
+        self.optimizer = optimizer
+        self.enabled = enabled
+        self.first_step = 0
+        self._kept: dict[str, pa.Table] = {}
+        self._point: tuple[int, dict] | None = None
+
+    def restore(self, data: Iterator) -> int:
+        """Load the resume point, if one of this config is there: the state, the data stream advanced
+        past its steps, the rows to keep. Return the first step to run (0 without a point)."""
+        state_file = self.dir / _STATE
+        if not state_file.exists():
+            return 0
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if state.get("config_hash") != self.config_hash:
+            shutil.rmtree(self.dir, ignore_errors=True)  # an earlier config's: not this run's
+            return 0
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        for _ in range(state["step"]):
+            next(data)
+        torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self._kept = {p.name: pq.read_table(p) for p in sorted(self.dir.glob("*.parquet"))}
+        self.first_step = state["step"]
+        return self.first_step
+
+    def mark(self, steps_done: int) -> None:
+        """Remember the state after ``steps_done`` complete steps (a copy; replaced in one assignment)."""
+        if not self.enabled:
+            return
+        state = {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                 "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
+                 "rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        self._point = (steps_done, state)
+
+    @contextlib.contextmanager
+    def keeping(self, outputs) -> Iterator[None]:
+        """Around the steps: the kept rows go in first; a ``SystemExit`` (submitit's requeue) saves the point."""
+        for name, table in self._kept.items():
+            outputs.write_rows(name, table)
+        self._kept = {}
+        try:
+            yield
+        except SystemExit:
+            if self.enabled and self._point is not None:
+                self._save(outputs)
+            raise
+
+    def finish(self) -> None:
+        """The run is committed: its resume point is of no more use."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _save(self, outputs) -> None:
+        steps, state = self._point
+        tmp = self.dir.with_name(f"{RESUME}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            files = outputs.flush_partial()
+            tmp.mkdir()
+            for name, path in files.items():
+                table = pq.read_table(path)
+                pq.write_table(table.filter(pc.less(table["step"], steps)), tmp / name)
+            torch.save({**state, "step": steps, "config_hash": self.config_hash}, tmp / _STATE)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            tmp.rename(self.dir)
+        except (OSError, OutputError):  # no resume point: the requeued run starts over
+            shutil.rmtree(tmp, ignore_errors=True)
