@@ -132,6 +132,16 @@ class LossConfig:
 
 
 @dataclass
+class MetricConfig:
+    """What interventions are judged by, per step in ``steps.parquet`` (batch means; token models
+    read the last position): ``logit`` of class ``target``, ``logit_diff`` = logit of ``diff[0]``
+    minus logit of ``diff[1]`` (classes or token ids). Null: the column stays NaN."""
+
+    target: Optional[int] = None
+    diff: Optional[list[int]] = None
+
+
+@dataclass
 class NoOptimizer:
     name: str = "none"
 
@@ -181,6 +191,7 @@ class RunConfig:
     model: Any = MISSING
     data: Any = MISSING
     loss: LossConfig = field(default_factory=LossConfig)
+    metric: MetricConfig = field(default_factory=MetricConfig)
     optimizer: Any = MISSING
     hooks: dict[str, Any] = field(default_factory=dict)
 
