@@ -86,6 +86,7 @@ class DataBase:
     shape: Optional[list[int]] = None   #: null follows model.input_shape
     requires_grad: bool = False         #: true makes the input a leaf with a gradient
     targets: Any = None                 #: class targets: an int, a list, or null
+    seed: int = 0                       #: added to the run's seed for the data only: other batches, same model
 
 
 @dataclass
