@@ -2,6 +2,12 @@
 written by hand in plain PyTorch on the same model, weights and data."""
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -239,3 +245,54 @@ def test_a_metric_class_the_model_does_not_have_is_one_line():
         compile_plan(make_config("model=convnet", "metric.target=7"))
     with pytest.raises(ConfigError, match=r"^metric.diff: \[1\] must be two classes"):
         compile_plan(make_config("model=convnet", "metric.diff=[1]"))
+
+
+def test_patching_whole_resnet_layers_from_a_clean_run_gives_its_output_at_every_layer(run_with):
+    """A resnet's stages are sequential: patching all of any one of them restores the clean output."""
+    clean = run_with(*RESNET, "hooks=extract", "hooks.extract.layers=[layer1,layer2,layer3,layer4,fc]")
+    for layer in ("layer1", "layer4"):
+        out = run_with(*RESNET, "data.seed=1", "hooks=[patch,extract]", f"hooks.patch.source={clean}",
+                       f"hooks.patch.layers={layer}", "hooks.extract.layers=fc")
+        assert torch.equal(kept(out, "fc"), kept(clean, "fc"))
+    assert not torch.equal(kept(run_with(*RESNET, "data.seed=1", "hooks=extract", "hooks.extract.layers=fc"), "fc"),
+                           kept(clean, "fc"))
+
+
+# -- the README's patching sweep ------------------------------------------------------------------
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: What the test changes in the README's commands (the README says so): 2 blocks, positions 14 and 15.
+SMALLER = {"model.n_layer=4": "model.n_layer=2", "range(0,16)": "range(14,16)",
+           "hooks.patch.layers=transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3":
+           "hooks.patch.layers=transformer.h.0,transformer.h.1"}
+
+
+def readme_patching_blocks() -> tuple[list[str], str]:
+    section = README.read_text().split("### Activation patching", 1)[1].split("\n### ", 1)[0]
+    bash = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    python = section.split("```python\n", 1)[1].split("```", 1)[0]
+    return [line for line in bash.splitlines() if line.strip()], python
+
+
+def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
+    commands, python = readme_patching_blocks()
+    assert len(commands) == 3 and "-m model=gpt2_tiny" in commands[2]
+    env = {**os.environ, "PYTHONPATH": str(README.parent)}
+    for command in commands:
+        for big, small in SMALLER.items():
+            command = command.replace(big, small)
+        words = shlex.split(command)
+        done = subprocess.run([sys.executable, *words[1:], "progress=false"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(python, "README.md (Activation patching)", "exec"), scope)
+    table = scope["table"]
+    assert (tmp_path / "runs" / "patching.png").stat().st_size > 0
+    assert len(table) == 4
+    for row in table.itertuples():
+        clean, corrupted, patched = hand_patched_logits(int(row.layer.rsplit(".", 1)[1]), int(row.index))
+        by_hand = (logit_diff(patched) - logit_diff(corrupted)) / (logit_diff(clean) - logit_diff(corrupted))
+        assert row.recovered == pytest.approx(by_hand, rel=1e-4, abs=1e-6), row
+    last = table[(table.layer == "transformer.h.1") & (table["index"] == 15)].recovered.item()
+    assert last == 1.0  # the last block at the last position: exactly the clean output
