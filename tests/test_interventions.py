@@ -275,13 +275,14 @@ def readme_patching_blocks() -> tuple[list[str], str]:
 
 def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
     commands, python = readme_patching_blocks()
-    assert len(commands) == 3 and "-m model=gpt2_tiny" in commands[2]
+    assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2]
     env = {**os.environ, "PYTHONPATH": str(README.parent)}
     for command in commands:
         for big, small in SMALLER.items():
             command = command.replace(big, small)
-        words = shlex.split(command)
-        done = subprocess.run([sys.executable, *words[1:], "progress=false"], cwd=tmp_path, env=env,
+        words = shlex.split(command, comments=True)
+        quiet = ["progress=false"] if words[2] == "runner" else []
+        done = subprocess.run([sys.executable, *words[1:], *quiet], cwd=tmp_path, env=env,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
     monkeypatch.chdir(tmp_path)
@@ -296,3 +297,6 @@ def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_com
         assert row.recovered == pytest.approx(by_hand, rel=1e-4, abs=1e-6), row
     last = table[(table.layer == "transformer.h.1") & (table["index"] == 15)].recovered.item()
     assert last == 1.0  # the last block at the last position: exactly the clean output
+    page = (tmp_path / "runs" / "patching" / "report.html").read_text()
+    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert 'alt="recovered fraction per layer and index"' in section and "transformer.h.1" in section
