@@ -81,6 +81,30 @@ def test_an_indexed_gradient_scale_changes_only_those_channels_of_the_parameter_
     assert torch.equal(model[1].weight.grad, by_hand)
 
 
+@pytest.mark.parametrize("mechanism", ["tensor", "module"])
+def test_an_indexed_gradient_replacement_replaces_only_those_channels(mechanism):
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    model(x).sum().backward()
+    by_hand = model[0].weight.grad.clone()
+    by_hand[1] = 0.0  # grad_input of the second layer, channel 1, set to 0: nothing reaches row 1
+    model.zero_grad()
+    entry = {"type": "full_backward", "layers": "1", "replace": 0.0, "index": [1], "mechanism": mechanism}
+    with HookSession(model, build_hooks({"f": entry})) as session:
+        session.backward(model(x).sum())
+    assert torch.equal(model[0].weight.grad, by_hand)
+
+
+def test_an_indexed_input_shift_shifts_only_that_channel():
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    hidden = model[0](x).detach()
+    hidden[:, 2] += 1.0
+    by_hand = model[1](hidden)
+    with HookSession(model, build_hooks({"s": {"type": "shift", "layers": "1", "index": [2]}})):
+        assert torch.equal(model(x).detach(), by_hand.detach())
+
+
 @pytest.mark.parametrize("index, bad", [('"..., 0:40"', "'0:40'"), ("[3,700]", "[3, 700]"),
                                          ('":, :, :, :, 0"', "5 indexed dims")])
 def test_an_index_that_does_not_fit_the_planned_shape_is_one_line(index, bad):
