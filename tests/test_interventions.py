@@ -324,3 +324,14 @@ def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_com
     page = (tmp_path / "runs" / "patching" / "report.html").read_text()
     section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
     assert 'alt="recovered fraction per layer and index"' in section and "transformer.h.1" in section
+
+
+def test_a_patch_entry_whose_module_never_ran_is_reported_silent(run_with):
+    source = run_with("model=convnet", "hooks=extract", "hooks.extract.layers=fc")
+    torch.manual_seed(0)
+    model = build_model(make_config("model=convnet").model)
+    (entry,) = build_hooks({"p": {"type": "patch", "layers": "fc", "source": str(source)}})
+    with HookSession(model, [entry]) as session:
+        model.conv(randn_batch([1, 3, 8, 8]))  # fc is never called: nothing is patched
+        silent = {(s.key, s.layer, s.kind) for s in session.silent()}
+    assert silent == {("hooks.p", "fc", "output"), ("hooks.p", "fc", "patched")}
