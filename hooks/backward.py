@@ -34,13 +34,14 @@ from hooks.errors import ConfigError, choice_error
 from hooks.junction import junction_for
 from hooks.recorder import walk
 from hooks.registry import register
-from hooks.tap import Tap, TapSpec, check_kinds, checked
+from hooks.index import narrowed
+from hooks.tap import EditSpec, Tap, TapSpec, check_kinds, checked
 
 MECHANISMS = ("tensor", "module")
 
 
 @dataclass
-class BackwardSpec(TapSpec):
+class BackwardSpec(EditSpec):
     mechanism: str = "tensor"
     replace: Optional[float] = None
 
@@ -50,6 +51,9 @@ class BackwardSpec(TapSpec):
             raise choice_error(f"{key}.mechanism", self.mechanism, MECHANISMS, "mechanism")
         if self.replace is not None and math.isnan(self.replace):
             raise ConfigError(f"{key}.replace: NaN is not a gradient value")
+        if self.index is not None and self.replace is None:
+            raise ConfigError(f"{key}.index: narrows what replace overwrites, and replace is null; set "
+                              f"{key}.replace or drop the index")
 
 
 class PerCall:
@@ -167,7 +171,7 @@ class ModuleBackward(Tap):
         session.add(register_forward(on_forward))
 
     def _replace_all(self, grads: tuple, kind: str, layer: str):
-        fill = self._filler()
+        fill = narrowed(self._filler(), self.index)
         if fill is None:
             return None
         where = f"{self.key} on '{layer}' {kind}"

@@ -116,6 +116,9 @@ class HookType:
         an entry that matched modules but recorded none of one of them. Each type says its own."""
         return frozenset()
 
+    def check_steps(self, steps: int) -> None:
+        """Refuse, before the run, a run of ``steps`` steps this entry cannot serve (``patch``: its source's steps)."""
+
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
 

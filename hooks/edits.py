@@ -17,7 +17,7 @@ import torch
 
 from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
-from hooks.tap import Tap, TapSpec
+from hooks.tap import EditSpec, Tap
 
 OPS = {
     "add": lambda x, v: x + v,
@@ -32,7 +32,7 @@ def _check_value(key: str, value: float) -> None:
 
 
 @dataclass
-class ShiftSpec(TapSpec):
+class ShiftSpec(EditSpec):
     layers: Any = ""
     op: str = "add"
     value: float = 1.0
@@ -68,7 +68,7 @@ OUTPUT_OPS = ("add_input", *OPS)
 
 
 @dataclass
-class EditOutputSpec(TapSpec):
+class EditOutputSpec(EditSpec):
     op: str = "add_input"
     value: float = 0.0
 

@@ -25,13 +25,14 @@ from torch import nn
 from hooks.errors import ConfigError, choice_error
 from hooks.junction import param_lineup
 from hooks.registry import register
-from hooks.tap import Tap, TapSpec, checked
+from hooks.index import narrowed
+from hooks.tap import EditSpec, Tap, checked
 
 TARGETS = ("params", "output", "input")
 
 
 @dataclass
-class GradSpec(TapSpec):
+class GradSpec(EditSpec):
     layers: Any = "**"
     target: str = "params"
     params: Optional[list[str]] = None
@@ -122,9 +123,10 @@ class GradTransform(Tap):
 
     def _param_hook(self, recorder, layer: str, slot: str):
         where = f"{self.key} on '{layer}' param_grad {slot}"
+        transform = narrowed(self.transform, self.index)
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
-            new = checked(self.transform(grad), grad, where)
+            new = checked(transform(grad), grad, where)
             recorder.record(new, hook=self.name, layer=layer, phase="backward", kind="param_grad",
                             slot=slot, call=recorder.next_call((self.name, layer, slot)))
             return new

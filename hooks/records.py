@@ -48,10 +48,11 @@ TENSOR_VALUES = pa.field("tensor_values", pa.large_list(pa.float32()))
 SCHEMA_VERSION = "2"
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
-#: parameter; ``saved`` is what autograd saved (as packed). A complex tensor gets two rows per
+#: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
+#: ``patch`` entry put in (the part its ``index`` selects). A complex tensor gets two rows per
 #: capture, one per part, with slots ``SLOT.real`` and ``SLOT.imag`` (its dtype column stays
 #: complex; the statistics are those of the part, never of ``|z|``).
-KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved")
+KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched")
 #: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
 #: ``sample.channels`` narrow them; parameter gradients have neither).
 BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})

@@ -84,6 +84,11 @@ class HookSession:
             hook.close()
         self._attached = []
 
+    @property
+    def step(self) -> int:
+        """The step ``begin_step`` last began (0 before any): ``patch`` takes that step's source values."""
+        return self._step
+
     # -- lifetimes ----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """Apply lifetimes before ``step`` runs: remove entries whose lifetime is over, attach

@@ -32,6 +32,7 @@ a replacement with another shape or dtype is an error naming the entry and the l
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -42,6 +43,7 @@ from torch.nn.modules import module as nn_module
 
 from hooks.base import HookSpec, HookType
 from hooks.errors import ConfigError, choice_error
+from hooks.index import Index, narrowed, parse_index
 from hooks.junction import Junction, existing_junction, junction_for
 from hooks.recorder import walk
 
@@ -74,6 +76,17 @@ class TapSpec(HookSpec):
         if self.scope == "global" and self.prepend:
             raise ConfigError(f"{key}.prepend: global hooks always run before module hooks and "
                               f"PyTorch offers no prepend for them; drop prepend or use scope=module")
+
+
+@dataclass
+class EditSpec(TapSpec):
+    """Keys of the types that change tensors: ``index`` narrows the change (``hooks.index``)."""
+
+    index: Any = None
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        parse_index(self.index, f"{key}.index")
 
 
 def check_kinds(key: str, kinds: list[str]) -> None:
@@ -120,6 +133,11 @@ class Tap(HookType):
 
     spec_class = TapSpec
     keep = False
+
+    @functools.cached_property
+    def index(self) -> Index | None:
+        """The entry's parsed ``index`` (``None``: edits change whole tensors), parsed once."""
+        return parse_index(getattr(self.spec, "index", None), f"{self.key}.index")
     _junctions: dict[int, Junction] = {}  # per module id, once attached
 
     @property
@@ -203,8 +221,9 @@ class Tap(HookType):
         self._open: dict[str, list[int]] = {}
         # Resolved once here, not per call: the callbacks below run for every module call.
         self._kinds = frozenset(self.record_kinds)
-        self._edits = {"input": self.edit_input(), "output": self.edit_output(),
-                       "grad_input": self.edit_grad_input(), "grad_output": self.edit_grad_output()}
+        self._edits = {kind: narrowed(edit, self.index) for kind, edit in (
+            ("input", self.edit_input()), ("output", self.edit_output()),
+            ("grad_input", self.edit_grad_input()), ("grad_output", self.edit_grad_output()))}
         wants_pre, wants_fwd, self._grad_in, self._grad_out = self._points()
         targets = self.targets(model)
         if self.spec.scope == "global":

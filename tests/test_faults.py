@@ -63,7 +63,7 @@ CONFIG_ERRORS = [
     (["+model.widht=3"], ("model.widht: unknown key for model 'convnet' 'widht'; valid: checkpoint, head, ",
                           "name, num_classes, weights")),
     (["+data.shufle=true"], "data.shufle: unknown key for data kind 'randn' 'shufle'; valid: kind, requires_grad, "
-                            "shape, targets"),
+                            "seed, shape, targets"),
     (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: name, target_class"),
     (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: dataset, digits, fake, image, imagefolder, "
                           "ones, randn, tokens"),

@@ -26,6 +26,8 @@ MINI_RESNET = ("model=custom", "model._target_=models_for_tests.MiniResNet", "mo
 #: The residual preset adds the input to the output of the model itself (the tutorial's Linear);
 #: on a resnet it needs a module whose output has its input's shape.
 SHAPE_KEEPING = {"residual": ("hooks.residual.layers=relu",)}
+#: ``ablate`` and ``patch`` default to ``layer3``, which the mini resnet lacks; ``patch`` also needs a source run.
+INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hooks.patch.layers=layer4",)}
 
 
 def _raise(error: type[BaseException]):
@@ -53,7 +55,11 @@ SCENARIOS = {
 @pytest.mark.parametrize("preset, scenario", [(p, s) for p in PRESETS for s in SCENARIOS
                                               if not (p == "none" and s == "exception-in-hook")])  # no hook to fail
 def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypatch, preset, scenario):
-    cfg = make_config(f"hooks={preset}", *MINI_RESNET, *SHAPE_KEEPING.get(preset, ()))
+    extra = (*SHAPE_KEEPING.get(preset, ()), *INTERVENTION_LAYERS.get(preset, ()))
+    if preset == "patch":  # its source: a run of the same model that kept layer4's output (hooks=extract)
+        extra += (f"hooks.patch.source={run(make_config('hooks=extract', *MINI_RESNET), tmp_path / 'source')}",)
+        watch.models.clear()  # the source run's model is not the one under test
+    cfg = make_config(f"hooks={preset}", *MINI_RESNET, *extra)
     out = tmp_path / "out"
     if SCENARIOS[scenario] is None:
         run(cfg, out)

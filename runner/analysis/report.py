@@ -21,19 +21,22 @@ import pandas as pd
 from runner.analysis import plots
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
+from runner.analysis.patching import LAYER, patching_table
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order.
 SECTIONS = {"jobs": "Jobs and overrides", "failed": "Failed jobs", "config": "Resolved config",
-            "layers": "Recorded layers and statistics", "abnormal": "Abnormalities", "pictures": "Pictures"}
+            "layers": "Recorded layers and statistics", "abnormal": "Abnormalities", "pictures": "Pictures",
+            "patching": "Activation patching"}
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
 img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.ok{color:#2a7a2a}.bad{color:#b00020}.note{color:#777}"""
 
 
-def render(path: str | Path) -> str:
-    """The report of the run or sweep at ``path`` as an HTML string."""
+def render(path: str | Path, corrupted: str | Path | None = None) -> str:
+    """The report of the run or sweep at ``path`` as an HTML string (``corrupted``: the baseline run
+    of a patching sweep, for its recovered fractions)."""
     path = Path(path)
     runs = run_dirs(path)
     job = job_names(path, runs)
@@ -47,6 +50,7 @@ def render(path: str | Path) -> str:
         "layers": _layers(stats),
         "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
         "pictures": _pictures(runs, job, stats, steps),
+        "patching": _patching(path, steps, corrupted),
     }
     sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS)
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -56,10 +60,10 @@ def render(path: str | Path) -> str:
             f"made {when}.</p>\n{sections}\n</body></html>\n")
 
 
-def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None) -> Path:
     """Write the report of ``path`` to ``out`` (default ``PATH/report.html``) and return where."""
     out = Path(out) if out else Path(path) / REPORT
-    out.write_text(render(path), encoding="utf-8")
+    out.write_text(render(path, corrupted), encoding="utf-8")
     return out
 
 
@@ -207,14 +211,36 @@ def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFram
     return "\n".join(parts)
 
 
+def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None) -> str:
+    """The heatmap and table of a patching sweep (``runner.analysis.patching``), or one line why not."""
+    if LAYER not in steps.columns:
+        return _note(f"Not a patching sweep: no job overrides {LAYER}.")
+    sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
+    if len(sources) != 1:
+        return _note(f"Left out: the jobs name {len(sources)} patch sources (hooks.patch.source); one clean run needed.")
+    if corrupted is None:
+        return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
+    try:
+        table = patching_table(path, sources[0], corrupted, _patching_metric(steps))
+    except (FileNotFoundError, ValueError) as exc:
+        return _note(f"Left out: {exc}")
+    return _img(plots.patching_heatmap(table), "recovered fraction per layer and index") + _table(table)
+
+
+def _patching_metric(steps: pd.DataFrame) -> str:
+    """``logit_diff`` when the jobs measured it, else ``logit``."""
+    return "logit_diff" if "logit_diff" in steps and steps["logit_diff"].notna().any() else "logit"
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m runner.report PATH [--out FILE]``: write the page and print its path."""
     parser = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run directory or a sweep directory")
     parser.add_argument("--out", help=f"where to write the page (default PATH/{REPORT})")
+    parser.add_argument("--corrupted", help="a patching sweep's corrupted (unpatched) run, for the recovered fraction")
     args = parser.parse_args(argv)
     try:
-        out = write_report(args.path, args.out)
+        out = write_report(args.path, args.out, args.corrupted)
     except FileNotFoundError as exc:
         parser.exit(2, f"error: {exc}\n")
     print(out)

@@ -96,6 +96,7 @@ class DataBase:
     shape: Optional[list[int]] = None   #: null follows model.input_shape
     requires_grad: bool = False         #: true makes the input a leaf with a gradient
     targets: Any = None                 #: class targets: an int, a list, or null
+    seed: int = 0                       #: added to the run's seed for the data only: other batches, same model
 
 
 @dataclass
@@ -170,6 +171,16 @@ class LossConfig:
 
 
 @dataclass
+class MetricConfig:
+    """What interventions are judged by, per step in ``steps.parquet`` (batch means; token models
+    read the last position): ``logit`` of class ``target``, ``logit_diff`` = logit of ``diff[0]``
+    minus logit of ``diff[1]`` (classes or token ids). Null: the column stays NaN."""
+
+    target: Optional[int] = None
+    diff: Optional[list[int]] = None
+
+
+@dataclass
 class NoOptimizer:
     name: str = "none"
 
@@ -221,6 +232,7 @@ class RunConfig:
     model: Any = MISSING
     data: Any = MISSING
     loss: LossConfig = field(default_factory=LossConfig)
+    metric: MetricConfig = field(default_factory=MetricConfig)
     optimizer: Any = MISSING
     hooks: dict[str, Any] = field(default_factory=dict)
 

@@ -17,6 +17,7 @@ from hooks.errors import ConfigError
 from hooks.recorder import Recorder
 from hooks.stats import COMPILE_MIN_NUMEL
 from hooks.stats import prepare as prepare_statistics
+from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.steps import StepWriter
@@ -50,7 +51,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
     first = resume.restore(data)  # a requeued job's run goes on from its last complete step
     compile_time_s = _warm_up_statistics(plan, device)
-    with HookSession(model, plan.hooks, recorder) as session:
+    with HookSession(model, plan.hooks, recorder) as session, OutputMetrics(model, s.metric) as measures:
         forward = _compiled(model) if s.compile else model
         extra = {"seed": s.seed, "compile_time_s": compile_time_s,
                  "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
@@ -67,11 +68,12 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                 steps.start()
                 loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
                                             optimizer, plan.classifies)
-                steps.finish(step, loss, metrics={"accuracy": accuracy})
+                steps.finish(step, loss, metrics={"accuracy": accuracy, **measures.take()})
                 if plan.schedule.due(step):
                     recorder.set_enabled(True)  # eval passes are rare: always recorded
                     steps.start()
-                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies))
+                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies),
+                          measures.take())
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
                 resume.mark(step + 1)
@@ -80,10 +82,10 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     return out_dir
 
 
-def _eval(steps: StepWriter, step: int, result) -> None:
+def _eval(steps: StepWriter, step: int, result, measures: dict[str, float]) -> None:
     """Write the eval passes after training step ``step`` (their captures held by no local of ``run``)."""
     captures, loss, accuracy = result
-    steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy})
+    steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy, **measures})
 
 
 def _warm_up_statistics(plan: Plan, device: torch.device) -> float:

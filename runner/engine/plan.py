@@ -22,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
-from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, NamedModel,
-                                  NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
+from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, MetricConfig,
+                                  NamedModel, NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
+from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
@@ -79,6 +80,8 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
     found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)
+    for hook in hooks:
+        hook.check_steps(settings.steps)
     return Plan(settings=settings, config_yaml=OmegaConf.to_yaml(typed, resolve=True), overrides=tuple(overrides),
                 model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
                 schedule=EvalSchedule(settings.eval_every, settings.eval_steps), device=device,
@@ -97,6 +100,7 @@ def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[Di
     _steps_or_epochs(typed)
     settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
     _check_settings(settings)
+    check_metric(settings.metric, typed.model.get("num_classes"))
     _check_repeated_presets(overrides)
     return typed, settings
 
@@ -110,7 +114,8 @@ def _typed(cfg: DictConfig) -> DictConfig:
     """``cfg`` merged into the schema: a key or type Hydra did not see (``+typo=1``, a config built in
     code) fails here."""
     _known_keys(cfg, RunConfig, "", "setting")
-    for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig)):
+    for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
+                          ("metric", MetricConfig)):
         if isinstance(cfg.get(group), DictConfig):
             _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
     try:

@@ -56,8 +56,9 @@ class DataSource:
 
     def batches(self, seed: int, device: torch.device, held_out: bool = False) -> Iterator[Batch]:
         """One ``Batch`` per step, forever, drawn from a generator seeded with ``seed``; ``held_out``:
-        the eval stream, from data the training stream never shows where the kind has such a part."""
-        gen = torch.Generator().manual_seed(int(seed))
+        the eval stream, from data the training stream never shows where the kind has such a part.
+        ``data.seed`` is added to ``seed``: a corrupted batch for the clean one, on the same model."""
+        gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
         make = self._make.held_out if held_out and self._make.held_out is not None else self._make.make
         for x, labels in make(gen):
             if labels is None or self.data.get("targets") is not None:

@@ -1,0 +1,187 @@
+"""Causal interventions on activations: ``ablate`` and ``patch``.
+
+* ``ablate``: replaces a module's output (``target: input``: its first input) by zero, by a mean
+  or by the value of another sample, in the part ``index`` selects (``hooks.index``). ``mean``
+  and ``resample`` take their values from ``reference``: ``batch`` (the mean over the current
+  batch; another sample of it, by a derangement drawn from ``seed`` at each call) or a stored
+  run's directory (the mean over every sample it kept of that layer's output; a random stored
+  sample per sample, drawn from ``seed``).
+* ``patch``: replaces a module's output by the value the same module produced in a stored run
+  (``source``), matched by layer, call, slot and step (``source_step``, default the same step),
+  and records what it put in (kind ``patched``), so a patch that never happened is reported.
+
+Both read a stored run with ``hooks.stored`` once, when first attached (so in the meta-device
+rehearsal, before the run): a run without the layer, or a stored shape that is not the
+module's, is a one-line ``ConfigError`` naming the entry's key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from hooks.errors import ConfigError, choice_error
+from hooks.registry import register
+from hooks.stored import StoredKey, check_run_dir, stored_tensors
+from hooks.tap import EditSpec, Tap
+
+ABLATE_OPS = ("zero", "mean", "resample")
+ABLATE_TARGETS = ("output", "input")
+
+
+@dataclass
+class AblateSpec(EditSpec):
+    op: str = "zero"
+    target: str = "output"
+    reference: str = "batch"
+    seed: int = 0
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.op not in ABLATE_OPS:
+            raise choice_error(f"{key}.op", self.op, ABLATE_OPS, "op")
+        if self.target not in ABLATE_TARGETS:
+            raise choice_error(f"{key}.target", self.target, ABLATE_TARGETS, "target")
+        if self.reference != "batch":
+            if self.op == "zero":
+                raise ConfigError(f"{key}.reference: op=zero takes no reference; drop it or use op=mean|resample")
+            if self.target != "output":
+                raise ConfigError(f"{key}.reference: a stored run is read for target=output only; "
+                                  f"use reference=batch for target=input")
+            check_run_dir(self.reference, f"{key}.reference")
+
+
+def overwritten(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` holding ``value``: bit for bit ``value``, yet still in ``x``'s graph (with zero
+    gradient), so a loss computed after a fully replaced layer can still run backward."""
+    return x.clone().copy_(value)
+
+
+def derangement(n: int, generator: torch.Generator) -> torch.Tensor:
+    """A random permutation of ``range(n)`` without fixed points (one cycle through a random order)."""
+    order = torch.randperm(n, generator=generator)
+    perm = torch.empty(n, dtype=torch.long)
+    perm[order] = order.roll(-1)
+    return perm
+
+
+@register("ablate")
+class Ablate(Tap):
+    """Forward hook (or pre-hook) replacing the selected part of a tensor by zero, a mean or another sample."""
+
+    spec_class = AblateSpec
+
+    def __init__(self, name: str, spec: AblateSpec) -> None:
+        super().__init__(name, spec)
+        self._pool: dict[str, torch.Tensor] | None = None  # a stored run's samples per layer
+        self._layer = ""
+
+    def attach(self, model, session) -> None:
+        self._generator = torch.Generator().manual_seed(self.spec.seed)
+        if self.spec.reference != "batch" and self._pool is None:
+            self._pool = self._stored_samples([layer for layer, _ in self.targets(model)])
+        super().attach(model, session)
+
+    def _stored_samples(self, layers: list[str]) -> dict[str, torch.Tensor]:
+        """Every sample the reference run kept of each layer's output, stacked along dim 0."""
+        found = stored_tensors(self.spec.reference, layers, "output", f"{self.key}.reference")
+        return {layer: torch.cat([t for key, t in sorted(found.items()) if key[1] == layer]) for layer in layers}
+
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        self._layer = layer
+
+    def edit_output(self):
+        return (lambda out, args: self._ablated(out)) if self.spec.target == "output" else None
+
+    def edit_input(self):
+        return self._ablated if self.spec.target == "input" else None
+
+    def _ablated(self, x: torch.Tensor) -> torch.Tensor:
+        op = self.spec.op
+        if op == "zero":
+            return overwritten(x, torch.zeros((), dtype=x.dtype, device=x.device))
+        if self._pool is not None:
+            pool = self._pool[self._layer]
+            if pool.shape[1:] != x.shape[1:]:
+                raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept '{self._layer}' outputs "
+                                  f"of shape {list(pool.shape[1:])} per sample; this run's are {list(x.shape[1:])}")
+            pool = pool.to(x.device, x.dtype)
+            if op == "mean":
+                return overwritten(x, pool.mean(0, keepdim=True))
+            picks = torch.randint(len(pool), (x.shape[0],), generator=self._generator)
+            return overwritten(x, pool[picks.to(x.device)])
+        if op == "mean":
+            return x.mean(0, keepdim=True).expand_as(x)
+        if x.shape[0] < 2:
+            raise ConfigError(f"{self.key}.op: resample from the batch needs at least 2 samples, the batch has "
+                              f"{x.shape[0]}; use a larger batch or reference=RUN_DIR")
+        return x[derangement(x.shape[0], self._generator).to(x.device)]
+
+
+@dataclass
+class PatchSpec(EditSpec):
+    source: str = ""
+    source_step: Optional[int] = None
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if not self.source:
+            raise ConfigError(f"{key}.source: required: the directory of a complete run that kept these "
+                              f"layers' outputs (hooks=extract or capture), e.g. {key}.source=runs/clean")
+        check_run_dir(self.source, f"{key}.source")
+        if self.source_step is not None and self.source_step < 0:
+            raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
+
+
+@register("patch")
+class Patch(Tap):
+    """Forward hook returning the output the same module produced in the ``source`` run (or its indexed part)."""
+
+    spec_class = PatchSpec
+
+    def __init__(self, name: str, spec: PatchSpec) -> None:
+        super().__init__(name, spec)
+        self._source: dict[StoredKey, torch.Tensor] | None = None
+        self._at: tuple[str, int] = ("", 0)
+
+    @property
+    def expected_kinds(self) -> set[str]:
+        return super().expected_kinds | {"patched"}
+
+    def attach(self, model, session) -> None:
+        if self._source is None:
+            self._source = stored_tensors(self.spec.source, [layer for layer, _ in self.targets(model)],
+                                          "output", f"{self.key}.source")
+        self._session = session
+        super().attach(model, session)
+
+    def check_steps(self, steps: int) -> None:
+        """Every step of a run of ``steps`` steps has its source step in the source run."""
+        have = sorted({key[0] for key in self._source or {}})
+        wanted = [self.spec.source_step] if self.spec.source_step is not None else range(steps)
+        lacking = [step for step in wanted if step not in have]
+        if self._source is not None and lacking:
+            raise ConfigError(f"{self.key}.source_step: run '{self.spec.source}' has no step {lacking[0]} (it kept "
+                              f"steps {have}); set {self.key}.source_step or run fewer steps")
+
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        self._at = (layer, call)
+
+    def edit_output(self):
+        return lambda out, args: self._patched(out)
+
+    def _patched(self, out: torch.Tensor) -> torch.Tensor:
+        layer, call = self._at
+        step = self.spec.source_step if self.spec.source_step is not None else self._session.step
+        value = self._source.get((step, layer, call, "0"))
+        if value is None:
+            raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept no output of '{layer}' call {call} "
+                              f"at step {step}")
+        if value.shape != out.shape:
+            raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept '{layer}' outputs of shape "
+                              f"{list(value.shape)}; this run's are {list(out.shape)}")
+        value = value.to(out.device, out.dtype)
+        put = value if self.index is None else value[self.index.parts]
+        self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot="0", call=call)
+        return overwritten(out, value)

@@ -1,0 +1,56 @@
+"""Tensors another run kept (``tensors.parquet``), read back for ``ablate`` and ``patch``.
+
+Read with pyarrow alone, filtered to the layers asked for, once per entry: an intervention
+taking its values from a stored run never reads the run's other tensors. Every problem with the
+run (not a complete run, no kept tensor, not the layer asked for) is one ``ConfigError``
+naming the entry's key, before the first step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from hooks.errors import ConfigError
+
+#: A stored tensor's identity: (step, layer, call, slot).
+StoredKey = tuple[int, str, int, str]
+
+#: Files of a complete run (``runner.store``): the manifest is written last.
+MANIFEST, TENSORS = "manifest.json", "tensors.parquet"
+
+
+def check_run_dir(path: str, key: str) -> Path:
+    """``path`` as a complete run that kept tensors, or a one-line error naming ``key``."""
+    run = Path(path)
+    if not (run / MANIFEST).is_file():
+        raise ConfigError(f"{key}: '{path}' is not a complete run directory (no {MANIFEST})")
+    if not (run / TENSORS).is_file():
+        raise ConfigError(f"{key}: run '{path}' kept no tensor ({TENSORS} missing); record it with a capture "
+                          f"entry on the layers to take values from, e.g. hooks=extract")
+    return run
+
+
+def stored_tensors(path: str, layers: list[str], kind: str, key: str) -> dict[StoredKey, torch.Tensor]:
+    """The forward-pass ``kind`` tensors the run at ``path`` kept of ``layers``, by (step, layer, call, slot).
+
+    A layer of which the run kept no such tensor is an error listing the layers it did keep.
+    """
+    run = check_run_dir(path, key)
+    table = pq.read_table(run / TENSORS, columns=["step", "layer", "call", "slot", "kind", "phase",
+                                                 "tensor_shape", "tensor_values"],
+                          filters=[("kind", "=", kind), ("phase", "=", "forward")])
+    present = sorted(set(table.column("layer").to_pylist()))
+    missing = [layer for layer in layers if layer not in present]
+    if missing:
+        raise ConfigError(f"{key}: run '{path}' kept no {kind} of layer '{missing[0]}'; it kept the {kind} of: "
+                          f"{', '.join(present) or '(none)'}")
+    out: dict[StoredKey, torch.Tensor] = {}
+    rows = table.select(["step", "layer", "call", "slot", "tensor_shape", "tensor_values"]).to_pylist()
+    for row in rows:
+        if row["layer"] in layers:
+            values = np.asarray(row["tensor_values"], dtype=np.float32).reshape(row["tensor_shape"])
+            out[(row["step"], row["layer"], row["call"], row["slot"])] = torch.from_numpy(values)
+    return out

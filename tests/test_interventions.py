@@ -1,0 +1,337 @@
+"""``index``, ``ablate``, ``patch`` and the intervention metrics, each against the same intervention
+written by hand in plain PyTorch on the same model, weights and data."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import runner.analysis as analysis
+from conftest import make_config
+from hooks import HookSession, build_hooks
+from hooks.errors import ConfigError
+from runner.engine.plan import compile_plan
+from runner.sources.models import build_model, gpt2_tiny
+
+RESNET = ("model=resnet18", "data.shape=[2,3,32,32]", "loss=none")
+GPT = ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "metric.diff=[3,4]")
+
+
+def kept(run_dir, layer: str) -> torch.Tensor:
+    """The one kept output of ``layer`` in step 0 of a run."""
+    rows = analysis.load_tensors(run_dir)
+    rows = rows[(rows.layer == layer) & (rows.kind == "output") & (rows.step == 0)]
+    assert len(rows) == 1, rows
+    return torch.from_numpy(rows.iloc[0].tensor)
+
+
+def randn_batch(shape, seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def tokens(seed: int, shape=(2, 16), vocab: int = 100) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# -- index -------------------------------------------------------------------------------------
+def _two_layer():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("entry, part", [
+    ({"type": "edit_output", "layers": "0", "op": "set", "value": 5.0, "index": [1, 4]}, (slice(None), [1, 4])),
+    ({"type": "edit_output", "layers": "0", "op": "mul", "value": 3.0, "index": "..., 2:5"}, (Ellipsis, slice(2, 5))),
+    ({"type": "ablate", "layers": "0", "op": "zero", "index": ":, 0"}, (slice(None), 0)),
+])
+def test_an_indexed_edit_changes_only_its_part(entry, part):
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    plain = model[0](x).detach()
+    seen = {}
+    model[1].register_forward_pre_hook(lambda m, args: seen.setdefault("out", args[0].detach()))
+    with HookSession(model, build_hooks({"e": entry})):
+        model(x)
+    edited = seen["out"]
+    outside = torch.ones_like(plain, dtype=torch.bool)
+    outside[part] = False
+    assert torch.equal(edited[outside], plain[outside])  # the rest, bit for bit
+    by_hand = {"set": lambda t: torch.full_like(t, 5.0), "mul": lambda t: t * 3.0}.get(entry.get("op"),
+                                                                                      torch.zeros_like)
+    assert torch.equal(edited[part], by_hand(plain)[part])
+
+
+def test_an_indexed_gradient_scale_changes_only_those_channels_of_the_parameter_gradient():
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    model(x).sum().backward()
+    plain = model[1].weight.grad.clone()
+    model.zero_grad()
+    with HookSession(model, build_hooks({"s": {"type": "scale", "layers": "1", "params": ["weight"],
+                                              "factor": 2.0, "index": [0, 5]}})) as session:
+        session.backward(model(x).sum())
+    by_hand = plain.clone()
+    by_hand[:, [0, 5]] = plain[:, [0, 5]] * 2.0
+    assert torch.equal(model[1].weight.grad, by_hand)
+
+
+@pytest.mark.parametrize("mechanism", ["tensor", "module"])
+def test_an_indexed_gradient_replacement_replaces_only_those_channels(mechanism):
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    model(x).sum().backward()
+    by_hand = model[0].weight.grad.clone()
+    by_hand[1] = 0.0  # grad_input of the second layer, channel 1, set to 0: nothing reaches row 1
+    model.zero_grad()
+    entry = {"type": "full_backward", "layers": "1", "replace": 0.0, "index": [1], "mechanism": mechanism}
+    with HookSession(model, build_hooks({"f": entry})) as session:
+        session.backward(model(x).sum())
+    assert torch.equal(model[0].weight.grad, by_hand)
+
+
+def test_an_indexed_input_shift_shifts_only_that_channel():
+    x = randn_batch([3, 4])
+    model = _two_layer()
+    hidden = model[0](x).detach()
+    hidden[:, 2] += 1.0
+    by_hand = model[1](hidden)
+    with HookSession(model, build_hooks({"s": {"type": "shift", "layers": "1", "index": [2]}})):
+        assert torch.equal(model(x).detach(), by_hand.detach())
+
+
+@pytest.mark.parametrize("index, bad", [('"..., 0:40"', "'0:40'"), ("[3,700]", "[3, 700]"),
+                                         ('":, :, :, :, 0"', "5 indexed dims")])
+def test_an_index_that_does_not_fit_the_planned_shape_is_one_line(index, bad):
+    cfg = make_config(*RESNET, "hooks=ablate", f"hooks.ablate.index={index}")
+    with pytest.raises(ConfigError) as info:
+        compile_plan(cfg)
+    message = str(info.value)
+    assert message.startswith("hooks.ablate.index: ") and "[2, 256, 2, 2]" in message and bad in message
+    assert "\n" not in message
+
+
+def test_a_malformed_index_fails_when_the_entry_is_built():
+    with pytest.raises(ConfigError, match=r"hooks.ablate.index: 'x' in '\.\.\., x'"):
+        compile_plan(make_config(*RESNET, "hooks=ablate", 'hooks.ablate.index="..., x"'))
+
+
+# -- ablate on resnet18's layer3, channels 3 and 17 ---------------------------------------------
+CHANNELS = [3, 17]
+
+
+def hand_ablated_output(op: str, reference: torch.Tensor | None = None) -> torch.Tensor:
+    """resnet18 with a plain forward hook on layer3 doing the ablation, on the run's weights and batch."""
+    torch.manual_seed(0)
+    model = build_model(make_config(*RESNET).model).train()
+    x = randn_batch([2, 3, 32, 32])
+
+    def ablate(module, args, out):
+        new = out.clone()
+        if op == "zero":
+            new[:, CHANNELS] = 0.0
+        elif op == "mean":
+            source = out if reference is None else reference
+            new[:, CHANNELS] = source.mean(0, keepdim=True).expand_as(out)[:, CHANNELS]
+        else:  # resample within a batch of 2: the only permutation without fixed points swaps them
+            new[:, CHANNELS] = out[[1, 0]][:, CHANNELS]
+        return new
+
+    model.layer3.register_forward_hook(ablate)
+    with torch.no_grad():
+        return model(x)
+
+
+@pytest.mark.parametrize("op", ["zero", "mean", "resample"])
+def test_ablating_channels_of_a_resnet_layer_matches_the_hand_written_hook(run_with, op):
+    out = run_with(*RESNET, "hooks=[ablate,extract]", f"hooks.ablate.op={op}", "hooks.ablate.index=[3,17]",
+                   "hooks.extract.layers=fc")
+    assert torch.equal(kept(out, "fc"), hand_ablated_output(op))
+    rows = analysis.load_stats(out)
+    assert set(rows[rows.hook == "ablate"].kind) == {"output"}  # it records what it produced
+
+
+def test_mean_ablation_from_a_stored_run_uses_that_runs_samples(run_with):
+    reference = run_with(*RESNET, "hooks=extract", "hooks.extract.layers=layer3", "data.seed=5")
+    out = run_with(*RESNET, "hooks=[ablate,extract]", "hooks.ablate.op=mean", "hooks.ablate.index=[3,17]",
+                   f"hooks.ablate.reference={reference}", "hooks.extract.layers=fc")
+    assert torch.equal(kept(out, "fc"), hand_ablated_output("mean", kept(reference, "layer3")))
+
+
+def test_a_stored_reference_without_the_layer_or_of_another_shape_is_one_line(run_with):
+    reference = run_with(*RESNET, "hooks=extract", "hooks.extract.layers=layer2")
+    with pytest.raises(ConfigError, match=r"^hooks.ablate.reference: run '.*' kept no output of layer 'layer3'; "
+                                          r"it kept the output of: layer2$"):
+        compile_plan(make_config(*RESNET, "hooks=ablate", "hooks.ablate.op=mean", f"hooks.ablate.reference={reference}"))
+    with pytest.raises(ConfigError, match=r"^hooks.ablate.reference: .* kept 'layer2' outputs of shape \[128, 4, 4\] "
+                                          r"per sample; this run's are \[128, 8, 8\]$"):
+        compile_plan(make_config("model=resnet18", "data.shape=[2,3,64,64]", "loss=none", "hooks=ablate",
+                                 "hooks.ablate.layers=layer2", "hooks.ablate.op=mean",
+                                 f"hooks.ablate.reference={reference}"))
+
+
+# -- patch on gpt2_tiny ----------------------------------------------------------------------------
+def hand_patched_logits(layer: int, position: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clean, corrupted and patched logits of gpt2_tiny, by a plain loop: the clean block output is
+    captured, then put into the corrupted pass (all positions, or one)."""
+    torch.manual_seed(0)
+    model = gpt2_tiny().eval()
+    block = model.transformer.h[layer]
+    with torch.no_grad():
+        saved = {}
+        handle = block.register_forward_hook(lambda m, a, out: saved.setdefault("clean", out))
+        clean = model(tokens(0)).logits
+        handle.remove()
+        corrupted = model(tokens(1)).logits
+
+        def patch(module, args, out):
+            new = out.clone()
+            where = (slice(None), slice(None)) if position is None else (slice(None), position)
+            new[where] = saved["clean"][where]
+            return new
+
+        block.register_forward_hook(patch)
+        patched = model(tokens(1)).logits
+    return clean, corrupted, patched
+
+
+def logit_diff(logits: torch.Tensor) -> float:
+    last = logits[:, -1].double()
+    return float((last[:, 3] - last[:, 4]).mean())
+
+
+@pytest.fixture
+def clean_run(run_with):
+    return run_with(*GPT, "hooks=extract", r"hooks.extract.layers=[re:transformer\.h\.\d+,lm_head]")
+
+
+def test_patching_the_last_block_from_a_stored_clean_run_gives_the_clean_output(run_with, clean_run):
+    out = run_with(*GPT, "data.seed=1", "hooks=[patch,extract]", f"hooks.patch.source={clean_run}",
+                   "hooks.patch.layers=transformer.h.1", "hooks.extract.layers=lm_head")
+    assert torch.equal(kept(out, "lm_head"), kept(clean_run, "lm_head"))
+    clean, corrupted, patched = hand_patched_logits(1, None)
+    assert torch.equal(kept(out, "lm_head"), patched) and not torch.equal(clean, corrupted)
+    rows = analysis.load_stats(out)
+    assert len(rows[(rows.hook == "patch") & (rows.kind == "patched")]) == 1  # what was put in is recorded
+
+
+def test_patching_one_position_recovers_the_metric_as_the_hand_written_loop(run_with, clean_run):
+    corrupted_run = run_with(*GPT, "data.seed=1")
+    out = run_with(*GPT, "data.seed=1", "hooks=patch", f"hooks.patch.source={clean_run}",
+                   "hooks.patch.layers=transformer.h.0", "hooks.patch.index=15")
+    clean, corrupted, patched = hand_patched_logits(0, 15)
+    metric = {run: float(analysis.load_steps(run).logit_diff.iloc[0]) for run in (clean_run, corrupted_run, out)}
+    assert metric[clean_run] == pytest.approx(logit_diff(clean), abs=1e-6)
+    assert metric[corrupted_run] == pytest.approx(logit_diff(corrupted), abs=1e-6)
+    assert metric[out] == pytest.approx(logit_diff(patched), abs=1e-6)
+    by_hand = (logit_diff(patched) - logit_diff(corrupted)) / (logit_diff(clean) - logit_diff(corrupted))
+    got = (metric[out] - metric[corrupted_run]) / (metric[clean_run] - metric[corrupted_run])
+    assert got == pytest.approx(by_hand, rel=1e-4) and not got == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_patch_source_that_lacks_the_layer_step_or_shape_fails_before_the_run(run_with, clean_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"^hooks.patch.source: run '.*' kept no output of layer "
+                                          r"'transformer.h.0.mlp'; it kept the output of: lm_head, "):
+        compile_plan(make_config(*GPT, "hooks=patch", f"hooks.patch.source={clean_run}",
+                                 "hooks.patch.layers=transformer.h.0.mlp"))
+    with pytest.raises(ConfigError, match=r"^hooks.patch.source_step: run '.*' has no step 1 \(it kept steps \[0\]\)"):
+        compile_plan(make_config(*GPT, "steps=2", "hooks=patch", f"hooks.patch.source={clean_run}",
+                                 "hooks.patch.layers=transformer.h.0"))
+    # gpt2_tiny cannot run on the meta device (its mask code calls .item()): the shape is checked at
+    # the first call, and the failed run leaves no file behind
+    with pytest.raises(ConfigError, match=r"^hooks.patch.source: .* kept 'transformer.h.0' outputs of shape "
+                                          r"\[2, 16, 32\]; this run's are \[2, 8, 32\]$"):
+        run_with(*GPT, "data.shape=[2,8]", "hooks=patch", f"hooks.patch.source={clean_run}",
+                 "hooks.patch.layers=transformer.h.0")
+    assert not (tmp_path / "run1" / "manifest.json").exists()
+    with pytest.raises(ConfigError, match=r"^hooks.patch.source: '.*nowhere' is not a complete run directory"):
+        compile_plan(make_config(*GPT, "hooks=patch", f"hooks.patch.source={tmp_path / 'nowhere'}"))
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def test_logit_and_logit_diff_of_a_classifier_are_the_batch_means_by_hand(run_with):
+    out = run_with("model=convnet", "data.shape=[4,3,8,8]", "loss=cross_entropy", "metric.target=2",
+                   "metric.diff=[1,4]", "hooks=extract", "hooks.extract.layers=fc")
+    logits = kept(out, "fc").double()
+    steps = analysis.load_steps(out)
+    assert steps.logit.iloc[0] == pytest.approx(float(logits[:, 2].mean()), abs=1e-9)
+    assert steps.logit_diff.iloc[0] == pytest.approx(float((logits[:, 1] - logits[:, 4]).mean()), abs=1e-9)
+    assert np.isfinite(steps.accuracy.iloc[0])
+
+
+def test_a_metric_class_the_model_does_not_have_is_one_line():
+    with pytest.raises(ConfigError, match=r"^metric.target: 7 is not a class of a model with num_classes=5"):
+        compile_plan(make_config("model=convnet", "metric.target=7"))
+    with pytest.raises(ConfigError, match=r"^metric.diff: \[1\] must be two classes"):
+        compile_plan(make_config("model=convnet", "metric.diff=[1]"))
+
+
+def test_patching_whole_resnet_layers_from_a_clean_run_gives_its_output_at_every_layer(run_with):
+    """A resnet's stages are sequential: patching all of any one of them restores the clean output."""
+    clean = run_with(*RESNET, "hooks=extract", "hooks.extract.layers=[layer1,layer2,layer3,layer4,fc]")
+    for layer in ("layer1", "layer4"):
+        out = run_with(*RESNET, "data.seed=1", "hooks=[patch,extract]", f"hooks.patch.source={clean}",
+                       f"hooks.patch.layers={layer}", "hooks.extract.layers=fc")
+        assert torch.equal(kept(out, "fc"), kept(clean, "fc"))
+    assert not torch.equal(kept(run_with(*RESNET, "data.seed=1", "hooks=extract", "hooks.extract.layers=fc"), "fc"),
+                           kept(clean, "fc"))
+
+
+# -- the README's patching sweep ------------------------------------------------------------------
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: What the test changes in the README's commands (the README says so): 2 blocks, positions 14 and 15.
+SMALLER = {"model.n_layer=4": "model.n_layer=2", "range(0,16)": "range(14,16)",
+           "hooks.patch.layers=transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3":
+           "hooks.patch.layers=transformer.h.0,transformer.h.1"}
+
+
+def readme_patching_blocks() -> tuple[list[str], str]:
+    section = README.read_text().split("### Activation patching", 1)[1].split("\n### ", 1)[0]
+    bash = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    python = section.split("```python\n", 1)[1].split("```", 1)[0]
+    return [line for line in bash.splitlines() if line.strip()], python
+
+
+def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
+    commands, python = readme_patching_blocks()
+    assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2]
+    env = {**os.environ, "PYTHONPATH": str(README.parent)}
+    for command in commands:
+        for big, small in SMALLER.items():
+            command = command.replace(big, small)
+        words = shlex.split(command, comments=True)
+        quiet = ["progress=false"] if words[2] == "runner" else []
+        done = subprocess.run([sys.executable, *words[1:], *quiet], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(python, "README.md (Activation patching)", "exec"), scope)
+    table = scope["table"]
+    assert (tmp_path / "runs" / "patching.png").stat().st_size > 0
+    assert len(table) == 4
+    for row in table.itertuples():
+        clean, corrupted, patched = hand_patched_logits(int(row.layer.rsplit(".", 1)[1]), int(row.index))
+        by_hand = (logit_diff(patched) - logit_diff(corrupted)) / (logit_diff(clean) - logit_diff(corrupted))
+        assert row.recovered == pytest.approx(by_hand, rel=1e-4, abs=1e-6), row
+    last = table[(table.layer == "transformer.h.1") & (table["index"] == 15)].recovered.item()
+    assert last == 1.0  # the last block at the last position: exactly the clean output
+    page = (tmp_path / "runs" / "patching" / "report.html").read_text()
+    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert 'alt="recovered fraction per layer and index"' in section and "transformer.h.1" in section
+
+
+def test_a_patch_entry_whose_module_never_ran_is_reported_silent(run_with):
+    source = run_with("model=convnet", "hooks=extract", "hooks.extract.layers=fc")
+    torch.manual_seed(0)
+    model = build_model(make_config("model=convnet").model)
+    (entry,) = build_hooks({"p": {"type": "patch", "layers": "fc", "source": str(source)}})
+    with HookSession(model, [entry]) as session:
+        model.conv(randn_batch([1, 3, 8, 8]))  # fc is never called: nothing is patched
+        silent = {(s.key, s.layer, s.kind) for s in session.silent()}
+    assert silent == {("hooks.p", "fc", "output"), ("hooks.p", "fc", "patched")}
