@@ -67,15 +67,16 @@ def timings(sweep: Path, reps: int) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+# VmHWM, not ru_maxrss: Linux carries a forked child's ru_maxrss over from its parent (here the
+# benchmark process, gigabytes), while exec starts a new address space and a new VmHWM.
 MEMORY_CHILD = """
-import sys, resource
+import sys
 import runner.analysis as analysis
-def rss():
-    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS'))) * 1024
-base = rss()
+def status(key):
+    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith(key))) * 1024
+base = status('VmRSS')
 df = analysis.load_stats(sys.argv[1])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(max(peak, rss()) - base, int(df.memory_usage(deep=True).sum()), len(df))
+print(status('VmHWM') - base, int(df.memory_usage(deep=True).sum()), len(df))
 """
 
 

@@ -39,7 +39,7 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
-    take one pass of the C kernel on every intra-op thread (``cpu_reductions``); large CUDA
+    take one pass of the C kernel (``cpu_reductions``); large CUDA
     tensors one compiled pass (``fused_reductions``); small ones and machines where neither can
     be built the eager passes (``eager_reductions``).
     """
@@ -64,7 +64,7 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
 
 def cpu_reductions(flat: torch.Tensor) -> torch.Tensor:
     """``RAW`` of a contiguous float32/float64 CPU tensor by the C kernel (``hooks.native``): one
-    pass on every intra-op thread, float64 sums."""
+    pass, float64 sums."""
     return native.reduce_contiguous(flat)
 
 

@@ -1,8 +1,8 @@
 /* One pass over a contiguous float32 or float64 tensor for every statistic of hooks.stats.RAW.
  *
  * Built by hooks/native.py with the machine's C compiler; called through ctypes, which releases
- * the GIL. Work is split into `threads` contiguous chunks (the caller passes PyTorch's intra-op
- * thread count), each run on its own POSIX thread; the calling thread runs the first chunk.
+ * the GIL. Work is split into `threads` contiguous chunks, each run on its own POSIX thread; the
+ * calling thread runs the first chunk (hooks/native.py passes 1 inside a pass: see why there).
  *
  * Every sum is accumulated in double (float32 elements are widened in registers: as fast, the
  * loop is bound by memory, and as exact as PyTorch's float64 sum); the compiler vectorises the

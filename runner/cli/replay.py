@@ -29,7 +29,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hooks.errors import ConfigError
-from runner.analysis.compare import NOT_COMPARED, compare_runs
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
 from runner.store.claim import claim_run_dir
@@ -150,6 +149,8 @@ def _hash(text: str) -> str:
 
 def report(run_dir: Path, out_dir: Path) -> int:
     """Print each table's comparison; return 0 when all are equal, ``EXIT_DIFFERS`` otherwise."""
+    from runner.analysis.compare import NOT_COMPARED, compare_runs  # pandas: not at every start-up
+
     print(f"replay of {run_dir} in {out_dir} (not compared: {', '.join(NOT_COMPARED)})")
     tables = compare_runs(run_dir, out_dir)
     for table in tables:
