@@ -121,7 +121,7 @@ def test_a_job_cancelled_with_scancel_is_listed_cancelled(slurm, tmp_path):
 
 
 def test_a_preempted_job_is_requeued_and_ends_with_an_uninterrupted_runs_tables(slurm, tmp_path):
-    overrides = "model=mlp optimizer=adam hooks=stats steps=600"
+    overrides = "model=mlp optimizer=adam hooks=stats steps=3000"  # long enough to be running when preempted
     sweep_dir, plain = tmp_path / "sweep", tmp_path / "plain"
     proc = _sweep(f"python -m runner -m hydra/launcher=slurm_cpu hydra.launcher.partition=debug {overrides}",
                   sweep_dir)
@@ -139,7 +139,7 @@ def test_a_preempted_job_is_requeued_and_ends_with_an_uninterrupted_runs_tables(
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     manifest = json.loads((sweep_dir / "0" / "manifest.json").read_text())
-    assert 0 < manifest["resumed_at_step"] < 600
+    assert 0 < manifest["resumed_at_step"] < 3000
     assert not (sweep_dir / "0" / RESUME).exists()
     local = subprocess.run([sys.executable, "-m", "runner", *overrides.split(), f"hydra.run.dir={plain}"],
                            cwd=ROOT, env=ENV, capture_output=True, text=True)
