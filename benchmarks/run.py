@@ -61,6 +61,7 @@ class Settings:
     load_reps: int
     peers: bool
     first_step_overrides: list[str]
+    sweep_template: list[str]
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -68,13 +69,15 @@ class Settings:
             return cls([("resnet18", 2, 32)], rounds=1, warmup=1, tensor_steps=2, io_reps=1, stats_steps=3,
                        startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"],
                        sweep_jobs=[3], load_reps=1, peers=False,
-                       first_step_overrides=["hooks=stats", "model=convnet", "steps=3"])
+                       first_step_overrides=["hooks=stats", "model=convnet", "steps=3"],
+                       sweep_template=["hooks=stats", "model=convnet", "steps=2"])
         models = [("resnet18", 8, 224), ("resnet18", 32, 224)] + ([("resnet50", 8, 224)] if args.resnet50 else [])
         return cls(models, rounds=args.rounds, warmup=3, tensor_steps=30, io_reps=5, stats_steps=100,
                    startup_reps=5, memory_steps=(200, 10),
                    memory_overrides=["model=resnet18", "data.shape=[2,3,64,64]"],
                    sweep_jobs=[1000, 10000] if args.long else [1000], load_reps=5, peers=True,
-                   first_step_overrides=["hooks=stats", "model=resnet18", "data.shape=[8,3,224,224]", "steps=6"])
+                   first_step_overrides=["hooks=stats", "model=resnet18", "data.shape=[8,3,224,224]", "steps=6"],
+                   sweep_template=sweep_load.TEMPLATE)
 
 
 class Report:
@@ -222,7 +225,7 @@ def sweep_loading(report: Report, s: Settings) -> None:
 
     for jobs in s.sweep_jobs:
         with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
-            sweep = sweep_load.make_sweep(Path(tmp), jobs)
+            sweep = sweep_load.make_sweep(Path(tmp), jobs, s.sweep_template)
             times = sweep_load.timings(sweep, s.load_reps)
             added, frame, rows = sweep_load.memory(sweep)
         config = f"{jobs} jobs, {rows:,} rows"

@@ -1,7 +1,7 @@
 """Loading a big sweep: ``runner.analysis`` against a pyarrow dataset over the same files.
 
-The sweep is made from one real run (``hooks=stats``, resnet18, 10 steps: 1,200 rows of
-statistics) copied into ``jobs`` job directories, each with its own overrides in its manifest,
+The sweep is made from one real run (``TEMPLATE``: ``hooks=stats``, resnet18, 10 steps, 1,200
+rows of statistics; ``--quick`` takes a 2-step convnet) copied into ``jobs`` job directories, each with its own overrides in its manifest,
 as a Hydra multirun leaves them. The peer is what a user would write with pyarrow alone:
 ``ds.dataset(files).to_table(columns, filter).to_pandas()``, which knows nothing of runs,
 overrides or renamed columns. Both read the same files in the same process, interleaved.
@@ -30,11 +30,14 @@ READS = [
 ]
 
 
-def make_sweep(out: Path, jobs: int) -> Path:
-    """A sweep directory of ``jobs`` copies of one real 10-step ``hooks=stats`` run, distinct overrides each."""
+#: The run every job of the benchmark's sweep copies: 1,200 rows of statistics.
+TEMPLATE = ["hooks=stats", "model=resnet18", "data.shape=[2,3,32,32]", "steps=10"]
+
+
+def make_sweep(out: Path, jobs: int, template_overrides: list[str] = TEMPLATE) -> Path:
+    """A sweep directory of ``jobs`` copies of one real ``hooks=stats`` run, distinct overrides each."""
     template = out / "template"
-    subprocess.run([sys.executable, *runner_args(str(template), "hooks=stats", "model=resnet18",
-                                                  "data.shape=[2,3,32,32]", "steps=10")],
+    subprocess.run([sys.executable, *runner_args(str(template), *template_overrides)],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     manifest = json.loads((template / "manifest.json").read_text())
     sweep = out / "sweep"
