@@ -28,7 +28,7 @@ SOURCE = Path(__file__).with_name("stats_kernel.c")
 
 #: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-fPIC", "-shared", "-pthread")
+         "-fno-trapping-math", "-fPIC", "-shared")
 
 _kernel = None  # the loaded ``hr_reduce``; False once the build failed
 
@@ -77,8 +77,8 @@ def kernel():
             if not path.exists():
                 build(compiler, path)
             fn = ctypes.CDLL(str(path)).hr_reduce
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+            fn.restype = None
             _kernel = fn
         except (OSError, subprocess.CalledProcessError) as exc:
             detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else exc
@@ -88,17 +88,15 @@ def kernel():
     return _kernel or None
 
 
-def reduce_contiguous(flat: torch.Tensor, threads: int = 1) -> torch.Tensor:
+def reduce_contiguous(flat: torch.Tensor) -> torch.Tensor:
     """``hooks.stats.RAW`` of a contiguous, non-empty float32/float64 CPU tensor, in one pass.
 
-    One thread by default: inside a forward or backward pass, PyTorch's OpenMP workers keep
+    On the calling thread: inside a forward or backward pass, PyTorch's OpenMP workers keep
     spinning for a while after each operator, and a second kernel thread competing with them made
     the ``stats`` preset slower, not faster (resnet18 at batch 8: 1.17 of bare with two threads
-    against 1.08 with one, measured in the same process). ``threads`` splits the tensor into that
-    many chunks on their own threads, for tensors reduced outside a pass. The caller checks that
-    ``kernel()`` is available.
+    against 1.08 with one, measured in the same process). The caller checks that ``kernel()`` is
+    available.
     """
     out = torch.empty(9, dtype=torch.float64)
-    if _kernel(flat.data_ptr(), flat.numel(), flat.dtype == torch.float64, threads, out.data_ptr()) != 0:
-        raise RuntimeError("the statistics kernel could not join one of its threads")
+    _kernel(flat.data_ptr(), flat.numel(), flat.dtype == torch.float64, out.data_ptr())
     return out

@@ -39,7 +39,7 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
-    take one pass of the C kernel (``cpu_reductions``); large CUDA
+    take one pass of the C kernel (``native.reduce_contiguous``); large CUDA
     tensors one compiled pass (``fused_reductions``); small ones and machines where neither can
     be built the eager passes (``eager_reductions``).
     """
@@ -53,19 +53,13 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
     if flat.device.type == "cpu" and native.kernel() is not None:
-        return cpu_reductions(flat.contiguous())
+        return native.reduce_contiguous(flat.contiguous())
     if flat.numel() >= COMPILE_MIN_NUMEL:
         fused = compiled_reductions()
         if fused is not None:
             with torch.no_grad():
                 return fused(flat)
     return eager_reductions(flat)
-
-
-def cpu_reductions(flat: torch.Tensor) -> torch.Tensor:
-    """``RAW`` of a contiguous float32/float64 CPU tensor by the C kernel (``hooks.native``): one
-    pass, float64 sums."""
-    return native.reduce_contiguous(flat)
 
 
 def prepare(device: torch.device) -> None:

@@ -1,8 +1,7 @@
 /* One pass over a contiguous float32 or float64 tensor for every statistic of hooks.stats.RAW.
  *
  * Built by hooks/native.py with the machine's C compiler; called through ctypes, which releases
- * the GIL. Work is split into `threads` contiguous chunks, each run on its own POSIX thread; the
- * calling thread runs the first chunk (hooks/native.py passes 1 inside a pass: see why there).
+ * the GIL. It runs on the calling thread (hooks/native.py says why not on more).
  *
  * Every sum is accumulated in double (float32 elements are widened in registers: as fast, the
  * loop is bound by memory, and as exact as PyTorch's float64 sum); the compiler vectorises the
@@ -13,7 +12,6 @@
  * makes min and max NaN, as torch.aminmax gives.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #define BLOCK 512
@@ -41,7 +39,7 @@ typedef struct {
         *hi = h;                                                                     \
     }
 
-/* One chunk: per block, the sums and counts (vectorised), then the block's min and max. */
+/* The whole tensor: per block, the sums and counts (vectorised), then the block's min and max. */
 #define REDUCE(NAME, MINMAX_NAME, T, A, ABS)                                           \
     static void *NAME(void *arg) {                                                   \
         chunk_t *c = (chunk_t *)arg;                                                 \
@@ -89,62 +87,21 @@ MINMAX(minmax_f64, double)
 REDUCE(reduce_f32, minmax_f32, float, double, fabs)
 REDUCE(reduce_f64, minmax_f64, double, double, fabs)
 
-#define MAX_THREADS 64
-
-/* Run `reduce` over x[0..n) in `threads` contiguous chunks and combine them into out[0..8).
- * Returns 0, or -1 if a thread could not be joined. */
-static int run_chunks(void *(*reduce)(void *), const void *x, int64_t n, size_t size, double shift,
-                      int threads, double *out) {
-    if (threads < 1) threads = 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    const int64_t per = (n + threads - 1) / threads;
-    threads = (int)((n + per - 1) / per);  /* no empty chunk */
-    chunk_t chunks[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int t = 0; t < threads; t++) {
-        const int64_t begin = per * t;
-        chunks[t].data = (const char *)x + begin * size;
-        chunks[t].n = begin + per < n ? per : n - begin;
-        chunks[t].shift = shift;
-    }
-    for (int t = 1; t < threads; t++) {
-        started[t] = pthread_create(&ids[t], 0, reduce, &chunks[t]) == 0;
-        if (!started[t]) reduce(&chunks[t]);
-    }
-    reduce(&chunks[0]);
-    int failed = 0;
-    for (int t = 1; t < threads; t++)
-        if (started[t] && pthread_join(ids[t], 0) != 0) failed = 1;
-    double sum = 0, sumsq = 0, abs_sum = 0, lo = chunks[0].lo, hi = chunks[0].hi;
-    int64_t zeros = 0, nans = 0, infs = 0;
-    for (int t = 0; t < threads; t++) {
-        sum += chunks[t].sum;
-        sumsq += chunks[t].sumsq;
-        abs_sum += chunks[t].abs_sum;
-        lo = chunks[t].lo < lo ? chunks[t].lo : lo;
-        hi = chunks[t].hi > hi ? chunks[t].hi : hi;
-        zeros += chunks[t].zeros;
-        nans += chunks[t].nans;
-        infs += chunks[t].infs;
-    }
-    if (nans) lo = hi = NAN;
-    out[0] = sum;
-    out[1] = sumsq;
-    out[2] = abs_sum;
-    out[3] = lo;
-    out[4] = hi;
-    out[5] = (double)zeros;
-    out[6] = (double)nans;
-    out[7] = (double)infs;
-    out[8] = shift;
-    return failed ? -1 : 0;
-}
-
 /* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
-int hr_reduce(const void *x, int64_t n, int is_double, int threads, double *out) {
+void hr_reduce(const void *x, int64_t n, int is_double, double *out) {
     const double first = is_double ? ((const double *)x)[0] : ((const float *)x)[0];
-    const double shift = isfinite(first) ? first : 0.0;
-    if (is_double) return run_chunks(reduce_f64, x, n, sizeof(double), shift, threads, out);
-    return run_chunks(reduce_f32, x, n, sizeof(float), shift, threads, out);
+    chunk_t c = {.data = x, .n = n, .shift = isfinite(first) ? first : 0.0};
+    if (is_double)
+        reduce_f64(&c);
+    else
+        reduce_f32(&c);
+    out[0] = c.sum;
+    out[1] = c.sumsq;
+    out[2] = c.abs_sum;
+    out[3] = c.nans ? NAN : c.lo;
+    out[4] = c.nans ? NAN : c.hi;
+    out[5] = (double)c.zeros;
+    out[6] = (double)c.nans;
+    out[7] = (double)c.infs;
+    out[8] = c.shift;
 }

@@ -72,10 +72,10 @@ def compiled(t: torch.Tensor) -> torch.Tensor:
     return fused(flat_widened(t))
 
 
-def native_split(t: torch.Tensor) -> torch.Tensor:
-    """The C kernel with the tensor split over three threads (chunks of unequal length)."""
+def native_kernel(t: torch.Tensor) -> torch.Tensor:
+    """The C kernel itself (what ``reduce_tensor`` calls on CPU when it could be built)."""
     assert native.kernel() is not None, "the statistics kernel could not be built on this machine"
-    return native.reduce_contiguous(flat_widened(t).contiguous(), threads=3)
+    return native.reduce_contiguous(flat_widened(t).contiguous())
 
 
 def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_split, reduce_tensor],
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_kernel, reduce_tensor],
                          ids=["compiled", "eager", "native", "dispatch"])
 @pytest.mark.parametrize("tensor", [
     torch.randn(N + 7),
@@ -107,7 +107,7 @@ def near_max(n: int) -> torch.Tensor:
     return t
 
 
-@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_split, reduce_tensor],
+@pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_kernel, reduce_tensor],
                          ids=["compiled", "eager", "native", "dispatch"])
 @pytest.mark.parametrize("n", [10, N + 3])
 def test_finite_float32_near_max_never_reports_inf(path, n):
@@ -128,6 +128,15 @@ def test_without_a_c_compiler_statistics_fall_back_to_eager_with_one_warning(mon
     assert native.kernel() is None
     assert list((tmp_path / "cache").glob("*")) == []  # the failed build left no file
     assert_stats_close(got, tensor)
+
+
+def test_cpu_tensors_of_every_size_take_the_kernel_not_the_eager_passes(monkeypatch):
+    import hooks.stats as stats
+
+    monkeypatch.setattr(stats, "eager_reductions", lambda flat: pytest.fail("eager reductions on CPU"))
+    monkeypatch.setattr(stats, "compiled_reductions", lambda: pytest.fail("torch.compile on CPU"))
+    for tensor in (torch.randn(3), torch.randn(N + 7), torch.randn(4, 8).t()):  # .t(): not contiguous
+        assert_stats_close(summary_of(tensor), tensor)
 
 
 def test_the_kernel_is_built_once_per_cache_and_reused(monkeypatch, tmp_path):
