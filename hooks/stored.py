@@ -39,18 +39,18 @@ def stored_tensors(path: str, layers: list[str], kind: str, key: str) -> dict[St
     A layer of which the run kept no such tensor is an error listing the layers it did keep.
     """
     run = check_run_dir(path, key)
-    table = pq.read_table(run / TENSORS, columns=["step", "layer", "call", "slot", "kind", "phase",
-                                                 "tensor_shape", "tensor_values"],
-                          filters=[("kind", "=", kind), ("phase", "=", "forward")])
-    present = sorted(set(table.column("layer").to_pylist()))
+    forward = [("kind", "=", kind), ("phase", "=", "forward")]
+    present = sorted(set(pq.read_table(run / TENSORS, columns=["layer"], filters=forward).column("layer").to_pylist()))
     missing = [layer for layer in layers if layer not in present]
     if missing:
         raise ConfigError(f"{key}: run '{path}' kept no {kind} of layer '{missing[0]}'; it kept the {kind} of: "
                           f"{', '.join(present) or '(none)'}")
+    table = pq.read_table(run / TENSORS, columns=["step", "layer", "call", "slot", "tensor_shape", "tensor_values"],
+                          filters=[*forward, ("layer", "in", list(layers))])
+    values = table.column("tensor_values")
+    ids = zip(*(table.column(c).to_pylist() for c in ("step", "layer", "call", "slot", "tensor_shape")))
     out: dict[StoredKey, torch.Tensor] = {}
-    rows = table.select(["step", "layer", "call", "slot", "tensor_shape", "tensor_values"]).to_pylist()
-    for row in rows:
-        if row["layer"] in layers:
-            values = np.asarray(row["tensor_values"], dtype=np.float32).reshape(row["tensor_shape"])
-            out[(row["step"], row["layer"], row["call"], row["slot"])] = torch.from_numpy(values)
+    for i, (step, layer, call, slot, shape) in enumerate(ids):  # a row per kept tensor, its values as one array
+        flat = np.array(values[i].values.to_numpy(zero_copy_only=False), dtype=np.float32)
+        out[(step, layer, call, slot)] = torch.from_numpy(flat.reshape(shape))
     return out
