@@ -3,105 +3,114 @@
  * Built by hooks/native.py with the machine's C compiler; called through ctypes, which releases
  * the GIL. It runs on the calling thread (hooks/native.py says why not on more).
  *
- * Every sum is accumulated in double (float32 elements are widened in registers: as fast, the
- * loop is bound by memory, and as exact as PyTorch's float64 sum); the compiler vectorises the
- * loop because the build allows reassociation, never finite-math, so NaN and Inf compare as IEEE
- * says. Sums run around `shift` (the first element when finite, else 0), so the variance of data
- * whose mean dwarfs its spread does not cancel. Block sums (BLOCK elements) are added to the
- * chunk's total, which keeps rounding from growing with the tensor's length. A NaN anywhere
- * makes min and max NaN, as torch.aminmax gives.
+ * The tensor is read in blocks of BLOCK elements. A block is first summed in its own precision
+ * (`fast_*`: sums, zero count, min and max in one vectorised loop; float32 lanes hold twice the
+ * elements of float64 ones, which made the pass 2-3x faster than widening every element), and
+ * the block's sums are added to double totals, so rounding does not grow with the tensor's length
+ * (within a block, each vector lane adds BLOCK / lanes elements). When a block's sums are not
+ * finite (a NaN or Inf in it, or float32 sums of finite values that overflowed), the block is
+ * summed again element by element in double (`exact_*`), which counts NaN and Inf and never
+ * overflows for float32 data. Sums run around `shift` (the first element when finite, else 0), so
+ * the variance of data whose mean dwarfs its spread does not cancel. A NaN anywhere makes min and
+ * max NaN, as torch.aminmax gives.
  */
 #include <math.h>
 #include <stdint.h>
 
-#define BLOCK 512
+#define BLOCK 256
 
 typedef struct {
-    const void *data;
-    int64_t n;
-    double shift;
     double sum, sumsq, abs_sum, lo, hi;
     int64_t zeros, nans, infs;
-} chunk_t;
+} totals_t;
 
-/* min and max of one block, which the sum loop has just brought into L1. IEEE min/max cannot be
- * vectorised (a NaN must win); here the compiler may assume no NaN, so it vectorises, and what it
- * gives for NaN does not matter: the caller replaces both by NaN when nan_count > 0. */
-#define MINMAX(NAME, T)                                                               \
+/* A block in its own precision. The compiler may assume no NaN or Inf here (that is what lets it
+ * vectorise min and max), so this function must not test for them: a block holding one gives
+ * non-finite sums, which the caller (compiled with IEEE semantics) tests. */
+#define FAST(NAME, T, ABS)                                                             \
     __attribute__((optimize("finite-math-only")))                                    \
-    static void NAME(const T *x, int64_t n, T *lo, T *hi) {                          \
-        T l = *lo, h = *hi;                                                          \
+    static void NAME(const T *x, int64_t n, T shift, T *sums, T *lo, T *hi, int32_t *zeros) { \
+        T sum = 0, sumsq = 0, abs_sum = 0, l = x[0], h = x[0];                       \
+        int32_t z = 0;                                                               \
         for (int64_t i = 0; i < n; i++) {                                            \
-            l = x[i] < l ? x[i] : l;                                                 \
-            h = x[i] > h ? x[i] : h;                                                 \
+            const T v = x[i], d = v - shift;                                         \
+            sum += d;                                                                \
+            sumsq += d * d;                                                          \
+            abs_sum += ABS(v);                                                       \
+            z += v == 0;                                                             \
+            l = v < l ? v : l;                                                       \
+            h = v > h ? v : h;                                                       \
         }                                                                            \
+        sums[0] = sum;                                                               \
+        sums[1] = sumsq;                                                             \
+        sums[2] = abs_sum;                                                           \
         *lo = l;                                                                     \
         *hi = h;                                                                     \
+        *zeros = z;                                                                  \
     }
 
-/* The whole tensor: per block, the sums and counts (vectorised), then the block's min and max. */
-#define REDUCE(NAME, MINMAX_NAME, T, A, ABS)                                           \
-    static void *NAME(void *arg) {                                                   \
-        chunk_t *c = (chunk_t *)arg;                                                 \
-        const T *x = (const T *)c->data;                                             \
-        const A shift = (A)c->shift;                                                 \
-        double sum = 0, sumsq = 0, abs_sum = 0;                                      \
-        T lo = x[0], hi = x[0];                                                      \
-        int64_t zeros = 0, nans = 0, infs = 0;                                       \
-        for (int64_t start = 0; start < c->n; start += BLOCK) {                      \
-            const int64_t stop = c->n - start < BLOCK ? c->n : start + BLOCK;        \
-            A bsum = 0, bsumsq = 0, babs = 0;                                        \
-            int32_t bz = 0, bn = 0, bi = 0;                                          \
-            for (int64_t i = start; i < stop; i++) {                                 \
-                const T v = x[i];                                                    \
-                const A d = (A)v - shift;                                            \
-                const A a = ABS((A)v);                                               \
-                bsum += d;                                                           \
-                bsumsq += d * d;                                                     \
-                babs += a;                                                           \
-                bz += v == 0;                                                        \
-                bn += v != v;                                                        \
-                bi += a == (A)INFINITY;                                              \
-            }                                                                        \
-            MINMAX_NAME(x + start, stop - start, &lo, &hi);                          \
-            sum += bsum;                                                             \
-            sumsq += bsumsq;                                                         \
-            abs_sum += babs;                                                         \
-            zeros += bz;                                                             \
-            nans += bn;                                                              \
-            infs += bi;                                                              \
+/* A block element by element in double, with IEEE comparisons: NaN and Inf counted, a NaN
+ * carried into the sums (and so into the mean), float32 sums that cannot overflow. */
+#define EXACT(NAME, T)                                                                 \
+    static void NAME(const T *x, int64_t n, double shift, totals_t *t) {            \
+        for (int64_t i = 0; i < n; i++) {                                            \
+            const double v = x[i], d = v - shift;                                    \
+            t->sum += d;                                                             \
+            t->sumsq += d * d;                                                       \
+            t->abs_sum += fabs(v);                                                   \
+            t->zeros += v == 0;                                                      \
+            t->nans += v != v;                                                       \
+            t->infs += isinf(v) != 0;                                                \
+            t->lo = v < t->lo ? v : t->lo;                                           \
+            t->hi = v > t->hi ? v : t->hi;                                           \
         }                                                                            \
-        c->sum = sum;                                                                \
-        c->sumsq = sumsq;                                                            \
-        c->abs_sum = abs_sum;                                                        \
-        c->lo = lo;                                                                  \
-        c->hi = hi;                                                                  \
-        c->zeros = zeros;                                                            \
-        c->nans = nans;                                                              \
-        c->infs = infs;                                                              \
-        return 0;                                                                    \
     }
 
-MINMAX(minmax_f32, float)
-MINMAX(minmax_f64, double)
-REDUCE(reduce_f32, minmax_f32, float, double, fabs)
-REDUCE(reduce_f64, minmax_f64, double, double, fabs)
+/* The whole tensor, block by block: a block whose fast sums are finite is added as it is,
+ * any other is summed again exactly. */
+#define REDUCE(NAME, FAST_NAME, EXACT_NAME, T)                                         \
+    static void NAME(const T *x, int64_t n, double shift, totals_t *t) {            \
+        for (int64_t start = 0; start < n; start += BLOCK) {                         \
+            const int64_t m = n - start < BLOCK ? n - start : BLOCK;                 \
+            T sums[3], lo, hi;                                                       \
+            int32_t zeros;                                                           \
+            FAST_NAME(x + start, m, (T)shift, sums, &lo, &hi, &zeros);               \
+            if (!(isfinite(sums[0]) && isfinite(sums[1]) && isfinite(sums[2]))) {    \
+                EXACT_NAME(x + start, m, shift, t);                                  \
+                continue;                                                            \
+            }                                                                        \
+            t->sum += sums[0];                                                       \
+            t->sumsq += sums[1];                                                     \
+            t->abs_sum += sums[2];                                                   \
+            t->zeros += zeros;                                                       \
+            t->lo = lo < t->lo ? lo : t->lo;                                         \
+            t->hi = hi > t->hi ? hi : t->hi;                                         \
+        }                                                                            \
+    }
+
+FAST(fast_f32, float, fabsf)
+FAST(fast_f64, double, fabs)
+EXACT(exact_f32, float)
+EXACT(exact_f64, double)
+REDUCE(reduce_f32, fast_f32, exact_f32, float)
+REDUCE(reduce_f64, fast_f64, exact_f64, double)
 
 /* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
 void hr_reduce(const void *x, int64_t n, int is_double, double *out) {
     const double first = is_double ? ((const double *)x)[0] : ((const float *)x)[0];
-    chunk_t c = {.data = x, .n = n, .shift = isfinite(first) ? first : 0.0};
+    const double shift = isfinite(first) ? first : 0.0;
+    totals_t t = {.lo = INFINITY, .hi = -INFINITY};
     if (is_double)
-        reduce_f64(&c);
+        reduce_f64((const double *)x, n, shift, &t);
     else
-        reduce_f32(&c);
-    out[0] = c.sum;
-    out[1] = c.sumsq;
-    out[2] = c.abs_sum;
-    out[3] = c.nans ? NAN : c.lo;
-    out[4] = c.nans ? NAN : c.hi;
-    out[5] = (double)c.zeros;
-    out[6] = (double)c.nans;
-    out[7] = (double)c.infs;
-    out[8] = c.shift;
+        reduce_f32((const float *)x, n, shift, &t);
+    out[0] = t.sum;
+    out[1] = t.sumsq;
+    out[2] = t.abs_sum;
+    out[3] = t.nans ? NAN : t.lo;
+    out[4] = t.nans ? NAN : t.hi;
+    out[5] = (double)t.zeros;
+    out[6] = (double)t.nans;
+    out[7] = (double)t.infs;
+    out[8] = shift;
 }
