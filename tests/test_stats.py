@@ -78,6 +78,13 @@ def native_kernel(t: torch.Tensor) -> torch.Tensor:
     return native.reduce_contiguous(flat_widened(t).contiguous())
 
 
+def near_max(n: int) -> torch.Tensor:
+    """Finite float32 values near the largest float32, alternating in sign."""
+    t = torch.full((n,), 3.0e38)
+    t[1::2] = -2.9e38
+    return t
+
+
 def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
     t = t.clone()
     t[[3, 50, 70]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
@@ -94,17 +101,12 @@ def with_nonfinite(t: torch.Tensor) -> torch.Tensor:
     torch.full((2 * N,), 60000.0, dtype=torch.float16),
     with_nonfinite(torch.randn(N)),
     torch.cat([torch.tensor([float("inf")]), torch.randn(N)]),   # non-finite first element: no shift
-], ids=["randn", "f64", "big-mean", "relu", "fp16-overflow", "nan-inf", "inf-first"])
+    torch.cat([torch.randn(N), near_max(2), torch.randn(N), with_nonfinite(torch.randn(N))]),  # blocks of each kind
+    torch.cat([torch.tensor([3.66]), torch.randn(4 * N) * 0.5 + 0.55]),  # the shift far from the mean
+], ids=["randn", "f64", "big-mean", "relu", "fp16-overflow", "nan-inf", "inf-first", "mixed-blocks", "outlier-shift"])
 def test_every_reduction_path_matches_float64_torch(tensor, path):
     """Every reduction path, on tensors large enough that ``reduce_tensor`` would compile on CUDA."""
     assert_stats_close(summary_of(tensor, path), tensor)
-
-
-def near_max(n: int) -> torch.Tensor:
-    """Finite float32 values near the largest float32, alternating in sign."""
-    t = torch.full((n,), 3.0e38)
-    t[1::2] = -2.9e38
-    return t
 
 
 @pytest.mark.parametrize("path", [compiled, lambda t: eager_reductions(flat_widened(t)), native_kernel, reduce_tensor],
