@@ -132,6 +132,7 @@ class Junction(Lineup):
         if not self.members:  # the session is closing: let go of the step's tensors
             self._watched.clear()
             self._pending.clear()
+            _UNSETTLED.pop(id(self), None)
 
     def move_last(self) -> None:
         """Re-register the junction's hooks so they run after every hook registered so far."""
@@ -213,10 +214,26 @@ class Junction(Lineup):
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
             fired[0] = True
+            if _UNSETTLED:
+                settle_all()
             return chained(grad)
 
         t.register_hook(on_grad)
         self._watched.append((t, t.grad_fn, fired, layer, kind, slot))
+        _UNSETTLED[id(self)] = self
+
+    def settle(self) -> None:
+        """Forward is over: keep only what ``check`` needs, and no tensor.
+
+        Holding every tapped output until after backward kept each one alive past the point where
+        autograd frees it (resnet18 at batch 32: 214 MB more peak memory than the same step
+        without the runner, and backward then paged in fresh memory instead of reusing it). A hook
+        can only have been dropped on a tensor whose ``grad_fn`` changed after it was tapped,
+        which happens in forward; those are kept as flags, the others are forgotten.
+        """
+        self._watched = [(None, None, fired, layer, kind, slot) for t, node, fired, layer, kind, slot in self._watched
+                         if t is None or t.grad_fn is not node]
+        _UNSETTLED.pop(id(self), None)
 
     def check(self) -> None:
         """Raise if PyTorch dropped one of this step's hooks; then forget the step's tensors.
@@ -228,15 +245,23 @@ class Junction(Lineup):
         Such a hook did not fire and the tensor's ``grad_fn`` changed; a hook that did not fire
         because the tensor was not on the loss path leaves ``grad_fn`` as it was.
         """
+        self.settle()
         watched, self._watched = self._watched, []
-        for t, node, fired, layer, kind, slot in watched:
-            if not fired[0] and t.grad_fn is not node:
+        for _, _, fired, layer, kind, slot in watched:
+            if not fired[0]:
                 owners = ", ".join(sorted({getattr(s.owner, "key", "?") for s in self.members}))
                 raise ConfigError(
                     f"{owners}: PyTorch dropped the {kind} hook of '{layer}' slot {slot}: that tensor is a "
                     f"view modified in place before use (by the module itself, or later through another "
                     f"view, e.g. Identity or a reshape followed by ReLU(inplace=True)); select another "
                     f"layer or make that operation out of place")
+
+
+def settle_all() -> None:
+    """``settle`` every junction that tapped tensors since backward last began (called by the
+    first gradient hook to fire in a backward pass)."""
+    for junction in list(_UNSETTLED.values()):
+        junction.settle()
 
 
 def _chain(callbacks: list[GradCallback]) -> GradCallback:
@@ -287,6 +312,8 @@ def param_lineup(param: torch.Tensor) -> ParamLineup:
 GLOBAL = "global"
 #: Every live junction and parameter lineup; an entry leaves when its session removes its handle.
 _JUNCTIONS: dict[Any, Lineup] = {}
+#: Junctions holding tapped tensors of a forward pass whose backward has not begun.
+_UNSETTLED: dict[int, Junction] = {}
 
 
 def junction_for(module: nn.Module | None) -> Junction:

@@ -154,3 +154,24 @@ def test_sample_channels_keeps_the_same_random_channels_every_step(run_with):
 def test_sampling_keys_are_validated(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         run(make_config("model=convnet", *overrides), tmp_path / "run")
+
+
+def test_gradient_hooks_let_go_of_a_tapped_output_once_backward_begins():
+    """The runner's gradient hooks keep no output alive in backward: autograd frees ``y`` (nothing
+    saved it) while backward is still running, as it would without hooks."""
+    import weakref
+
+    from hooks import HookSession, build_hooks
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    x = torch.randn(3, 4, requires_grad=True)
+    alive = []
+    with HookSession(model, build_hooks({"s": {"type": "stats", "layers": "0"}})) as session:
+        y = model(x)
+        ref = weakref.ref(y)
+        loss = (y * 2).sum()  # a product with a constant saves neither factor
+        del y
+        x.register_hook(lambda g: alive.append(ref() is not None))  # after layer 0's backward
+        loss.backward()
+        session.after_backward()
+    assert alive == [False]
