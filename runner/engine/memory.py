@@ -62,14 +62,15 @@ _LIBC = _glibc()
 
 
 def release_freed_memory() -> None:
-    """Give the heap's free pages back to the OS (glibc ``malloc_trim``), once per step.
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``), every few steps.
 
     Step buffers are freed in an order that fragments glibc's heap (it serves large blocks from
     the heap once a large mapped block has been freed), and a fragmented heap keeps its freed
     pages: measured here, a 200-step capture's resident memory then grew by ~0.4 MiB a step
-    although nothing was kept. Trimming after each step keeps the peak flat; it costs ~3 ms here
-    after a resnet18 batch-8 step of ~1 s (fixing glibc's mmap threshold instead doubled that
-    step). A no-op where the C library is not glibc.
+    although nothing was kept. Trimming keeps the peak flat; it costs tens of ms after a
+    resnet18 batch-8 step, which is why the loop trims every ``TRIM_EVERY`` steps, not after
+    each (fixing glibc's mmap threshold instead doubled that step). A no-op where the C library
+    is not glibc.
     """
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
