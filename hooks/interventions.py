@@ -46,9 +46,6 @@ class AblateSpec(EditSpec):
         if self.reference != "batch":
             if self.op == "zero":
                 raise ConfigError(f"{key}.reference: op=zero takes no reference; drop it or use op=mean|resample")
-            if self.target != "output":
-                raise ConfigError(f"{key}.reference: a stored run is read for target=output only; "
-                                  f"use reference=batch for target=input")
             check_run_dir(self.reference, f"{key}.reference")
 
 
@@ -84,9 +81,14 @@ class Ablate(Tap):
         super().attach(model, session)
 
     def _stored_samples(self, layers: list[str]) -> dict[str, torch.Tensor]:
-        """Every sample the reference run kept of each layer's output, stacked along dim 0."""
-        found = stored_tensors(self.spec.reference, layers, "output", f"{self.key}.reference")
-        return {layer: torch.cat([t for key, t in sorted(found.items()) if key[1] == layer]) for layer in layers}
+        """Every sample the reference run kept of each layer's output (``target: input``: of its
+        first input, slot 0, the one the ablation replaces), stacked along dim 0."""
+        found = stored_tensors(self.spec.reference, layers, self.spec.target, f"{self.key}.reference")
+        return {layer: torch.cat([t for key, t in sorted(found.items()) if key[1] == layer and key[3] == "0"])
+                for layer in layers}
+
+    def on_pre(self, layer: str, call: int) -> None:
+        self._layer = layer
 
     def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
         self._layer = layer
@@ -104,8 +106,9 @@ class Ablate(Tap):
         if self._pool is not None:
             pool = self._pool[self._layer]
             if pool.shape[1:] != x.shape[1:]:
-                raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept '{self._layer}' outputs "
-                                  f"of shape {list(pool.shape[1:])} per sample; this run's are {list(x.shape[1:])}")
+                raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept '{self._layer}' "
+                                  f"{self.spec.target}s of shape {list(pool.shape[1:])} per sample; this run's are "
+                                  f"{list(x.shape[1:])}")
             pool = pool.to(x.device, x.dtype)
             if op == "mean":
                 return overwritten(x, pool.mean(0, keepdim=True))

@@ -126,6 +126,8 @@ class Tap(HookType):
     * ``on_record``: called for every recorded tensor (``print`` prints here);
     * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
       needs one, and what to do in it (``node`` registers its Node hooks there);
+    * ``on_pre``: called in the forward pre-hook of every call, before input edits (``ablate``
+      with ``target: input`` learns there which layer it is editing);
     * ``expected_kinds``: what ``HookSession.silent`` checks (``node`` records its own kinds);
     * ``attach`` and ``after_backward`` (``HookType``'s), calling ``super()`` for what the Tap
       does there (``clamp`` with ``target: params`` hooks parameters instead).
@@ -171,6 +173,9 @@ class Tap(HookType):
     def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
         """Called in the forward hook of every call, before output edits; ``output`` is ``None``
         when forward raised (``always_call``)."""
+
+    def on_pre(self, layer: str, call: int) -> None:
+        """Called in the forward pre-hook of every call (when there is one), before input edits."""
 
     @property
     def needs_backward(self) -> bool:
@@ -309,6 +314,7 @@ class Tap(HookType):
             self._open.setdefault(layer, []).append(call)
         if self._grad_in:
             self._junction(module).expect(module, layer, "grad_input", self, self._wish(layer, call))
+        self.on_pre(layer, call)
         edit, kinds = self._edits["input"], self._kinds
         if edit is None and "input" not in kinds:
             return None

@@ -23,10 +23,10 @@ RESNET = ("model=resnet18", "data.shape=[2,3,32,32]", "loss=none")
 GPT = ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "metric.diff=[3,4]")
 
 
-def kept(run_dir, layer: str) -> torch.Tensor:
-    """The one kept output of ``layer`` in step 0 of a run."""
+def kept(run_dir, layer: str, kind: str = "output") -> torch.Tensor:
+    """The one kept ``kind`` tensor of ``layer`` in step 0 of a run."""
     rows = analysis.load_tensors(run_dir)
-    rows = rows[(rows.layer == layer) & (rows.kind == "output") & (rows.step == 0)]
+    rows = rows[(rows.layer == layer) & (rows.kind == kind) & (rows.step == 0)]
     assert len(rows) == 1, rows
     return torch.from_numpy(rows.iloc[0].tensor)
 
@@ -161,6 +161,29 @@ def test_mean_ablation_from_a_stored_run_uses_that_runs_samples(run_with):
     out = run_with(*RESNET, "hooks=[ablate,extract]", "hooks.ablate.op=mean", "hooks.ablate.index=[3,17]",
                    f"hooks.ablate.reference={reference}", "hooks.extract.layers=fc")
     assert torch.equal(kept(out, "fc"), hand_ablated_output("mean", kept(reference, "layer3")))
+
+
+def test_mean_ablation_of_an_input_from_a_stored_run_uses_that_runs_kept_inputs(run_with):
+    """``target: input`` with a stored reference: the mean over the inputs that run kept of layer3,
+    put into channels 3 and 17 of layer3's input by a hand-written forward pre-hook."""
+    reference = run_with(*RESNET, "hooks=extract", "hooks.extract.layers=layer3", "hooks.extract.kinds=[input]",
+                         "data.seed=5")
+    out = run_with(*RESNET, "hooks=[ablate,extract]", "hooks.ablate.op=mean", "hooks.ablate.target=input",
+                   "hooks.ablate.index=[3,17]", f"hooks.ablate.reference={reference}", "hooks.extract.layers=fc")
+    stored = kept(reference, "layer3", kind="input")
+    torch.manual_seed(0)
+    model = build_model(make_config(*RESNET).model).train()
+
+    def ablate(module, args):
+        new = args[0].clone()
+        new[:, CHANNELS] = stored.mean(0, keepdim=True).expand_as(new)[:, CHANNELS]
+        return (new,)
+
+    model.layer3.register_forward_pre_hook(ablate)
+    with torch.no_grad():
+        by_hand = model(randn_batch([2, 3, 32, 32]))
+    assert not torch.equal(stored.mean(0), stored[0])  # the mean is not one of the samples
+    assert torch.equal(kept(out, "fc"), by_hand)
 
 
 def test_a_stored_reference_without_the_layer_or_of_another_shape_is_one_line(run_with):
