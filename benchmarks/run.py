@@ -11,6 +11,7 @@ are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md
     python -m benchmarks.run --resnet50    # also resnet50 at batch 8
     python -m benchmarks.run --quick       # tiny sizes, one repetition: the smoke test
     python -m benchmarks.run --long        # also a 10,000-job sweep to load
+    python -m benchmarks.run --device cuda # the same tables on a GPU (one sync per timed step)
 
 Peers (``wandb.watch``) are timed where installed (``pip install wandb``), except in ``--quick``.
 """
@@ -62,9 +63,17 @@ class Settings:
     peers: bool
     first_step_overrides: list[str]
     sweep_template: list[str]
+    device: str = "cpu"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
+        settings = cls._sizes(args)
+        settings.device = args.device
+        settings.first_step_overrides = [*settings.first_step_overrides, f"device={args.device}"]
+        return settings
+
+    @classmethod
+    def _sizes(cls, args: argparse.Namespace) -> Settings:
         if args.quick:
             return cls([("resnet18", 2, 32)], rounds=1, warmup=1, tensor_steps=2, io_reps=1, stats_steps=3,
                        startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"],
@@ -107,19 +116,28 @@ class Report:
         pq.write_table(pa.Table.from_pylist(self.rows), out_dir / "results.parquet")
 
 
-def interleaved(variants, rounds: int, warmup: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def synchronizer(device: torch.device):
+    """What ends a timed step on ``device``: a CUDA step has only been queued when Python returns."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def interleaved(variants, rounds: int, warmup: int, sync=lambda: None
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU seconds per step of each variant: ``warmup`` untimed rounds, then ``rounds``.
 
     CPU time (all of this process's threads) is the steadier measure on a shared machine: time
-    spent waiting for a core that another process holds is not counted.
+    spent waiting for a core that another process holds is not counted. ``sync`` runs before the
+    clock starts and before it stops (``synchronizer``).
     """
     wall: dict[str, list[float]] = {v.name: [] for v in variants}
     cpu: dict[str, list[float]] = {v.name: [] for v in variants}
     for r in range(warmup + rounds):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
+            sync()
             start, start_cpu = time.perf_counter(), time.process_time()
             v.step()
+            sync()
             if r >= warmup:
                 wall[v.name].append(time.perf_counter() - start)
                 cpu[v.name].append(time.process_time() - start_cpu)
@@ -134,12 +152,13 @@ def paired_ratio(times: list[float], bare: list[float]) -> float:
 def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings):
     """Time every variant on ``name`` at ``batch``; return its extract and stats captures for the I/O parts."""
     torch.manual_seed(0)
-    model = torchvision.models.get_model(name).train()
-    x = torch.randn(batch, 3, side, side)
-    config = f"{name} batch {batch} {side}x{side}"
+    device = torch.device(s.device)
+    model = torchvision.models.get_model(name).train().to(device)
+    x = torch.randn(batch, 3, side, side, device=device)
+    config = f"{name} batch {batch} {side}x{side}" + (f" on {s.device}" if device.type != "cpu" else "")
     variants = make_variants(model, x, EXTRACT_LAYERS, peers=s.peers)
     try:
-        times, cpu = interleaved(variants, s.rounds, s.warmup)
+        times, cpu = interleaved(variants, s.rounds, s.warmup, synchronizer(device))
     finally:
         for v in variants:
             v.close()
@@ -279,11 +298,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--long", action="store_true", help="also load a 10,000-job sweep")
     parser.add_argument("--rounds", type=int, default=10, help="timed interleaved rounds per model (default 10)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results directory (default {RESULTS})")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the models, batches and statistics live (default cpu)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine; use --device cpu")
     s = Settings.from_args(args)
     started = time.perf_counter()
     report = Report()
-    report.say(f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {machine()}; {load()} at start.")
+    gpu = f", {torch.cuda.get_device_name()}" if s.device == "cuda" else ""
+    report.say(f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {machine()}{gpu}; {load()} at start.")
     captures = None
     for name, batch, side in s.models:
         config, step_captures = hook_overhead(report, name, batch, side, s)

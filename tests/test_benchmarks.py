@@ -56,3 +56,36 @@ def test_every_variant_leaves_the_gradients_of_bare():
     for v in variants[1:]:
         for name, p in v.model.named_parameters():
             torch.testing.assert_close(p.grad, bare[name].grad, msg=f"{v.name}: {name}")
+
+
+def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--quick", "--device", "cuda"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--device cuda: torch.cuda.is_available() is False on this machine; use --device cpu")
+
+
+def test_every_timed_step_is_synchronized_before_and_after():
+    """On CUDA a step is only queued when Python returns: the clock must wait for the device."""
+    events: list[str] = []
+
+    class Step:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            events.append(self.name)
+
+    wall, cpu = bench.interleaved([Step("a"), Step("b")], rounds=2, warmup=1, sync=lambda: events.append("sync"))
+    order = ["a", "b", "b", "a", "a", "b"]  # the warm-up round, then rounds rotated by one
+    assert events == [e for name in order for e in ("sync", name, "sync")]
+    assert len(wall["a"]) == len(cpu["b"]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine: the CUDA mode is not timed here")
+def test_quick_benchmark_on_cuda_writes_the_hook_overhead_table(tmp_path):
+    out = bench.main(["--quick", "--device", "cuda", "--out", str(tmp_path)])
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    assert any(r["section"] == "hook overhead" and r["config"].endswith("on cuda") for r in rows)
