@@ -125,6 +125,14 @@ class HookType:
     def close(self) -> None:
         """Release what ``attach`` holds besides handles (the session calls it on exit)."""
 
+    def run_state(self) -> dict:
+        """What this entry counted over the run that a resumed run must go on from (``custom``:
+        the calls handed to ``fn``); the session keeps it with the resume point."""
+        return {}
+
+    def restore_run_state(self, state: dict) -> None:
+        """Go on from ``run_state()`` as a resumed run's previous part left it."""
+
 
 def explanation(hooks, exc: BaseException) -> str | None:
     """The one-line message of the first entry of ``hooks`` that explains ``exc``, else ``None``."""

@@ -157,6 +157,12 @@ class Custom(HookType):
             else:  # tensor hooks on this call's outputs
                 session.add(module.register_forward_hook(self._output_tensor_hook(layer)))
 
+    def run_state(self) -> dict:
+        return {"made": self._made}
+
+    def restore_run_state(self, state: dict) -> None:
+        self._made = state.get("made", 0)
+
     def _start(self, key: tuple, *tensors: Any) -> int | None:
         """The call number, or ``None`` when ``fn`` must not run: past ``max_calls``, or meta tensors."""
         if self.spec.max_calls is not None and self._made >= self.spec.max_calls:

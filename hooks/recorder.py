@@ -220,6 +220,11 @@ class Recorder:
                 total[i] += n
         return {key: Tally(*counts) for key, counts in out.items()}
 
+    def restore_call_counts(self, counts: dict[tuple, int]) -> None:
+        """Start from the counts a resumed run had made (``call_counts()`` then), so that lifetimes
+        by ``max_calls`` end where they would have."""
+        self._calls_total = dict(counts)
+
     def call_counts(self) -> dict[tuple, int]:
         """How often each ``next_call`` key was counted since the recorder was made (this step included)."""
         out = dict(self._calls_total)

@@ -98,7 +98,7 @@ class HookSession:
         self.check_lifetimes()
         if not self.use_lifetimes:
             return
-        starting = [h for h in self.hooks if h.name not in self._attached_at
+        starting = [h for h in self.hooks if h not in self._attached and h.name not in self._removed_at
                     and h.spec.first_step() <= step and not self._over(h)]
         if starting:
             keep = [h for h in self.hooks if h in self._attached or h in starting]
@@ -113,7 +113,7 @@ class HookSession:
         if ended:
             self._detach(ended)
             for hook in ended:
-                self._removed_at[hook.name] = self._step
+                self._removed_at.setdefault(hook.name, self._step)
 
     def lifetimes(self) -> dict[str, dict]:
         """Per entry key: the step its hooks were attached at and removed at (``None``: not
@@ -122,6 +122,20 @@ class HookSession:
         return {h.key: {"attached_at_step": self._attached_at.get(h.name),
                         "removed_at_step": self._removed_at.get(h.name),
                         "calls": calls.get(h.name, 0)} for h in self.hooks}
+
+    def run_state(self) -> dict:
+        """Where the entries' lifetimes stand (calls counted, steps attached and removed, each
+        entry's own counts), for a resume point: a resumed run ends lifetimes where they would have."""
+        return {"calls": self.recorder.call_counts(), "attached_at": dict(self._attached_at),
+                "removed_at": dict(self._removed_at), "hooks": {h.name: h.run_state() for h in self.hooks}}
+
+    def restore_run_state(self, state: dict) -> None:
+        """Go on from ``run_state()``; call before the first resumed ``begin_step``."""
+        self.recorder.restore_call_counts(state["calls"])
+        self._attached_at.update(state["attached_at"])
+        self._removed_at.update(state["removed_at"])
+        for hook in self.hooks:
+            hook.restore_run_state(state["hooks"].get(hook.name, {}))
 
     def _over(self, hook: HookType) -> bool:
         return hook.spec.ended(self._step, self._calls().get(hook.name, 0))

@@ -36,19 +36,33 @@ def requeued_in_step(n: int, monkeypatch):
     return real
 
 
-def test_a_requeued_run_resumes_at_its_last_complete_step_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
-    whole = run(make_config(*OVERRIDES), tmp_path / "whole", OVERRIDES)
+#: Lifetimes that straddle the requeue: ``stats`` ends by ``max_calls`` during step 2, ``clip``
+#: starts at step 3 and the custom hook stops after 10 calls; the requeue comes in step 4.
+LIFETIMES = ("hooks=[stats,clip,custom]", "hooks.stats.max_calls=20", "hooks.clip.steps=[3,6]",
+             "hooks.custom.layers=fc", "hooks.custom.fn=test_custom_hooks.times_ten",
+             "hooks.custom.max_calls=10")
+
+
+@pytest.mark.parametrize("overrides", [OVERRIDES, OVERRIDES[:-1] + LIFETIMES], ids=["stats", "lifetimes"])
+def test_a_requeued_run_resumes_at_its_last_complete_step_and_equals_an_uninterrupted_run(tmp_path, monkeypatch,
+                                                                                          overrides):
+    whole = run(make_config(*overrides), tmp_path / "whole", overrides)
+    lifetimes = json.loads((whole / "manifest.json").read_text())["lifetimes"]
+    if "lifetimes" in str(tmp_path):
+        assert lifetimes["hooks.stats"]["removed_at_step"] < 4 and lifetimes["hooks.clip"]["attached_at_step"] == 3
+        assert lifetimes["hooks.custom"]["calls"] == 10
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     real = requeued_in_step(4, monkeypatch)
     out = tmp_path / "requeued"
     with pytest.raises(SystemExit):
-        run(make_config(*OVERRIDES), out, OVERRIDES)
+        run(make_config(*overrides), out, overrides)
     assert not (out / "manifest.json").exists()
     kept = pq.read_table(out / RESUME / "steps.parquet").to_pandas()
     assert sorted(kept.step.unique()) == [0, 1, 2, 3]  # steps 0-3 complete, with the eval rows after 1 and 3
     monkeypatch.setattr(loop, "train_step", real)
-    run(make_config(*OVERRIDES), out, OVERRIDES)
-    assert json.loads((out / "manifest.json").read_text())["resumed_at_step"] == 4
+    run(make_config(*overrides), out, overrides)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed_at_step"] == 4 and manifest["lifetimes"] == lifetimes
     assert not (out / RESUME).exists()
     for name, table in tables(whole).items():
         resumed = tables(out)[name]

@@ -56,6 +56,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
         extra = {"seed": s.seed, "compile_time_s": compile_time_s,
                  "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
                  **({"resumed_at_step": first} if first else {})}
+        if resume.hooks_state is not None:
+            session.restore_run_state(resume.hooks_state)
         with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
                         extra=extra) as outputs, resume.keeping(outputs), progress_bar(s.steps, s.progress) as bar:
             steps = StepWriter(session, outputs, s, device)
@@ -76,7 +78,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                           measures.take())
                 bar.set_postfix(loss=loss, refresh=False)
                 bar.update()
-                resume.mark(step + 1)
+                resume.mark(step + 1, session.run_state())
             outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
     resume.finish()
     return out_dir

@@ -51,6 +51,7 @@ class Resume:
         self.first_step = 0
         self._kept: dict[str, pa.Table] = {}
         self._point: tuple[int, dict] | None = None
+        self.hooks_state: dict | None = None  #: the hook session's ``run_state()`` at the resume point
 
     def restore(self, data: Iterator) -> int:
         """Load the resume point, if one of this config is there: the state, the data stream advanced
@@ -71,14 +72,17 @@ class Resume:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self._kept = {p.name: pq.read_table(p) for p in sorted(self.dir.glob("*.parquet"))}
+        self.hooks_state = state["hooks"]
         self.first_step = state["step"]
         return self.first_step
 
-    def mark(self, steps_done: int) -> None:
-        """Remember the state after ``steps_done`` complete steps (a copy; replaced in one assignment)."""
+    def mark(self, steps_done: int, hooks_state: dict) -> None:
+        """Remember the state after ``steps_done`` complete steps (a copy; replaced in one assignment),
+        with ``hooks_state``, where the hook entries' lifetimes stood (``HookSession.run_state``)."""
         if not self.enabled:
             return
-        state = {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+        state = {"hooks": hooks_state,
+                 "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
                  "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
                  "rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
