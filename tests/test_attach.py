@@ -15,6 +15,7 @@ import runner.analysis as analysis
 from conftest import assert_no_partial_output, hook_count, hook_snapshot, make_config, run
 from hooks.errors import ConfigError
 from runner.engine.plan import compile_plan
+from runner.engine.train import EVAL_SEED_OFFSET
 from runner.sources.models import ConvNet
 from runner.store.outputs import STATS_SCHEMA
 
@@ -154,3 +155,50 @@ def test_lifetimes_end_with_the_last_step_that_ran(tmp_path):
     lifetimes = json.loads((tmp_path / "out" / "manifest.json").read_text())["lifetimes"]
     assert lifetimes["hooks.early"] == {"attached_at_step": 0, "removed_at_step": None, "calls": 3}
     assert lifetimes["hooks.late"] == {"attached_at_step": None, "removed_at_step": None, "calls": 0}
+
+
+def test_eval_passes_in_a_plain_loop_write_the_eval_rows_the_cli_writes(tmp_path):
+    """``run.evaluating()`` after every 2nd step, on the CLI's held-out batches, gives the tables of
+    ``eval_every=2``: phase ``eval`` captures and ``split=eval`` rows, none mixed into training steps."""
+    overrides = (*CLI, "eval_every=2", "eval_steps=2")
+    cli_dir = run(make_config(*overrides), tmp_path / "cli", overrides)
+    plan = compile_plan(make_config(*overrides))
+    held_out = plan.schedule.held_out(plan.data.batches(EVAL_SEED_OFFSET, torch.device("cpu"), held_out=True))
+    torch.manual_seed(0)
+    model = ConvNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = plan.data.batches(0, torch.device("cpu"))
+    with runner.attach(model, hooks=["clip", "stats"], overrides=["hooks.clip.max=0.001"],
+                       out_dir=tmp_path / "mine") as rec:
+        for step in range(4):
+            batch = next(batches)
+            opt.zero_grad(set_to_none=True)
+            out = model(batch.x)
+            loss = F.cross_entropy(out, batch.targets)
+            rec.backward(loss)
+            opt.step()
+            rec.step(loss, accuracy=(out.argmax(1) == batch.targets).float().mean().item())
+            if step % 2 == 1:
+                model.eval()
+                with torch.no_grad(), rec.evaluating() as result:
+                    outs = [model(b.x) for b in held_out]
+                    losses = [F.cross_entropy(o, b.targets).item() for o, b in zip(outs, held_out)]
+                    right = sum(int((o.argmax(1) == b.targets).sum()) for o, b in zip(outs, held_out))
+                    result.set(sum(losses) / len(losses), accuracy=right / sum(len(b.targets) for b in held_out))
+                model.train()
+    mine, theirs = analysis.load_stats(tmp_path / "mine"), analysis.load_stats(cli_dir)
+    assert set(theirs.phase) >= {"eval", "forward", "backward"}
+    pd.testing.assert_frame_equal(mine[STATS_SCHEMA.names], theirs[STATS_SCHEMA.names])
+    drop = ["wall_time_s", "peak_memory_bytes"]
+    steps_mine = pd.read_parquet(tmp_path / "mine" / "steps.parquet").drop(columns=drop)
+    steps_cli = pd.read_parquet(cli_dir / "steps.parquet").drop(columns=drop)
+    assert list(steps_cli.split) == ["train", "train", "eval", "train", "train", "eval"]
+    pd.testing.assert_frame_equal(steps_mine, steps_cli)
+
+
+def test_eval_passes_before_the_first_step_are_one_line(tmp_path):
+    with runner.attach(ConvNet(), hooks=["stats"], out_dir=tmp_path / "run", on_silent="ignore") as rec:
+        with pytest.raises(ConfigError, match=r"^run.evaluating\(\): .* no run.step\(\) has ended one yet"):
+            with rec.evaluating():
+                pass
+        rec.step(None)

@@ -121,10 +121,20 @@ def test_a_mistake_is_one_line_and_leaves_nothing(tmp_path, kwargs, message):
     assert_no_partial_output(tmp_path / "pl")
 
 
-def test_validation_inside_fit_is_not_recorded(tmp_path):
+def test_validation_inside_fit_is_recorded_as_eval_passes_of_the_step_before(tmp_path):
+    """Validation after steps 1 and 3 (4 batches each, plus Lightning's sanity check before training):
+    phase ``eval`` rows numbered per validation, ``split=eval`` rows with the logged ``val_loss``, and
+    training steps whose rows stay those of a fit without validation."""
+    seen: list[torch.Tensor] = []
+
     class Validated(Classifier):
         def validation_step(self, batch, batch_idx):
-            return F.cross_entropy(self(batch[0]), batch[1])
+            out = self(batch[0])
+            if not self.trainer.sanity_checking:
+                seen.append(out.detach().clone())
+            loss = F.cross_entropy(out, batch[1])
+            self.log("val_loss", loss)
+            return loss
 
     module = Validated()
     trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -132,9 +142,18 @@ def test_validation_inside_fit_is_not_recorded(tmp_path):
                                 callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl")])
     trainer.fit(module, loader(), loader())
     stats = analysis.load_stats(tmp_path / "pl")
-    # validation ran after steps 1 and 3 (4 batches each); recorded, it would add calls 1.. to the next step
-    assert sorted(set(stats.step)) == [0, 1, 2, 3] and (stats.call == 0).all()
-    assert len(stats) == 4 * 3 * 2  # 4 steps x 3 layers x (output, grad_output)
+    train = stats[stats.phase != "eval"]
+    assert sorted(set(train.step)) == [0, 1, 2, 3] and (train.call == 0).all()
+    assert len(train) == 4 * 3 * 2  # 4 steps x 3 layers x (output, grad_output)
+    fc2 = stats[(stats.phase == "eval") & (stats.layer == "fc2")].sort_values(["step", "call"])
+    assert list(fc2.step) == [1] * 4 + [3] * 4 and list(fc2.call) == [0, 1, 2, 3] * 2
+    assert len(seen) == 8
+    for row, out in zip(fc2.itertuples(), seen):
+        assert row.mean == pytest.approx(out.double().mean().item(), rel=1e-6)
+        assert row.max == out.max().item()
+    steps = analysis.load_steps(tmp_path / "pl")
+    evals = steps[steps.split == "eval"]
+    assert list(evals.step) == [1, 3] and evals.loss.notna().all() and evals.loss.iloc[0] != evals.loss.iloc[1]
 
 
 def test_the_readme_lightning_example_runs_as_written(tmp_path, monkeypatch):

@@ -33,8 +33,21 @@ ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "
 Hooks = Sequence[str] | Mapping[str, Mapping]
 
 
+class EvalResult:
+    """What ``AttachedRun.evaluating`` yields: ``set(loss, **metrics)`` gives the eval row its values."""
+
+    def __init__(self) -> None:
+        self.loss: float | None = None
+        self.metrics: dict[str, float] = {}
+
+    def set(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
+        """The eval passes' loss (their mean, as the CLI writes it) and ``metrics`` among ``STEP_METRICS``."""
+        self.loss, self.metrics = _value(loss), _checked(metrics, "set")
+
+
 class AttachedRun:
-    """What ``attach`` yields: ``backward(loss)`` for the step's backward pass, ``step(loss)`` after it."""
+    """What ``attach`` yields: ``backward(loss)`` for the step's backward pass, ``step(loss)`` after it,
+    ``evaluating()`` around eval passes between steps."""
 
     def __init__(self, steps: StepWriter) -> None:
         self._steps = steps
@@ -61,15 +74,49 @@ class AttachedRun:
     def step(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """End the step: one ``steps.parquet`` row (``loss``, wall time since the previous step,
         ``metrics`` among ``STEP_METRICS``), its captures handed to the writer; the next step begins."""
-        unknown = sorted(set(metrics) - set(STEP_METRICS))
-        if unknown:
-            raise choice_error(f"step({unknown[0]}=...)", unknown[0], STEP_METRICS or ["(none)"], "per-step measure")
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None if loss is None else float(loss)
-        self._steps.finish(self.index, value, metrics=metrics)
+        self._steps.finish(self.index, _value(loss), metrics=_checked(metrics, "step"))
         self.lifetimes = self.session.lifetimes()
         self.index += 1
         self._steps.begin(self.index)
         self._steps.start()
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[EvalResult]:
+        """Eval passes after the last ``step()``, as the CLI's ``eval_every`` runs them.
+
+        Inside the block every capture is phase ``eval`` and recorded (whatever ``sample.every``
+        says); when the block ends they are written with one ``split=eval`` row of
+        ``steps.parquet`` for the step that just ended (its loss and metrics: ``result.set(...)``),
+        and never mix with the next training step. Putting the model in eval mode and turning
+        gradients off stay yours, as in your loop without the runner.
+        """
+        if self.index == 0:
+            raise ConfigError("run.evaluating(): eval passes are written after a training step, and no run.step() "
+                              "has ended one yet; evaluate after the first run.step()")
+        recorder = self.session.recorder
+        recording = recorder.enabled
+        result = EvalResult()
+        self._steps.start()
+        recorder.set_enabled(True)
+        try:
+            with recorder.relabel("eval"):
+                yield result
+            self._steps.finish(self.index - 1, result.loss, split="eval", metrics=result.metrics)
+        finally:
+            recorder.set_enabled(recording)
+        self._steps.start()  # the next training step's clock starts after the eval passes
+
+
+def _value(loss: torch.Tensor | float | None) -> float | None:
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) else None if loss is None else float(loss)
+
+
+def _checked(metrics: dict[str, float], method: str) -> dict[str, float]:
+    """``metrics`` if every name is one of ``STEP_METRICS``; else a one-line error naming it."""
+    unknown = sorted(set(metrics) - set(STEP_METRICS))
+    if unknown:
+        raise choice_error(f"{method}({unknown[0]}=...)", unknown[0], STEP_METRICS or ["(none)"], "per-step measure")
+    return metrics
 
 
 @contextlib.contextmanager

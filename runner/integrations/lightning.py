@@ -5,7 +5,9 @@ check), so layers are named as in it (``net.fc`` for ``self.net = ...``). Each t
 is one step: the loss ``training_step`` returned, ``accuracy`` as logged with ``self.log``.
 Lightning's own ``loss.backward()`` is bracketed by ``on_before_backward``/``on_after_backward``,
 which is where ``run.backward`` does its work, so accumulated ``.grad`` is recorded before the
-optimizer steps. Validation inside ``fit`` is not recorded (the entries still act on it). When
+optimizer steps. Validation inside ``fit`` is recorded as the eval passes of the training step
+before it (phase ``eval``, a ``split=eval`` row with the loss logged as ``eval_loss``, by
+default ``val_loss``); the sanity check before training is not recorded. When
 ``fit`` ends the hooks are removed and the run is committed; on an exception they are removed
 and nothing final is written.
 """
@@ -27,6 +29,7 @@ class HookCallback(Callback):
 
     ``accuracy``: the name the module logs its batch accuracy under (``self.log(NAME, ...)``),
     recorded as ``steps.parquet``'s ``accuracy``; by default ``"accuracy"`` when it is logged.
+    ``eval_loss``: the name validation logs its loss under, the ``loss`` of the eval rows.
     ``settings``: those of ``runner.attach`` (``seed``, ``on_silent``, ``sample``, ...).
 
     Example:
@@ -34,9 +37,10 @@ class HookCallback(Callback):
     """
 
     def __init__(self, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
-                 accuracy: str | None = None, **settings) -> None:
+                 accuracy: str | None = None, eval_loss: str = "val_loss", **settings) -> None:
         self.recording = Recording(hooks, overrides, out_dir, **settings)
         self.accuracy = accuracy
+        self.eval_loss = eval_loss
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recording.open(pl_module)
@@ -63,10 +67,11 @@ class HookCallback(Callback):
         return None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.recording.pause()
+        self.recording.eval_begin()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.recording.resume()
+        logged = trainer.callback_metrics.get(self.eval_loss)
+        self.recording.eval_end(float(logged) if logged is not None else None)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recording.close()

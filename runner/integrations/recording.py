@@ -4,7 +4,8 @@ A framework's callback cannot hold a ``with`` block across its events; this hold
 ``open`` enters ``attach`` (the same checks, session and ``StepWriter``), ``close`` leaves it
 (hooks removed, the run committed), ``abort`` leaves it with the framework's exception (hooks
 removed, nothing final written). ``backward_begin``/``backward_end`` bracket the framework's own
-``loss.backward()``; ``pause``/``resume`` leave the passes between training steps out.
+``loss.backward()``; ``eval_begin``/``eval_end`` its validation passes (``AttachedRun.evaluating``);
+``pause``/``resume`` leave other passes between training steps out.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class Recording:
         self._block: contextlib.ExitStack | None = None
         self._backward: contextlib.ExitStack | None = None
         self._paused: bool | None = None  # whether the recorder recorded before ``pause``
+        self._eval: contextlib.ExitStack | None = None
+        self._eval_result = None
 
     def open(self, model: nn.Module) -> AttachedRun:
         """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached)."""
@@ -46,6 +49,26 @@ class Recording:
         backward, self._backward = self._backward, None
         backward.close()
 
+    def eval_begin(self) -> None:
+        """The framework starts validation passes: recorded as eval passes of the step that ended
+        (before the first step, as in a sanity check, they are left out)."""
+        if self.run is None or self._eval is not None:
+            return
+        if self.run.index == 0:
+            self.pause()
+            return
+        self._eval = contextlib.ExitStack()
+        self._eval_result = self._eval.enter_context(self.run.evaluating())
+
+    def eval_end(self, loss: float | None = None, **metrics: float) -> None:
+        """The validation passes ended: their ``split=eval`` row gets ``loss`` and ``metrics``."""
+        block, self._eval = self._eval, None
+        if block is None:
+            self.resume()
+            return
+        self._eval_result.set(loss, **metrics)
+        block.close()
+
     def pause(self) -> None:
         """Passes from here to ``resume`` are not training steps (validation, evaluation): not recorded."""
         if self.run is not None and self._paused is None:
@@ -63,12 +86,12 @@ class Recording:
 
     def close(self) -> None:
         """Training ended: remove the hooks and commit the run."""
-        block, self._block, self.run, self._backward = self._block, None, None, None
+        block, self._block, self.run, self._backward, self._eval = self._block, None, None, None, None
         if block is not None:
             block.close()
 
     def abort(self, exc: BaseException) -> None:
         """Training failed with ``exc``: remove the hooks, write nothing final (the framework re-raises ``exc``)."""
-        block, self._block, self.run, self._backward = self._block, None, None, None
+        block, self._block, self.run, self._backward, self._eval = self._block, None, None, None, None
         if block is not None:
             block.__exit__(type(exc), exc, exc.__traceback__)
