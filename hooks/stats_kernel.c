@@ -10,11 +10,9 @@
  * (within a block, each vector lane adds BLOCK / lanes elements). When a block's sums are not
  * finite (a NaN or Inf in it, or float32 sums of finite values that overflowed), the block is
  * summed again element by element in double (`exact_*`), which counts NaN and Inf and never
- * overflows for float32 data. Sums run around `shift`, the mean of the first block's finite
- * elements rounded to the tensor's precision: the variance of data whose mean dwarfs its spread
- * does not cancel, and the sums' rounding is that of the spread around the mean, not of an
- * outlier (the first element, the shift before, made a 12-element mean 1.4e-6 off). A NaN
- * anywhere makes min and max NaN, as torch.aminmax gives.
+ * overflows for float32 data. Sums run around `shift` (see SHIFT), so the variance of data whose
+ * mean dwarfs its spread does not cancel. A NaN anywhere makes min and max NaN, as torch.aminmax
+ * gives.
  */
 #include <math.h>
 #include <stdint.h>
@@ -90,18 +88,33 @@ typedef struct {
         }                                                                            \
     }
 
-/* The shift: the mean of the finite elements of the first block (0 when there is none), as a T. */
+/* The shift: 0, unless the first block's finite elements sit far from 0 for their spread (mean
+ * beyond 4 mean absolute deviations), then their mean rounded to 8 significant bits. Why both:
+ * v - shift is rounded in T, and with a shift of full precision that rounding is biased the same
+ * way for every v of a binade (measured: 6.4 M randn values, a shift of 0.026 moved the sum by
+ * 5e-3); with 0 there is no subtraction, and a short shift near data it is close to subtracts
+ * exactly. */
 #define SHIFT(NAME, T)                                                                 \
     static double NAME(const T *x, int64_t n) {                                      \
-        double sum = 0;                                                              \
+        double sum = 0, dev = 0;                                                     \
         int64_t count = 0;                                                           \
-        for (int64_t i = 0; i < n && i < BLOCK; i++) {                               \
+        const int64_t m = n < BLOCK ? n : BLOCK;                                     \
+        for (int64_t i = 0; i < m; i++)                                              \
             if (isfinite(x[i])) {                                                    \
                 sum += x[i];                                                         \
                 count++;                                                             \
             }                                                                        \
-        }                                                                            \
-        return count ? (double)(T)(sum / count) : 0.0;                               \
+        if (!count)                                                                  \
+            return 0.0;                                                              \
+        const double mean = sum / count;                                             \
+        for (int64_t i = 0; i < m; i++)                                              \
+            if (isfinite(x[i]))                                                      \
+                dev += fabs(x[i] - mean);                                            \
+        if (fabs(mean) <= 4 * dev / count)                                           \
+            return 0.0;                                                              \
+        int exponent;                                                                \
+        const double fraction = frexp(mean, &exponent);                              \
+        return (double)(T)ldexp(round(ldexp(fraction, 8)), exponent - 8);            \
     }
 
 SHIFT(shift_f32, float)
