@@ -5,7 +5,7 @@ list into one numpy array per row (1.2 M small arrays for a 1,000-job sweep's ``
 Here the batches of a sweep's small files are gathered into groups of ``GROUP_ROWS`` rows, each
 group copied into preallocated numpy columns and dropped, so the peak is the frame plus a few
 groups. Text and shapes become categoricals, one small code per row and each distinct value
-once: text with its values sorted (groupby and legends order as plain strings would), shapes as
+once: text with the values the rows hold, sorted (groupby and legends order as plain strings would), shapes as
 tuples such as ``(2, 64, 8, 8)``. Numbers stay numbers; an integer column with a missing value
 becomes float64 with NaN, as pyarrow converts it. Other types (``tensor_values``' float lists)
 are left to pyarrow's own conversion.
@@ -78,12 +78,17 @@ class _Labels:
         return np.array(codes, dtype=self.codes.dtype)
 
     def done(self, rows: int) -> pd.Categorical:
+        """The categorical of the first ``rows``: the values they hold (a file's dictionary may
+        hold more than its filtered rows), sorted."""
+        codes = self.codes[:rows]
+        held = np.zeros(len(self.index) + 1, dtype=bool)
+        held[codes] = True  # a missing row's -1 marks the last place, which is no value
         values = list(self.index)
-        order = sorted(range(len(values)), key=values.__getitem__)
-        rank = np.empty(len(values) + 1, dtype=self.codes.dtype)
-        rank[order], rank[-1] = np.arange(len(values)), -1
+        order = sorted((i for i in range(len(values)) if held[i]), key=values.__getitem__)
+        rank = np.full(len(values) + 1, -1, dtype=self.codes.dtype)
+        rank[order] = np.arange(len(order))
         categories = pd.Index([values[i] for i in order], dtype=None if self.text else object, tupleize_cols=False)
-        return pd.Categorical.from_codes(rank[self.codes[:rows]], categories=categories)
+        return pd.Categorical.from_codes(rank[codes], categories=categories)
 
 
 class _Shapes(_Labels):
