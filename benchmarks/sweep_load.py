@@ -4,7 +4,8 @@ The sweep is made from one real run (``TEMPLATE``: ``hooks=stats``, resnet18, 10
 rows of statistics; ``--quick`` takes a 2-step convnet) copied into ``jobs`` job directories, each with its own overrides in its manifest,
 as a Hydra multirun leaves them. The peer is what a user would write with pyarrow alone:
 ``ds.dataset(files).to_table(columns, filter).to_pandas()``, which knows nothing of runs,
-overrides or renamed columns. Both read the same files in the same process, interleaved.
+overrides or renamed columns, and returns text as strings and each shape as an array where
+``load_stats`` returns categoricals. Both read the same files in the same process, interleaved.
 Memory is measured in a child process: the peak resident memory the load adds, against the
 memory of the frame it returns.
 """

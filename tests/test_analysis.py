@@ -99,8 +99,10 @@ def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypa
     df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
     assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "rank", "run_dir"}
     assert len(df) == (full.kind == "param_grad").sum()
+    # the same values; the categories are those of the rows read (a filtered read has fewer layers)
     pd.testing.assert_frame_equal(df.reset_index(drop=True),
-                                  full[full.kind == "param_grad"][list(df.columns)].reset_index(drop=True))
+                                  full[full.kind == "param_grad"][list(df.columns)].reset_index(drop=True),
+                                  check_categorical=False, check_dtype=False)
     assert len(scans) == 2  # one scan over the three jobs' files, not one read per file
     assert scans[-1]["columns"] == ["layer", "l2"]
     assert scans[-1]["filter"].equals(pq.filters_to_expression([("kind", "=", "param_grad")]))

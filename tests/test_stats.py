@@ -200,7 +200,7 @@ def test_stats_preset_matches_hand_written_hooks_on_resnet18(run_with):
     assert set(rows[rows.layer == "layer1.0.relu"].call) == {0, 1}
     for row in rows.itertuples():
         t = seen[(row.layer, row.call, row.kind)]
-        assert row.tensor_shape.tolist() == list(t.shape) and row.numel == t.numel() and row.dtype == "float32"
+        assert list(row.tensor_shape) == list(t.shape) and row.numel == t.numel() and row.dtype == "float32"
         assert_stats_close(row._asdict(), t)
 
 

@@ -3,12 +3,13 @@
 A run directory is one that holds ``manifest.json`` (written last, so only complete runs are
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
-``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (and
-``run_dir``) as pandas categoricals, which do not repeat a string per row. All files of a sweep are read as one pyarrow dataset, each footer
-once; where files differ in columns the schema unifies them, so a column that only some jobs
-wrote is kept (null in the rows of the others), and ``columns``/``filters`` are pushed down into
-the scan. Values are converted from
-Arrow to numpy directly, so a NaN stays a NaN.
+``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (``layer``,
+``kind``, ``hook``, ..., the overrides' text and ``run_dir``) as pandas categoricals with sorted
+categories, which do not repeat a string per row, and ``tensor_shape`` as a categorical of
+tuples (``runner.analysis.frame``). All files of a sweep are read as one pyarrow dataset; where
+files differ in columns the schema unifies them, so a column that only some jobs wrote is kept
+(null in the rows of the others), and ``columns``/``filters`` are pushed down into the scan.
+Values are converted from Arrow to numpy directly, so a NaN stays a NaN.
 
 Every row has a ``rank``: the process that recorded it in a run under ``torch.distributed`` (each
 rank writes its own part, ``runner.store.ranks``), 0 otherwise.
@@ -34,11 +35,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as fs
 import pyarrow.parquet as pq
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from runner.analysis.frame import to_frame
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from runner.store.outputs import MANIFEST
 from runner.store.ranks import is_part, rank_files
@@ -125,7 +128,10 @@ def config_of(run_dir: Path) -> str | None:
 
 def overrides_of(run_dir: Path) -> dict[str, Any]:
     """The job's Hydra overrides as ``{key: value}``, values parsed as YAML scalars where they are."""
-    manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
+    return _overrides(_manifest(run_dir))
+
+
+def _overrides(manifest: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in manifest.get("overrides", []):
         key, _, raw = item.partition("=")
@@ -156,32 +162,70 @@ def override_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
 
 
-def _dataset(files: list[Path]) -> ds.Dataset:
-    """One dataset over ``files``, each footer read once (the scan reuses it).
+def _dataset(files: list[str]) -> ds.Dataset:
+    """One dataset over ``files``, its text columns read as dictionaries (each file's strings
+    decoded once per distinct value, the form a categorical keeps).
 
-    Files written by other versions may differ in columns: the schema then unifies every file's
-    footer, so a column only some files have is kept (null in the others' rows).
+    Files written by other versions may differ in columns: the schema unifies every file's
+    footer, so a column only some files have is kept (null in the others' rows). The footers are
+    not kept (a sweep's thousands of parsed footers would weigh more than its statistics).
     """
-    dataset = ds.dataset([str(f) for f in files], format="parquet")
-    schemas = []
-    for fragment in dataset.get_fragments():
-        fragment.ensure_complete_metadata()
-        if not schemas or not fragment.physical_schema.equals(schemas[0]):
-            schemas.append(fragment.physical_schema)
-    schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
-    return dataset.replace_schema(schema.remove_metadata())
+    factory = ds.FileSystemDatasetFactory(fs.LocalFileSystem(), files, ds.ParquetFileFormat())
+    schema = factory.inspect(promote_options="permissive").remove_metadata()
+    text = [f.name for f in schema if pa.types.is_string(f.type)]
+    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in schema])
+    # No pre-buffering, which pays off on object stores: local files of a few kB each scan about 15% faster.
+    scan = ds.ParquetFragmentScanOptions(pre_buffer=False)
+    text_format = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=text),
+                                       default_fragment_scan_options=scan)
+    return ds.dataset(files, schema=schema, format=text_format)
 
 
-def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: dict[str, int]
-          ) -> tuple[pa.Table, np.ndarray]:
-    """The rows of ``columns`` that pass ``expression``, and for each row the index of its file in ``position``."""
-    batches, codes = [], []
-    scanner = dataset.scanner(columns=columns, filter=expression)
-    for tagged in scanner.scan_batches():
-        batches.append(tagged.record_batch)
-        codes.append(np.full(tagged.record_batch.num_rows, position[tagged.fragment.path], dtype=np.int64))
-    table = pa.Table.from_batches(batches, schema=scanner.projected_schema)
-    return table, (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64))
+def _stored_as_today(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the columns of ``RENAMED`` under today's names, last (one column where a sweep has both)."""
+    for old, new in RENAMED.items():
+        if old in schema.names:
+            kind = schema.field(old).type
+            schema = pa.schema([f for f in schema if f.name not in (old, new)]).append(pa.field(new, kind))
+    return schema
+
+
+def _as_today(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` in ``schema`` (``_stored_as_today``): an old column under its new name, or filling its gaps."""
+    found = dict(zip(batch.schema.names, batch.columns))
+    for old, new in RENAMED.items():
+        if old in found:
+            value = found.pop(old)
+            found[new] = pc.coalesce(found[new], value) if new in found else value
+    return pa.RecordBatch.from_arrays([found[name] for name in schema.names], schema=schema)
+
+
+def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: dict[str, int], rows: int
+          ) -> tuple[pd.DataFrame, np.ndarray]:
+    """The rows of ``columns`` that pass ``expression`` as a frame (``frame.to_frame``, ``rows`` a
+    guess of their number), and for each row the index of its file in ``position``."""
+    # Two files read ahead, not pyarrow's four: what waits in the queue is memory held beside
+    # the frame (a 1,000-job sweep's peak: 1.6 against 1.4 times the frame).
+    scanner = dataset.scanner(columns=columns, filter=expression, cache_metadata=False, fragment_readahead=2)
+    schema = _stored_as_today(scanner.projected_schema)
+    renamed = schema != scanner.projected_schema
+    batches = ((_as_today(t.record_batch, schema) if renamed else t.record_batch, position[t.fragment.path])
+               for t in scanner.scan_batches())
+    return to_frame(batches, schema, rows)
+
+
+def _rows(file: str, manifests: dict[str, dict]) -> int:
+    """The rows of ``file`` as the manifest beside it records them (0 if it does not: only a guess)."""
+    folder, name = os.path.split(file)
+    if folder not in manifests:  # a rank's part of a distributed run
+        with open(os.path.join(folder, MANIFEST)) as f:
+            manifests[folder] = json.load(f)
+    return int(manifests[folder].get("files", {}).get(name, {}).get("rows", 0))
+
+
+def _manifest(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, MANIFEST)) as f:
+        return json.load(f)
 
 
 def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
@@ -220,20 +264,16 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     if not have:  # e.g. tensors.parquet of runs that kept no tensor
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
         return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
-    dataset = _dataset([file for _, _, file in parts])
+    files = [os.path.abspath(file) for _, _, file in parts]
+    dataset = _dataset(files)
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
-    position = {str(file): i for i, (_, _, file) in enumerate(parts)}
-    table, codes = _scan(dataset, wanted if wanted is not None else stored, expression, position)
-    for old, new in RENAMED.items():
-        if old in table.column_names:
-            merged = (pc.coalesce(table[new], table[old]) if new in table.column_names else table[old])
-            table = table.drop_columns([c for c in (old, new) if c in table.column_names]).append_column(new, merged)
-    # Arrow frees each column as it is converted: the load's peak is not the table plus the frame.
-    df = table.to_pandas(self_destruct=True, split_blocks=True)
-    del table
-    overrides = [overrides_of(r) for r in have]
+    manifests = {os.path.abspath(r): _manifest(r) for r in dict.fromkeys(have)}
+    rows = sum(_rows(file, manifests) for file in files)
+    df, codes = _scan(dataset, wanted if wanted is not None else stored, expression,
+                      {file: i for i, file in enumerate(files)}, rows)
+    overrides = [_overrides(manifests[os.path.abspath(r)]) for r in have]
     for key in dict.fromkeys(k for own in overrides for k in own):
         if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
             df[key] = _per_row(codes, [own.get(key) for own in overrides])
