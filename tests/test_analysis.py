@@ -94,7 +94,7 @@ def test_projection_and_filters_are_pushed_into_one_dataset_scan(sweep, monkeypa
             scans.append(kw)
             return self.dataset.scanner(**kw)
 
-    monkeypatch.setattr(analysis.load, "_dataset", lambda files: Spy(real(files)))
+    monkeypatch.setattr(analysis.load, "_dataset", lambda *args: Spy(real(*args)))
     full = analysis.load_stats(sweep)
     df = analysis.load_stats(sweep, columns=["layer", "l2"], filters=[("kind", "=", "param_grad")])
     assert set(df.columns) == {"layer", "l2", "model", "hooks", "hooks.clip.max", "steps", "rank", "run_dir"}

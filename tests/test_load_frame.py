@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -146,3 +147,28 @@ def test_to_frame_over_group_and_capacity_bounds_matches_to_pandas(monkeypatch):
         assert df[name].dtype == reference[name].dtype, name
     assert df["b"].dtype == object and len(df["s"].cat.categories) == 150
     assert df["shape"].cat.categories.tolist() == sorted({tuple([k % 4] * (k % 3)) for k in range(n) if k % 19})
+
+
+def test_a_sweep_reads_one_footer_per_schema_its_manifests_list(sweep, tmp_path, monkeypatch):
+    """Six jobs of one schema: one footer read. A job whose manifest predates fingerprints, and one
+    whose file changed size since its manifest, are read from their own footers."""
+    read = []
+    real = pq.read_schema
+    monkeypatch.setattr(pq, "read_schema", lambda file, *a, **k: read.append(file) or real(file, *a, **k))
+    analysis.load_stats(sweep)
+    assert len(read) == 1
+    listed = {json.loads((Path(file).parent / "manifest.json").read_text())["files"]["stats.parquet"]["schema"]
+              for file in files_of(sweep)}
+    assert len(listed) == 1 and len({real(file).remove_metadata() for file in files_of(sweep)}) == 1
+    mixed = tmp_path / "mixed"
+    shutil.copytree(sweep, mixed)
+    manifest = json.loads((mixed / "3" / "manifest.json").read_text())
+    del manifest["files"]["stats.parquet"]["schema"]
+    (mixed / "3" / "manifest.json").write_text(json.dumps(manifest))
+    path = mixed / "5" / "stats.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.append_column("note", pa.array(["x"] * len(table))), path)
+    read.clear()
+    df = analysis.load_stats(mixed)
+    assert sorted(str(Path(f).parent.name) for f in read[1:]) == ["3", "5"] and len(read) == 3
+    assert (df["note"] == "x").sum() == len(table)

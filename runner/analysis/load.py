@@ -35,7 +35,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.fs as fs
 import pyarrow.parquet as pq
 import yaml
 from omegaconf import OmegaConf
@@ -162,16 +161,21 @@ def override_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
 
 
-def _dataset(files: list[str]) -> ds.Dataset:
+def _dataset(files: list[str], fingerprints: list[str | None]) -> ds.Dataset:
     """One dataset over ``files``, its text columns read as dictionaries (each file's strings
     decoded once per distinct value, the form a categorical keeps).
 
-    Files written by other versions may differ in columns: the schema unifies every file's
-    footer, so a column only some files have is kept (null in the others' rows). The footers are
-    not kept (a sweep's thousands of parsed footers would weigh more than its statistics).
+    Files written by other versions may differ in columns: the schema unifies the files' schemas,
+    so a column only some files have is kept (null in the others' rows). A file's schema is read
+    from its footer once per distinct ``fingerprints`` entry (``_fingerprint``; ``None``: the
+    file's own footer), not once per file: reading 1,000 footers took about 0.2 s, as long as a
+    projected read of the whole sweep. No footer is kept.
     """
-    factory = ds.FileSystemDatasetFactory(fs.LocalFileSystem(), files, ds.ParquetFileFormat())
-    schema = factory.inspect(promote_options="permissive").remove_metadata()
+    first = {}
+    for file, fingerprint in zip(files, fingerprints):
+        first.setdefault(fingerprint or file, file)
+    schemas = [pq.read_schema(file).remove_metadata() for file in first.values()]
+    schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
     text = [f.name for f in schema if pa.types.is_string(f.type)]
     schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in schema])
     # No pre-buffering, which pays off on object stores: local files of a few kB each scan about 15% faster.
@@ -214,13 +218,20 @@ def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: di
     return to_frame(batches, schema, rows)
 
 
-def _rows(file: str, manifests: dict[str, dict]) -> int:
-    """The rows of ``file`` as the manifest beside it records them (0 if it does not: only a guess)."""
+def _fingerprint(file: str, entry: dict) -> str | None:
+    """The schema fingerprint the manifest lists for ``file``, if it still describes the file:
+    ``None`` for a run written before manifests had one, or a file whose size is not the size
+    the manifest records (changed since the run, e.g. rewritten by another tool)."""
+    fingerprint = entry.get("schema")
+    return fingerprint if fingerprint and os.path.getsize(file) == entry.get("bytes") else None
+
+
+def _listed(file: str, manifests: dict[str, dict]) -> dict:
+    """What the manifest beside ``file`` says of it (``rows``, ``schema``; empty if nothing)."""
     folder, name = os.path.split(file)
     if folder not in manifests:  # a rank's part of a distributed run
-        with open(os.path.join(folder, MANIFEST)) as f:
-            manifests[folder] = json.load(f)
-    return int(manifests[folder].get("files", {}).get(name, {}).get("rows", 0))
+        manifests[folder] = _manifest(folder)
+    return manifests[folder].get("files", {}).get(name, {})
 
 
 def _manifest(run_dir: str) -> dict:
@@ -265,12 +276,13 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
         return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
     files = [os.path.abspath(file) for _, _, file in parts]
-    dataset = _dataset(files)
+    manifests = {os.path.abspath(r): _manifest(r) for r in dict.fromkeys(have)}
+    listed = [_listed(file, manifests) for file in files]
+    dataset = _dataset(files, [_fingerprint(file, entry) for file, entry in zip(files, listed)])
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
-    manifests = {os.path.abspath(r): _manifest(r) for r in dict.fromkeys(have)}
-    rows = sum(_rows(file, manifests) for file in files)
+    rows = sum(int(entry.get("rows", 0)) for entry in listed)
     df, codes = _scan(dataset, wanted if wanted is not None else stored, expression,
                       {file: i for i, file in enumerate(files)}, rows)
     overrides = [_overrides(manifests[os.path.abspath(r)]) for r in have]

@@ -61,6 +61,12 @@ def parquet_options(schema: pa.Schema) -> dict:
     return {"compression": "snappy", "use_dictionary": [c for c in _STRING_COLUMNS if c in schema.names]}
 
 
+def schema_fingerprint(schema: pa.Schema) -> str:
+    """A short hash of a file's columns and types (not its metadata), kept in the manifest: a
+    sweep's loader reads one footer per distinct fingerprint instead of one per file."""
+    return hashlib.sha256(schema.remove_metadata().serialize().to_pybytes()).hexdigest()[:16]
+
+
 class ParquetSink:
     """One parquet file streamed into a temporary sibling, made durable by ``finish`` (``commit``
     renames it into place).
@@ -208,7 +214,7 @@ class RunOutputs:
             if sink.rows == 0 and name in self.OPTIONAL:
                 sink.abort()
                 continue
-            files[name] = {"rows": sink.rows, "bytes": sink.finish()}
+            files[name] = {"rows": sink.rows, "bytes": sink.finish(), "schema": schema_fingerprint(sink.schema)}
             temps[name] = sink.tmp
         temps[CONFIG] = self._durable_config()
         commit(self.out_dir, temps, {
