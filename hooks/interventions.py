@@ -9,6 +9,10 @@
 * ``patch``: replaces a module's output by the value the same module produced in a stored run
   (``source``), matched by layer, call, slot and step (``source_step``, default the same step),
   and records what it put in (kind ``patched``), so a patch that never happened is reported.
+  ``source: clean`` takes the value from a clean pass of the same run instead: before each step
+  the run loop feeds the clean batch (the run's data with ``clean``'s keys over it) while the
+  entry keeps its layers' outputs (``capturing``), then the corrupted batch unpatched
+  (``standing_by``), both outside the run's records (``runner.engine.side_by_side``).
 
 Both read a stored run with ``hooks.stored`` once, when first attached (so in the meta-device
 rehearsal, before the run): a run without the layer, or a stored shape that is not the
@@ -16,6 +20,8 @@ module's, is a one-line ``ConfigError`` naming the entry's key.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -122,19 +128,40 @@ class Ablate(Tap):
         return x[derangement(x.shape[0], self._generator).to(x.device)]
 
 
+#: ``source`` value of a patch taken from a clean pass of the same run.
+CLEAN = "clean"
+
+
 @dataclass
 class PatchSpec(EditSpec):
     source: str = ""
     source_step: Optional[int] = None
+    clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
 
     def check(self, key: str) -> None:
         super().check(key)
         if not self.source:
             raise ConfigError(f"{key}.source: required: the directory of a complete run that kept these "
-                              f"layers' outputs (hooks=extract or capture), e.g. {key}.source=runs/clean")
+                              f"layers' outputs (hooks=extract or capture), e.g. {key}.source=runs/clean, "
+                              f"or clean (a clean pass of this run on {key}.clean's data)")
+        if self.source == CLEAN:
+            if self.source_step is not None:
+                raise ConfigError(f"{key}.source_step: a clean pass runs before every step of this run; "
+                                  f"source_step is for a stored source run")
+            if self.clean is not None and not isinstance(self.clean, dict):
+                raise ConfigError(f"{key}.clean: {self.clean!r} must be a mapping of data keys, e.g. {{seed: 0}}")
+            return
+        if self.clean is not None:
+            raise ConfigError(f"{key}.clean: only meaningful with {key}.source=clean (the source is the run "
+                              f"'{self.source}')")
         check_run_dir(self.source, f"{key}.source")
         if self.source_step is not None and self.source_step < 0:
             raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
+
+    @property
+    def clean_data(self) -> dict:
+        """The data keys of the clean batch, over the run's ``data``."""
+        return dict(self.clean) if self.clean is not None else {"seed": 0}
 
 
 @register("patch")
@@ -147,13 +174,21 @@ class Patch(Tap):
         super().__init__(name, spec)
         self._source: dict[StoredKey, torch.Tensor] | None = None
         self._at: tuple[str, int] = ("", 0)
+        self._mode = "patch"  # or, in a clean pass's side passes: "capture", "off"
 
     @property
     def expected_kinds(self) -> set[str]:
         return super().expected_kinds | {"patched"}
 
+    @property
+    def side_by_side(self) -> bool:
+        """Whether the values come from a clean pass of this run (``source: clean``)."""
+        return self.spec.source == CLEAN
+
     def attach(self, model, session) -> None:
-        if self._source is None:
+        if self._source is None and self.side_by_side:
+            self._source = {}
+        elif self._source is None:
             self._source = stored_tensors(self.spec.source, [layer for layer, _ in self.targets(model)],
                                           "output", f"{self.key}.source")
         self._session = session
@@ -164,7 +199,7 @@ class Patch(Tap):
         have = sorted({key[0] for key in self._source or {}})
         wanted = [self.spec.source_step] if self.spec.source_step is not None else range(steps)
         lacking = [step for step in wanted if step not in have]
-        if self._source is not None and lacking:
+        if self._source is not None and lacking and not self.side_by_side:
             raise ConfigError(f"{self.key}.source_step: run '{self.spec.source}' has no step {lacking[0]} (it kept "
                               f"steps {have}); set {self.key}.source_step or run fewer steps")
 
@@ -174,17 +209,45 @@ class Patch(Tap):
     def edit_output(self):
         return lambda out, args: self._patched(out)
 
+    @contextlib.contextmanager
+    def mode(self, mode: str) -> Iterator[None]:
+        """``capture``: keep this pass's outputs as the values to patch in (a clean pass), and leave
+        them; ``off``: leave the outputs (the corrupted baseline); else patch."""
+        before, self._mode = self._mode, mode
+        if mode == "capture":
+            self._source = {}
+        try:
+            yield
+        finally:
+            self._mode = before
+
     def _patched(self, out: torch.Tensor) -> torch.Tensor:
         layer, call = self._at
         step = self.spec.source_step if self.spec.source_step is not None else self._session.step
+        if self._mode == "capture":
+            self._source[(step, layer, call, "0")] = out.detach().clone()
+            return out
+        if self._mode == "off":
+            return out
         value = self._source.get((step, layer, call, "0"))
+        if value is None and self.side_by_side and out.device.type == "meta":
+            return out  # the rehearsal: no clean pass runs there (the clean batch's shape is checked with the plan)
+        if value is None and self.side_by_side:
+            raise ConfigError(f"{self.key}.source: the clean pass made no call {call} of '{layer}' at step {step} "
+                              f"(the clean and corrupted batches take different paths through the model)")
         if value is None:
             raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept no output of '{layer}' call {call} "
                               f"at step {step}")
         if value.shape != out.shape:
-            raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept '{layer}' outputs of shape "
+            where = "the clean pass made" if self.side_by_side else f"run '{self.spec.source}' kept"
+            raise ConfigError(f"{self.key}.source: {where} '{layer}' outputs of shape "
                               f"{list(value.shape)}; this run's are {list(out.shape)}")
         value = value.to(out.device, out.dtype)
         put = value if self.index is None else value[self.index.parts]
         self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot="0", call=call)
         return overwritten(out, value)
+
+
+def side_by_side(hooks: Sequence[Any]) -> list[Patch]:
+    """The ``patch`` entries of ``hooks`` that take their values from a clean pass of the run."""
+    return [hook for hook in hooks if isinstance(hook, Patch) and hook.side_by_side]

@@ -137,6 +137,18 @@ class Recorder:
             self._relabel = before
 
     @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Passes inside the block leave nothing: nothing recorded, and their module calls not
+        counted, so call numbers and ``max_calls`` lifetimes are those of the run's own passes
+        (a clean pass run beside each step for ``patch`` with ``source: clean``)."""
+        saved = self.enabled, self._calls, self._backward_calls
+        self.enabled, self._calls, self._backward_calls = False, {}, {}
+        try:
+            yield
+        finally:
+            self.enabled, self._calls, self._backward_calls = saved
+
+    @contextlib.contextmanager
     def backward_pass(self) -> Iterator[None]:
         """Mark the block as a backward pass (``HookSession.backward`` enters it around ``loss.backward()``).
 

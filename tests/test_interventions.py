@@ -16,7 +16,10 @@ import runner.analysis as analysis
 from conftest import make_config
 from hooks import HookSession, build_hooks
 from hooks.errors import ConfigError
+from runner.config.schema import MetricConfig
+from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import compile_plan
+from runner.engine.side_by_side import clean_and_corrupted
 from runner.sources.models import build_model, gpt2_tiny
 
 RESNET = ("model=resnet18", "data.shape=[2,3,32,32]", "loss=none")
@@ -276,6 +279,71 @@ def test_a_patch_source_that_lacks_the_layer_step_or_shape_fails_before_the_run(
         compile_plan(make_config(*GPT, "hooks=patch", f"hooks.patch.source={tmp_path / 'nowhere'}"))
 
 
+# -- patch from the run's own clean pass (source: clean) -------------------------------------------
+@pytest.mark.parametrize("layer, position", [(1, None), (0, 15)], ids=["last-block-whole", "first-block-one-position"])
+def test_patching_from_the_runs_own_clean_pass_matches_the_hand_written_loop(run_with, layer, position):
+    """Clean tokens (seed 0) and corrupted ones (``data.seed=1``) side by side in one run: the
+    patched output and the three metrics of each step are those of the hand-written loop."""
+    index = [] if position is None else [f"hooks.patch.index={position}"]
+    out = run_with(*GPT, "data.seed=1", "hooks=[patch,extract]", "hooks.patch.source=clean",
+                   f"hooks.patch.layers=transformer.h.{layer}", *index, "hooks.extract.layers=lm_head")
+    clean, corrupted, patched = hand_patched_logits(layer, position)
+    assert torch.equal(kept(out, "lm_head"), patched) and not torch.equal(clean, corrupted)
+    step = analysis.load_steps(out).iloc[0]
+    assert step.logit_diff == pytest.approx(logit_diff(patched), abs=1e-6)
+    assert step.clean_logit_diff == pytest.approx(logit_diff(clean), abs=1e-6)
+    assert step.corrupted_logit_diff == pytest.approx(logit_diff(corrupted), abs=1e-6)
+    if position is None:  # the last block whole: the clean output itself
+        assert torch.equal(kept(out, "lm_head"), clean) and step.logit_diff == step.clean_logit_diff
+    rows = analysis.load_stats(out)
+    assert len(rows[(rows.hook == "patch") & (rows.kind == "patched")]) == 1
+    assert set(rows.call) == {0} and set(rows.phase) == {"forward"}  # the side passes left no row
+
+
+def test_the_clean_pass_gives_what_a_stored_clean_run_gives(run_with, clean_run):
+    stored = run_with(*GPT, "data.seed=1", "hooks=[patch,extract]", f"hooks.patch.source={clean_run}",
+                      "hooks.patch.layers=transformer.h.0", "hooks.patch.index=7", "hooks.extract.layers=lm_head")
+    own = run_with(*GPT, "data.seed=1", "hooks=[patch,extract]", "hooks.patch.source=clean",
+                   "hooks.patch.layers=transformer.h.0", "hooks.patch.index=7", "hooks.extract.layers=lm_head")
+    assert torch.equal(kept(own, "lm_head"), kept(stored, "lm_head"))
+
+
+def test_the_side_passes_leave_a_training_model_as_they_found_it():
+    """BatchNorm in train mode updates its running statistics in every forward: the clean and
+    corrupted passes restore them, compute no gradient and keep the clean output of the layer."""
+    torch.manual_seed(0)
+    model = build_model(make_config(*RESNET).model).train()
+    (entry,) = build_hooks({"p": {"type": "patch", "layers": "layer3", "source": "clean"}})
+    clean, corrupted = randn_batch([2, 3, 32, 32], 0), randn_batch([2, 3, 32, 32], 1)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    with HookSession(model, [entry]) as session, OutputMetrics(model, MetricConfig(target=1)) as measures:
+        beside = clean_and_corrupted(model, model, clean, corrupted, [entry], session.recorder, measures)
+        assert session.recorder.drain().columns["layer"] == []  # nothing recorded
+    assert all(torch.equal(b, before[name]) for name, b in model.named_buffers())
+    assert all(p.grad is None for p in model.parameters())
+    kept_clean = {}
+    handle = model.layer3.register_forward_hook(lambda m, a, out: kept_clean.setdefault("out", out.detach().clone()))
+    with torch.no_grad():
+        logits = model(clean)
+    handle.remove()
+    assert torch.equal(entry._source[(0, "layer3", 0, "0")], kept_clean["out"])
+    assert beside["clean_logit"] == pytest.approx(float(logits[:, 1].double().mean()), abs=1e-9)
+    assert set(beside) == {"clean_logit", "corrupted_logit"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["hooks.patch.source=clean", "+hooks.patch.clean.seedd=0"], r"^hooks.patch.clean.seedd: .*did you mean 'seed'"),
+    (["hooks.patch.source=clean", "+hooks.patch.clean.shape=[2,8]"],
+     r"^hooks.patch.clean: the clean batch is torch.int64 \[2, 8\], the run's batch torch.int64 \[2, 16\]"),
+    (["hooks.patch.source=clean", "hooks.patch.source_step=0"], r"^hooks.patch.source_step: a clean pass runs"),
+    (["hooks.patch.source=clean", "hooks.patch.clean=3"], r"^hooks.patch.clean: 3 must be a mapping"),
+])
+def test_a_bad_clean_source_is_one_line_before_the_run(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        compile_plan(make_config(*GPT, "data.seed=1", "hooks=patch", "hooks.patch.layers=transformer.h.0", *overrides))
+    assert "\n" not in str(info.value)
+
+
 # -- metrics ---------------------------------------------------------------------------------------
 def test_logit_and_logit_diff_of_a_classifier_are_the_batch_means_by_hand(run_with):
     out = run_with("model=convnet", "data.shape=[4,3,8,8]", "loss=cross_entropy", "metric.target=2",
@@ -313,25 +381,29 @@ SMALLER = {"model.n_layer=4": "model.n_layer=2", "range(0,16)": "range(14,16)",
            "hooks.patch.layers=transformer.h.0,transformer.h.1"}
 
 
-def readme_patching_blocks() -> tuple[list[str], str]:
+def readme_patching_blocks() -> list[tuple[list[str], str]]:
+    """Each way of the section: its shell commands and its Python block."""
     section = README.read_text().split("### Activation patching", 1)[1].split("\n### ", 1)[0]
-    bash = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
-    python = section.split("```python\n", 1)[1].split("```", 1)[0]
-    return [line for line in bash.splitlines() if line.strip()], python
+    bash = [block.split("```", 1)[0].replace("\\\n", " ") for block in section.split("```bash\n")[1:]]
+    python = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    return [([line for line in b.splitlines() if line.strip()], p) for b, p in zip(bash, python)]
 
 
-def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
-    commands, python = readme_patching_blocks()
-    assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2]
+def run_readme_commands(commands: list[str], cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(README.parent)}
     for command in commands:
         for big, small in SMALLER.items():
             command = command.replace(big, small)
         words = shlex.split(command, comments=True)
         quiet = ["progress=false"] if words[2] == "runner" else []
-        done = subprocess.run([sys.executable, *words[1:], *quiet], cwd=tmp_path, env=env,
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, *words[1:], *quiet], cwd=cwd, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
+    (commands, python), (own_commands, own_python) = readme_patching_blocks()
+    assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2] and "hooks.patch.source=clean" in own_commands[0]
+    run_readme_commands(commands, tmp_path)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(python, "README.md (Activation patching)", "exec"), scope)
@@ -347,6 +419,16 @@ def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_com
     page = (tmp_path / "runs" / "patching" / "report.html").read_text()
     section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
     assert 'alt="recovered fraction per layer and index"' in section and "transformer.h.1" in section
+    # the second way: each job's own clean and corrupted passes, the same table cell for cell
+    run_readme_commands(own_commands, tmp_path)
+    exec(compile(own_python, "README.md (Activation patching, source=clean)", "exec"), scope)
+    own = scope["table"].set_index(["layer", "index"]).sort_index()
+    theirs = table.set_index(["layer", "index"]).sort_index()
+    assert (own[["patched", "clean", "corrupted", "recovered"]] == theirs[["patched", "clean", "corrupted",
+                                                                          "recovered"]]).all().all()
+    page = (tmp_path / "runs" / "patching_clean" / "report.html").read_text()
+    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert 'alt="recovered fraction per layer and index"' in section
 
 
 def test_a_patch_entry_whose_module_never_ran_is_reported_silent(run_with):

@@ -21,7 +21,7 @@ import pandas as pd
 from runner.analysis import plots
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
-from runner.analysis.patching import LAYER, patching_table
+from runner.analysis.patching import CLEAN, LAYER, patching_table
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order.
@@ -218,10 +218,11 @@ def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None) -> 
     sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
     if len(sources) != 1:
         return _note(f"Left out: the jobs name {len(sources)} patch sources (hooks.patch.source); one clean run needed.")
-    if corrupted is None:
+    own = sources[0] == CLEAN  # each job ran its clean and corrupted passes beside its own
+    if corrupted is None and not own:
         return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
     try:
-        table = patching_table(path, sources[0], corrupted, _patching_metric(steps))
+        table = patching_table(path, *((None, None) if own else (sources[0], corrupted)), _patching_metric(steps))
     except (FileNotFoundError, ValueError) as exc:
         return _note(f"Left out: {exc}")
     return _img(plots.patching_heatmap(table), "recovered fraction per layer and index") + _table(table)

@@ -14,12 +14,14 @@ from torch import nn
 from hooks import HookSession
 from hooks.base import explanation
 from hooks.errors import ConfigError
+from hooks.interventions import side_by_side
 from hooks.recorder import Recorder
 from hooks.stats import COMPILE_MIN_NUMEL
 from hooks.stats import prepare as prepare_statistics
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
+from runner.engine.side_by_side import clean_and_corrupted
 from runner.engine.steps import StepWriter
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.models import build_model
@@ -46,10 +48,13 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     model = build_model(plan.model).to(device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
     data = plan.data.batches(s.seed, device)
+    clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
     first = resume.restore(data)  # a requeued job's run goes on from its last complete step
+    for _ in range(first if clean_data is not None else 0):
+        next(clean_data)
     compile_time_s = _warm_up_statistics(plan, device)
     with HookSession(model, plan.hooks, recorder) as session, OutputMetrics(model, s.metric) as measures:
         forward = _compiled(model) if s.compile else model
@@ -68,9 +73,12 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                     recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
                                     slot="0", call=0, keep=True)
                 steps.start()
+                beside = {} if clean_data is None else _explained(
+                    plan, clean_and_corrupted, forward, model, next(clean_data).x, batch.x,
+                    side_by_side(plan.hooks), recorder, measures)
                 loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
                                             optimizer, plan.classifies)
-                steps.finish(step, loss, metrics={"accuracy": accuracy, **measures.take()})
+                steps.finish(step, loss, metrics={"accuracy": accuracy, **measures.take(), **beside})
                 if plan.schedule.due(step):
                     recorder.set_enabled(True)  # eval passes are rare: always recorded
                     steps.start()

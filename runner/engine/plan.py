@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
+from hooks.interventions import side_by_side
 from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, MetricConfig,
                                   NamedModel, NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.metrics import check_metric
@@ -60,6 +61,8 @@ class Plan:
     keep_input: bool
     rehearsal: Rehearsal | None
     classifies: bool = False  #: the loss is a classification loss: steps report ``accuracy``
+    #: the clean batches of ``patch`` entries with ``source: clean`` (``runner.engine.side_by_side``)
+    clean_data: DataSource | None = None
 
 
 def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device: bool = True) -> Plan:
@@ -82,11 +85,12 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)
     for hook in hooks:
         hook.check_steps(settings.steps)
+    clean_data = _clean_data(typed.data, model, data, hooks)
     return Plan(settings=settings, config_yaml=OmegaConf.to_yaml(typed, resolve=True), overrides=tuple(overrides),
                 model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
                 schedule=EvalSchedule(settings.eval_every, settings.eval_steps), device=device,
                 row_group_bytes=max(1, int(settings.output.row_group_mb * (1 << 20))), keep_input=keep_input,
-                rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES)
+                rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES, clean_data=clean_data)
 
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
@@ -221,6 +225,31 @@ def _model_config(model: DictConfig) -> DictConfig:
     name = model.get("name")
     merged = _merged(MODEL_SCHEMAS.get(name, NamedModel), model, "model", f"key for model '{name}'")
     return check_hf(merged) if name == "hf" else merged
+
+
+def _clean_data(data: DictConfig, model: DictConfig, corrupted: DataSource, hooks) -> DataSource | None:
+    """The clean batches of the ``patch`` entries with ``source: clean``: the run's data with each
+    entry's ``clean`` keys over it. The entries must agree, and the clean batch must have the
+    corrupted batch's shape (the patched layers' outputs would not fit otherwise)."""
+    entries = side_by_side(hooks)
+    if not entries:
+        return None
+    first = entries[0]
+    for other in entries[1:]:
+        if other.spec.clean_data != first.spec.clean_data:
+            raise ConfigError(f"{other.key}.clean: {other.spec.clean_data} differs from {first.key}.clean "
+                              f"{first.spec.clean_data}; one clean pass serves every entry")
+    key = f"{first.key}.clean"
+    try:
+        plain = OmegaConf.create(OmegaConf.to_container(data, enum_to_str=True))  # open to the keys checked below
+        clean = DataSource(_data_config(OmegaConf.merge(plain, first.spec.clean_data)), model)
+    except ConfigError as exc:  # the data checks name data.KEY: here the key is the entry's
+        message = str(exc)
+        raise ConfigError(key + message[len("data"):] if message.startswith("data.") else f"{key}: {message}") from None
+    if (clean.input_shape, clean.input_dtype) != (corrupted.input_shape, corrupted.input_dtype):
+        raise ConfigError(f"{key}: the clean batch is {clean.input_dtype} {clean.input_shape}, the run's batch "
+                          f"{corrupted.input_dtype} {corrupted.input_shape}; patching needs the same shape")
+    return clean
 
 
 def _data_config(data: DictConfig) -> DictConfig:

@@ -49,6 +49,8 @@ STEPS_SCHEMA = pa.schema([
 #: Optional per-step measures (``RunOutputs.write_step(metrics=...)``): NaN where a step has none.
 STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the held-out set (eval)
 STEP_METRICS += ("logit", "logit_diff")  #: ``metric.target`` / ``metric.diff`` (``runner.engine.metrics``)
+#: the same of the clean and of the unpatched corrupted pass beside each step (``patch`` with ``source: clean``)
+STEP_METRICS += tuple(f"{side}_{name}" for side in ("clean", "corrupted") for name in ("logit", "logit_diff"))
 STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + [pa.field(name, pa.float64()) for name in STEP_METRICS])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to

@@ -1,0 +1,43 @@
+"""The clean and corrupted passes beside each step of a run that patches from its own clean pass.
+
+``patch`` with ``source: clean`` runs the classic pair side by side: before the step proper (the
+corrupted batch, patched), the clean batch goes through the model while those entries keep their
+layers' outputs, then the corrupted batch goes through unpatched. Both passes run without
+gradients and outside the run's records (``Recorder.aside``: no rows, no call counted), with
+the run's other entries acting as they do in every pass, and leave the model's buffers (BatchNorm
+running statistics) as they found them. Their metrics (``metric.target``/``metric.diff``) become
+``clean_*`` and ``corrupted_*`` columns of the step's ``steps.parquet`` row, so one job holds the
+clean, corrupted and patched values of its recovered fraction.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from hooks.interventions import Patch
+from hooks.recorder import Recorder
+from runner.engine.metrics import OutputMetrics
+from runner.engine.train import Forward
+
+
+def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor,
+                        patches: list[Patch], recorder: Recorder, measures: OutputMetrics) -> dict[str, float]:
+    """Run the clean pass (``patches`` keep their values) and the unpatched corrupted pass; return
+    their metrics, prefixed ``clean_`` and ``corrupted_``."""
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    metrics: dict[str, float] = {}
+    try:
+        with torch.no_grad(), recorder.aside():
+            for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
+                with contextlib.ExitStack() as stack:
+                    for patch in patches:
+                        stack.enter_context(patch.mode(mode))
+                    forward(batch)
+                metrics.update({f"{side}_{name}": value for name, value in measures.take().items()})
+    finally:
+        with torch.no_grad():
+            for buffer, kept in buffers:
+                buffer.copy_(kept)
+    return metrics
