@@ -331,6 +331,35 @@ def test_the_side_passes_leave_a_training_model_as_they_found_it():
     assert set(beside) == {"clean_logit", "corrupted_logit"}
 
 
+def test_in_train_mode_the_clean_pass_meets_the_dropout_masks_of_the_patched_step():
+    """gpt2_tiny drops 10% of its activations in train mode. Patched whole, block 0 hands the clean
+    pass's value on, so the patched step's logits are the clean pass's only if the blocks after it
+    drew the same masks in both; the unpatched corrupted pass is the step a run without the patch
+    would take; and the randomness after the side passes is what it was before them."""
+    torch.manual_seed(0)
+    model = gpt2_tiny().train()
+    (entry,) = build_hooks({"p": {"type": "patch", "layers": "transformer.h.0", "source": "clean"}})
+    clean, corrupted = tokens(0), tokens(1)
+    metric = MetricConfig(diff=[3, 4])
+    torch.manual_seed(5)
+    with torch.no_grad():
+        unpatched = model(corrupted).logits
+    with HookSession(model, [entry]) as session, OutputMetrics(model, metric) as measures:
+        torch.manual_seed(5)
+        before = torch.get_rng_state()
+        beside = clean_and_corrupted(model, model, clean, corrupted, [entry], session.recorder, measures)
+        assert torch.equal(torch.get_rng_state(), before)
+        with torch.no_grad():
+            model(corrupted)
+        patched_diff = measures.take()["logit_diff"]
+    assert patched_diff == beside["clean_logit_diff"]
+    assert beside["corrupted_logit_diff"] == pytest.approx(logit_diff(unpatched), abs=1e-6)
+    torch.manual_seed(6)  # other masks: another value, so the equalities above were the masks'
+    with torch.no_grad():
+        assert not torch.equal(model(corrupted).logits, unpatched)
+    assert patched_diff != beside["corrupted_logit_diff"]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["hooks.patch.source=clean", "+hooks.patch.clean.seedd=0"], r"^hooks.patch.clean.seedd: .*did you mean 'seed'"),
     (["hooks.patch.source=clean", "+hooks.patch.clean.shape=[2,8]"],

@@ -5,9 +5,12 @@ corrupted batch, patched), the clean batch goes through the model while those en
 layers' outputs, then the corrupted batch goes through unpatched. Both passes run without
 gradients and outside the run's records (``Recorder.aside``: no rows, no call counted), with
 the run's other entries acting as they do in every pass, and leave the model's buffers (BatchNorm
-running statistics) as they found them. Their metrics (``metric.target``/``metric.diff``) become
-``clean_*`` and ``corrupted_*`` columns of the step's ``steps.parquet`` row, so one job holds the
-clean, corrupted and patched values of its recovered fraction.
+running statistics) and the random number generators as they found them: each pass draws the
+dropout masks the step proper then draws, so in train mode a patched layer's clean value meets the
+same masks downstream in both passes, and the run's later randomness is that of a run without them.
+Their metrics (``metric.target``/``metric.diff``) become ``clean_*`` and ``corrupted_*`` columns of
+the step's ``steps.parquet`` row, so one job holds the clean, corrupted and patched values of its
+recovered fraction.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor,
         with torch.no_grad(), recorder.aside():
             for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
                 with contextlib.ExitStack() as stack:
+                    stack.enter_context(_same_randomness(batch.device))
                     for patch in patches:
                         stack.enter_context(patch.mode(mode))
                     forward(batch)
@@ -41,3 +45,11 @@ def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor,
             for buffer, kept in buffers:
                 buffer.copy_(kept)
     return metrics
+
+
+def _same_randomness(device: torch.device):
+    """Fork the CPU generator (and ``device``'s, on an accelerator): the pass inside starts from the
+    state the step proper will start from, and leaves it so."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
