@@ -49,9 +49,13 @@ def test_the_training_example_runs_as_written_and_shows_what_the_readme_says(tmp
     # the table is the snippet's output, to the 2 decimals it prints
     assert printed.split("\n", 3)[:3] == TABLE.split("\n", 3)[:3]  # the header lines
     np.testing.assert_allclose(_numbers(printed), _numbers(TABLE), atol=0.005 + 1e-9)
-    # the picture is the snippet's
-    drawn = np.asarray(Image.open(tmp_path / "training_clip_digits.png"))
-    np.testing.assert_array_equal(drawn, np.asarray(Image.open(ROOT / "assets" / "training_clip_digits.png")))
+    # the picture is the snippet's: the same pixels but for a few antialiased edge pixels one level off
+    # (float rounding of the losses differs across BLAS builds; a changed curve moves thousands)
+    drawn = np.asarray(Image.open(tmp_path / "training_clip_digits.png")).astype(int)
+    shown = np.asarray(Image.open(ROOT / "assets" / "training_clip_digits.png")).astype(int)
+    assert drawn.shape == shown.shape
+    off = np.abs(drawn - shown)
+    assert off.max() <= 2 and np.count_nonzero(off) <= 100, (off.max(), np.count_nonzero(off))
 
     steps = analysis.load_steps(sweep)
     held = steps[steps.split == "eval"].pivot(index="step", columns="hooks", values=["loss", "accuracy"])
