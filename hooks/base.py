@@ -94,6 +94,11 @@ class HookType:
         types that were checked under compilation override this.
         """
         return "hooks the backward pass" if self.needs_backward else None
+
+    @property
+    def eval_problem(self) -> str | None:
+        """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
+        return None
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError

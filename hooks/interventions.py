@@ -194,6 +194,11 @@ class Patch(Tap):
         self._session = session
         super().attach(model, session)
 
+    @property
+    def eval_problem(self) -> str | None:
+        # The values are the source's for the step's own batch: nothing fits a held-out batch.
+        return "patches in values recorded for each training step's batch, which held-out eval batches do not have"
+
     def check_steps(self, steps: int) -> None:
         """Every step of a run of ``steps`` steps has its source step in the source run."""
         have = sorted({key[0] for key in self._source or {}})

@@ -58,6 +58,9 @@ CONFIG_ERRORS = [
     (["hooks=clip", "loss=none"], "hooks.clip: 'clamp' needs a backward pass but loss=none"),
     (["hooks=stats", "loss=none"], "hooks.stats: 'stats' needs a backward pass but loss=none"),
     (["hooks=[clip,clip]"], "hooks: preset 'clip' is listed twice in hooks=[clip,clip]"),
+    (["hooks=patch", "hooks.patch.source=clean", "hooks.patch.layers=conv", "eval_every=1"],
+     "hooks.patch: 'patch' patches in values recorded for each training step's batch, which held-out eval batches "
+     "do not have; set eval_every=0 or drop the entry"),
     (["+typo=1"], ("typo: unknown setting 'typo'; valid: ", "data, device, epochs, eval_every, ", "seed, steps")),
     (["+stpes=3"], "stpes: unknown setting 'stpes'; valid: "),
     (["+model.widht=3"], ("model.widht: unknown key for model 'convnet' 'widht'; valid: checkpoint, head, ",
@@ -110,6 +113,9 @@ CONFIG_ERRORS = [
     (["data.shape=8"], "data.shape: 8 must be a list"),
     (["plots=[gradflow]"], "plots[0]: unknown plot 'gradflow'; valid: feature_maps, grad_cam, gradient_flow"),
     (["hooks=stats", "hooks.stats.layers=${model.nope}"], "hooks.stats.layers: Interpolation key 'model.nope' not found"),
+    (["hooks=patch", "hooks.patch.layers=conv", "hooks.patch.source=clean", "hooks.patch.clean.seed=3"],
+     "hooks.patch.clean.seed: hooks.patch.clean is null, so it has no 'seed' to set; give the mapping whole: "
+     "'hooks.patch.clean={seed: 3}'"),
     # shapes the model cannot take, found by the meta rehearsal
     (["data.shape=[1,3,16,16]"], "data.shape: [1, 3, 16, 16] does not fit the model: module 'fc' (Linear) failed on it"),
     (["model=resnet18", "data.shape=[1,1,32,32]"],
@@ -128,6 +134,16 @@ def test_bad_config_is_one_line_exit_2_before_any_forward_pass(fault, overrides,
     assert outcome.stderr.startswith("error: ")
     for part in (message,) if isinstance(message, str) else message:
         assert part in outcome.stderr
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "class_score"])
+def test_a_loss_that_does_not_fit_the_output_is_one_line_where_the_rehearsal_cannot_run(fault, loss):
+    """GPT-2's attention mask calls ``.item()``, so the meta rehearsal cannot run it: the first real
+    forward finds the mistake, and it is still one line, status 2, nothing written."""
+    outcome = fault("model=gpt2_tiny", "data=tokens", f"loss={loss}", forwards=1)
+    assert outcome.code == 2
+    assert outcome.stderr == (f"error: loss={loss}: the model output has shape [2, 16, 100], not [batch, classes] "
+                              "(one class per sample); use loss=sum, mean or none")
 
 
 @pytest.mark.parametrize("target, arguments", [

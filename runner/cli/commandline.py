@@ -166,6 +166,10 @@ def _presets(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+#: What ``OmegaConf.select`` gives for a key the config does not have (``None`` is a null value).
+_ABSENT = object()
+
+
 def _unknown_key(key: str, text: str, overrides: Sequence[str]) -> ConfigError:
     """``Could not override 'K'``: the last existing node of ``K`` lacks the next part."""
     wanted = re.search(r"Could not override '([^']*)'", text)
@@ -178,10 +182,13 @@ def _unknown_key(key: str, text: str, overrides: Sequence[str]) -> ConfigError:
     rest = [o for o in overrides if o.lstrip("+~").split("=")[0] != wanted_key]
     try:
         cfg = compose_config(rest)
-        node = OmegaConf.select(cfg, parent) if parent else cfg
+        node = OmegaConf.select(cfg, parent, default=_ABSENT) if parent else cfg
         known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
     except ConfigError:
-        known = []
+        node, known = _ABSENT, []
+    if node is None:  # a null mapping such as hooks.patch.clean: Hydra sets no key inside it
+        return ConfigError(f"{key}: {parent} is null, so it has no '{missing}' to set; give the mapping whole: "
+                           f"'{parent}={{{missing}: {_value_of(wanted_key, overrides)}}}'")
     what = "setting" if not parent else f"key of {parent}"
     return choice_error(key, missing, known or ["(none)"], what)
 

@@ -286,6 +286,9 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
                                   f"choose a loss (e.g. loss=sum) or drop the entry")
         if optimizer.name != "none":
             raise ConfigError(f"optimizer: '{optimizer.name}' needs a loss to train on but loss=none")
+    for hook in hooks if settings.eval_every else ():
+        if hook.eval_problem:
+            raise ConfigError(f"{hook.key}: '{hook.spec.type}' {hook.eval_problem}; set eval_every=0 or drop the entry")
     if settings.compile:
         for hook in hooks:
             if hook.compile_problem:

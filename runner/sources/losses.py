@@ -17,9 +17,18 @@ LOSSES: dict[str, LossFn | None] = {
     "mean": lambda out, _: out.mean(),
     "one_minus_mean": lambda out, _: (1 - out).mean(),
     "log_mean": lambda out, _: out.log().mean(),
-    "cross_entropy": lambda out, targets: F.cross_entropy(out, targets),
+    "cross_entropy": lambda out, targets: F.cross_entropy(_class_scores(out, "cross_entropy"), targets),
     "none": None,
 }
+
+
+def _class_scores(out: torch.Tensor, loss: str) -> torch.Tensor:
+    """``out`` if it is ``[batch, classes]``, the shape a class target per sample fits; else the one-line
+    error (the plan's rehearsal raises it before the run: a token model's ``[batch, positions, vocab]``)."""
+    if out.dim() != 2:
+        raise ConfigError(f"loss={loss}: the model output has shape {list(out.shape)}, not [batch, classes] "
+                          f"(one class per sample); use loss=sum, mean or none")
+    return out
 
 
 def class_score(target_class: int | None) -> LossFn:
@@ -32,9 +41,7 @@ def class_score(target_class: int | None) -> LossFn:
         raise ConfigError(f"loss.target_class: {target_class!r} must be a class index >= 0 or null")
 
     def loss(out: torch.Tensor, _targets: torch.Tensor) -> torch.Tensor:
-        if out.dim() != 2:
-            raise ConfigError(f"loss=class_score: the model output has shape {list(out.shape)}, "
-                              f"not [batch, classes]")
+        _class_scores(out, "class_score")
         if target_class is None:
             index = out.detach().argmax(dim=1, keepdim=True)
         elif target_class >= out.shape[1]:
