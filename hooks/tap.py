@@ -351,6 +351,10 @@ class Tap(HookType):
         if edit is not None and isinstance(output, torch.Tensor):
             new_output = checked(edit(output, args), output, f"{self.key} on '{layer}' output")
             output = new_output
+        elif edit is not None and output is not None:
+            raise ConfigError(f"{self.key}: '{layer or '(model)'}' returns {_structure(output)}, not one tensor, and "
+                              f"'{self.spec.type}' changes a tensor output; select the submodule whose tensor "
+                              f"to change (plan=true shows each module's outputs)")
         if "output" in self._kinds or edit is not None:
             for slot, t in walk(output):
                 self._record(t, layer, "forward", "output", slot, call)
@@ -384,3 +388,9 @@ class Tap(HookType):
         self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,
                               call=call, keep=self.keep)
         self.on_record(layer, kind, slot, t)
+
+
+def _structure(output: Any) -> str:
+    """``output``'s type and the slots of its tensors, for an error: ``tuple (tensors at 0, 1.0, 1.1)``."""
+    slots = [slot for slot, _ in walk(output)]
+    return f"{type(output).__name__} (tensors at {', '.join(slots) or 'no slot'})"

@@ -116,6 +116,11 @@ CONFIG_ERRORS = [
     (["hooks=patch", "hooks.patch.layers=conv", "hooks.patch.source=clean", "hooks.patch.clean.seed=3"],
      "hooks.patch.clean.seed: hooks.patch.clean is null, so it has no 'seed' to set; give the mapping whole: "
      "'hooks.patch.clean={seed: 3}'"),
+    # an output edit on a module that returns a tuple would change nothing: refused in the rehearsal
+    (["model=custom", "model._target_=torch.nn.LSTM", "+model.input_size=4", "+model.hidden_size=3",
+      "data.shape=[2,5,4]", "hooks=ablate", "hooks.ablate.layers=''"],
+     "hooks.ablate: '(model)' returns tuple (tensors at 0, 1.0, 1.1), not one tensor, and 'ablate' changes a tensor "
+     "output; select the submodule whose tensor to change"),
     # shapes the model cannot take, found by the meta rehearsal
     (["data.shape=[1,3,16,16]"], "data.shape: [1, 3, 16, 16] does not fit the model: module 'fc' (Linear) failed on it"),
     (["model=resnet18", "data.shape=[1,1,32,32]"],
