@@ -13,7 +13,7 @@ are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md
     python -m benchmarks.run --long        # also a 10,000-job sweep to load
     python -m benchmarks.run --device cuda # the same tables on a GPU (one sync per timed step)
 
-Peers (``wandb.watch``) are timed where installed (``pip install wandb``), except in ``--quick``.
+Peers (``wandb.watch``) are timed where installed (``pip install -e '.[bench]'``), except in ``--quick``.
 """
 from __future__ import annotations
 
