@@ -202,3 +202,24 @@ def test_eval_passes_before_the_first_step_are_one_line(tmp_path):
             with rec.evaluating():
                 pass
         rec.step(None)
+
+
+def test_a_patch_entry_in_your_own_loop_is_one_line_where_its_values_are_missing(tmp_path):
+    """A clean pass is the runner loop's; eval passes have no recorded values: both one line."""
+    clean = {"p": {"type": "patch", "layers": "conv", "source": "clean"}}
+    with pytest.raises(ConfigError, match=r"^hooks.p.source: clean needs the runner's loop, .*source=RUN_DIR$"):
+        with runner.attach(ConvNet(), hooks=clean, out_dir=tmp_path / "never"):
+            pass
+    assert not (tmp_path / "never").exists()
+    model, x = ConvNet(), torch.randn(2, 3, 8, 8)
+    with runner.attach(model, hooks=["extract"], overrides=["hooks.extract.layers=conv"], out_dir=tmp_path / "src") as rec:
+        model(x)
+        rec.step(None)
+    stored = {"p": {"type": "patch", "layers": "conv", "source": str(tmp_path / "src")}}
+    with runner.attach(model, hooks=stored, out_dir=tmp_path / "run") as rec:
+        model(x)
+        rec.step(None)
+        with pytest.raises(ConfigError, match=r"^run.evaluating\(\): hooks.p: 'patch' patches in values recorded "
+                                              r"for each training step's batch, .*; evaluate in a run without the entry$"):
+            with rec.evaluating():
+                pass

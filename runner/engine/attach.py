@@ -20,6 +20,7 @@ from torch import nn
 
 from hooks import HookSession
 from hooks.errors import ConfigError, choice_error
+from hooks.interventions import side_by_side
 from hooks.recorder import Recorder
 from runner.cli.commandline import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
@@ -93,6 +94,10 @@ class AttachedRun:
         if self.index == 0:
             raise ConfigError("run.evaluating(): eval passes are written after a training step, and no run.step() "
                               "has ended one yet; evaluate after the first run.step()")
+        for hook in self.session.hooks:
+            if hook.eval_problem:
+                raise ConfigError(f"run.evaluating(): {hook.key}: '{hook.spec.type}' {hook.eval_problem}; "
+                                  f"evaluate in a run without the entry")
         recorder = self.session.recorder
         recording = recorder.enabled
         result = EvalResult()
@@ -143,6 +148,10 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings)
     for hook in hooks_built:
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
+    for hook in side_by_side(hooks_built):
+        raise ConfigError(f"{hook.key}.source: clean needs the runner's loop, which runs the clean batch beside "
+                          f"each step (python -m runner); in your own loop patch from a stored run: "
+                          f"{hook.key}.source=RUN_DIR")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     with rank_part(Path(out_dir), s.overwrite, config_yaml) as (part_dir, rank_extra), \
