@@ -17,7 +17,7 @@ import torch
 
 from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
-from hooks.tap import EditSpec, Tap
+from hooks.tap import EditSpec, SlotEditSpec, Tap
 
 OPS = {
     "add": lambda x, v: x + v,
@@ -68,7 +68,7 @@ OUTPUT_OPS = ("add_input", *OPS)
 
 
 @dataclass
-class EditOutputSpec(EditSpec):
+class EditOutputSpec(SlotEditSpec):
     op: str = "add_input"
     value: float = 0.0
 

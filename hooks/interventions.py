@@ -30,14 +30,14 @@ import torch
 from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
 from hooks.stored import StoredKey, check_run_dir, stored_tensors
-from hooks.tap import EditSpec, Tap
+from hooks.tap import SlotEditSpec, Tap
 
 ABLATE_OPS = ("zero", "mean", "resample")
 ABLATE_TARGETS = ("output", "input")
 
 
 @dataclass
-class AblateSpec(EditSpec):
+class AblateSpec(SlotEditSpec):
     op: str = "zero"
     target: str = "output"
     reference: str = "batch"
@@ -88,10 +88,10 @@ class Ablate(Tap):
 
     def _stored_samples(self, layers: list[str]) -> dict[str, torch.Tensor]:
         """Every sample the reference run kept of each layer's output (``target: input``: of its
-        first input, slot 0, the one the ablation replaces), stacked along dim 0."""
+        first input, slot 0, the one the ablation replaces), stacked along dim 0, by layer and slot."""
         found = stored_tensors(self.spec.reference, layers, self.spec.target, f"{self.key}.reference")
-        return {layer: torch.cat([t for key, t in sorted(found.items()) if key[1] == layer and key[3] == "0"])
-                for layer in layers}
+        return {(layer, slot): torch.cat([t for key, t in sorted(found.items()) if key[1:4:2] == (layer, slot)])
+                for layer, slot in {(key[1], key[3]) for key in found}}
 
     def on_pre(self, layer: str, call: int) -> None:
         self._layer = layer
@@ -105,12 +105,23 @@ class Ablate(Tap):
     def edit_input(self):
         return self._ablated if self.spec.target == "input" else None
 
+    def input_slot(self, slot: str) -> bool:
+        return slot == self._input_slot
+
+    @property
+    def _input_slot(self) -> str:
+        return "0" if self.spec.slot is None else str(self.spec.slot)
+
     def _ablated(self, x: torch.Tensor) -> torch.Tensor:
         op = self.spec.op
         if op == "zero":
             return overwritten(x, torch.zeros((), dtype=x.dtype, device=x.device))
         if self._pool is not None:
-            pool = self._pool[self._layer]
+            slot = self.edited_slot if self.spec.target == "output" else self._input_slot
+            pool = self._pool.get((self._layer, slot))
+            if pool is None:
+                raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept no {self.spec.target} "
+                                  f"slot {slot} of '{self._layer}'")
             if pool.shape[1:] != x.shape[1:]:
                 raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept '{self._layer}' "
                                   f"{self.spec.target}s of shape {list(pool.shape[1:])} per sample; this run's are "
@@ -133,7 +144,7 @@ CLEAN = "clean"
 
 
 @dataclass
-class PatchSpec(EditSpec):
+class PatchSpec(SlotEditSpec):
     source: str = ""
     source_step: Optional[int] = None
     clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
@@ -228,28 +239,29 @@ class Patch(Tap):
 
     def _patched(self, out: torch.Tensor) -> torch.Tensor:
         layer, call = self._at
+        slot = self.edited_slot
         step = self.spec.source_step if self.spec.source_step is not None else self._session.step
         if self._mode == "capture":
-            self._source[(step, layer, call, "0")] = out.detach().clone()
+            self._source[(step, layer, call, slot)] = out.detach().clone()
             return out
         if self._mode == "off":
             return out
-        value = self._source.get((step, layer, call, "0"))
+        value = self._source.get((step, layer, call, slot))
         if value is None and self.side_by_side and out.device.type == "meta":
             return out  # the rehearsal: no clean pass runs there (the clean batch's shape is checked with the plan)
         if value is None and self.side_by_side:
             raise ConfigError(f"{self.key}.source: the clean pass made no call {call} of '{layer}' at step {step} "
                               f"(the clean and corrupted batches take different paths through the model)")
         if value is None:
-            raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept no output of '{layer}' call {call} "
-                              f"at step {step}")
+            raise ConfigError(f"{self.key}.source: run '{self.spec.source}' kept no output slot {slot} of '{layer}' "
+                              f"call {call} at step {step}")
         if value.shape != out.shape:
             where = "the clean pass made" if self.side_by_side else f"run '{self.spec.source}' kept"
             raise ConfigError(f"{self.key}.source: {where} '{layer}' outputs of shape "
                               f"{list(value.shape)}; this run's are {list(out.shape)}")
         value = value.to(out.device, out.dtype)
         put = value if self.index is None else value[self.index.parts]
-        self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot="0", call=call)
+        self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot=slot, call=call)
         return overwritten(out, value)
 
 

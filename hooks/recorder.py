@@ -8,6 +8,7 @@ happens once, in ``drain``. The recorder knows nothing of parquet: the run loop 
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -51,6 +52,24 @@ def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__")):
         for key in obj.keys():
             yield from walk(obj[key], f"{prefix}.{key}" if prefix else str(key))
+
+
+def replace_slot(obj: Any, slot: str, new: torch.Tensor, prefix: str = "") -> Any:
+    """``obj`` with the tensor ``walk`` calls ``slot`` replaced by ``new``: tuples (named ones too) and
+    lists rebuilt, mappings copied, everything else the very object it was."""
+    if isinstance(obj, torch.Tensor):
+        return new if (prefix or "0") == slot else obj
+    if isinstance(obj, (tuple, list)):
+        items = [replace_slot(item, slot, new, f"{prefix}.{i}" if prefix else str(i)) for i, item in enumerate(obj)]
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*items)
+        return type(obj)(items)
+    if isinstance(obj, dict):
+        copied = copy.copy(obj)
+        for key in obj.keys():
+            copied[key] = replace_slot(obj[key], slot, new, f"{prefix}.{key}" if prefix else str(key))
+        return copied
+    return obj
 
 
 class HostCopies:

@@ -45,7 +45,7 @@ from hooks.base import HookSpec, HookType
 from hooks.errors import ConfigError, choice_error
 from hooks.index import Index, narrowed, parse_index
 from hooks.junction import Junction, existing_junction, junction_for
-from hooks.recorder import walk
+from hooks.recorder import replace_slot, walk
 
 KINDS = ("input", "output", "grad_input", "grad_output")
 SCOPES = ("module", "global")
@@ -87,6 +87,22 @@ class EditSpec(TapSpec):
     def check(self, key: str) -> None:
         super().check(key)
         parse_index(self.index, f"{key}.index")
+
+
+@dataclass
+class SlotEditSpec(EditSpec):
+    """Keys of the types that change a forward tensor: ``slot`` picks it where a module returns a
+    tuple or mapping (``0``, ``1.0``, a key: the ``slot`` column's values; the command line reads
+    ``1.0`` as a number, which names the same slot). Without it such an output's only tensor is
+    changed, and an output holding several is refused; ``ablate`` with ``target: input`` takes
+    the input of that position or keyword (default: the first)."""
+
+    slot: Any = None
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if self.slot is not None and (isinstance(self.slot, bool) or not isinstance(self.slot, (int, float, str))):
+            raise ConfigError(f"{key}.slot: {self.slot!r} must be a slot such as 0, 1.0 or a key of the output")
 
 
 def check_kinds(key: str, kinds: list[str]) -> None:
@@ -135,6 +151,9 @@ class Tap(HookType):
 
     spec_class = TapSpec
     keep = False
+    #: The output slot the output edit is changing, set before each call of the edit (``patch`` and
+    #: ``ablate`` look their stored values up by it).
+    edited_slot = "0"
 
     @functools.cached_property
     def index(self) -> Index | None:
@@ -348,19 +367,35 @@ class Tap(HookType):
         self.on_forward(layer, call, args, output)
         edit = self._edits["output"]
         new_output = None
-        if edit is not None and isinstance(output, torch.Tensor):
-            new_output = checked(edit(output, args), output, f"{self.key} on '{layer}' output")
-            output = new_output
-        elif edit is not None and output is not None:
-            raise ConfigError(f"{self.key}: '{layer or '(model)'}' returns {_structure(output)}, not one tensor, and "
-                              f"'{self.spec.type}' changes a tensor output; select the submodule whose tensor "
-                              f"to change (plan=true shows each module's outputs)")
+        if edit is not None and output is not None:
+            self.edited_slot = slot = self._output_slot(layer, output)
+            whole = isinstance(output, torch.Tensor)
+            old = output if whole else dict(walk(output))[slot]
+            new = checked(edit(old, args), old, f"{self.key} on '{layer}' output" + ("" if whole else f" {slot}"))
+            output = new_output = replace_slot(output, slot, new)
+            if dict(walk(output))[slot] is not new:  # a container replace_slot cannot rebuild: never a silent no-op
+                raise ConfigError(f"{self.key}: cannot put the changed tensor back into the "
+                                  f"{type(output).__name__} '{layer or '(model)'}' returns (slot {slot})")
         if "output" in self._kinds or edit is not None:
             for slot, t in walk(output):
                 self._record(t, layer, "forward", "output", slot, call)
         if self._grad_out and output is not None:
             self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call))
         return new_output
+
+    def _output_slot(self, layer: str, output: Any) -> str:
+        """The slot of ``output`` the output edit changes: ``slot``, or the only tensor there is."""
+        slots = [slot for slot, _ in walk(output)]
+        wanted = getattr(self.spec, "slot", None)
+        if wanted is not None and str(wanted) in slots:
+            return str(wanted)
+        name, kind = layer or "(model)", type(output).__name__
+        if wanted is not None:
+            raise choice_error(f"{self.key}.slot", str(wanted), slots, f"slot of the {kind} '{name}' returns")
+        if len(slots) == 1:
+            return slots[0]
+        raise ConfigError(f"{self.key}: '{name}' returns a {kind} with tensors at {', '.join(slots) or 'no slot'}, "
+                          f"and '{self.spec.type}' changes one of them: set {self.key}.slot")
 
     def _wish(self, layer: str, call: int):
         """What this entry does with a gradient of this call, asked per kind and slot by the junction."""
@@ -388,9 +423,3 @@ class Tap(HookType):
         self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,
                               call=call, keep=self.keep)
         self.on_record(layer, kind, slot, t)
-
-
-def _structure(output: Any) -> str:
-    """``output``'s type and the slots of its tensors, for an error: ``tuple (tensors at 0, 1.0, 1.1)``."""
-    slots = [slot for slot, _ in walk(output)]
-    return f"{type(output).__name__} (tensors at {', '.join(slots) or 'no slot'})"

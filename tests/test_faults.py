@@ -116,11 +116,16 @@ CONFIG_ERRORS = [
     (["hooks=patch", "hooks.patch.layers=conv", "hooks.patch.source=clean", "hooks.patch.clean.seed=3"],
      "hooks.patch.clean.seed: hooks.patch.clean is null, so it has no 'seed' to set; give the mapping whole: "
      "'hooks.patch.clean={seed: 3}'"),
-    # an output edit on a module that returns a tuple would change nothing: refused in the rehearsal
+    # an output edit on a module that returns several tensors needs the one: refused in the rehearsal
     (["model=custom", "model._target_=torch.nn.LSTM", "+model.input_size=4", "+model.hidden_size=3",
       "data.shape=[2,5,4]", "hooks=ablate", "hooks.ablate.layers=''"],
-     "hooks.ablate: '(model)' returns tuple (tensors at 0, 1.0, 1.1), not one tensor, and 'ablate' changes a tensor "
-     "output; select the submodule whose tensor to change"),
+     "hooks.ablate: '(model)' returns a tuple with tensors at 0, 1.0, 1.1, and 'ablate' changes one of them: "
+     "set hooks.ablate.slot"),
+    (["model=custom", "model._target_=torch.nn.LSTM", "+model.input_size=4", "+model.hidden_size=3",
+      "data.shape=[2,5,4]", "hooks=ablate", "hooks.ablate.layers=''", "hooks.ablate.slot=1.2"],
+     "hooks.ablate.slot: unknown slot of the tuple '(model)' returns '1.2'; valid: 0, 1.0, 1.1; did you mean"),
+    (["hooks=ablate", "hooks.ablate.layers=conv", "hooks.ablate.slot=[0]"],
+     "hooks.ablate.slot: [0] must be a slot such as 0, 1.0 or a key of the output"),
     # shapes the model cannot take, found by the meta rehearsal
     (["data.shape=[1,3,16,16]"], "data.shape: [1, 3, 16, 16] does not fit the model: module 'fc' (Linear) failed on it"),
     (["model=resnet18", "data.shape=[1,1,32,32]"],

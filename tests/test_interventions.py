@@ -16,6 +16,7 @@ import runner.analysis as analysis
 from conftest import make_config
 from hooks import HookSession, build_hooks
 from hooks.errors import ConfigError
+from hooks.recorder import walk
 from runner.config.schema import MetricConfig
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import compile_plan
@@ -371,6 +372,97 @@ def test_a_bad_clean_source_is_one_line_before_the_run(overrides, message):
     with pytest.raises(ConfigError, match=message) as info:
         compile_plan(make_config(*GPT, "data.seed=1", "hooks=patch", "hooks.patch.layers=transformer.h.0", *overrides))
     assert "\n" not in str(info.value)
+
+
+# -- outputs with several tensors (slot) -------------------------------------------------------------
+def test_patching_an_attention_output_returned_in_a_tuple_matches_the_hand_written_loop(run_with):
+    """GPT-2's attention returns ``(attn_output, None)``: its one tensor is what gets patched (from
+    the run's own clean pass, one position), and the logits are those of the hand-written loop."""
+    out = run_with(*GPT, "data.seed=1", "hooks=[patch,extract]", "hooks.patch.source=clean",
+                   "hooks.patch.layers=transformer.h.1.attn", "hooks.patch.index=15", "hooks.extract.layers=lm_head")
+    torch.manual_seed(0)
+    model = gpt2_tiny().eval()
+    attn = model.transformer.h[1].attn
+    with torch.no_grad():
+        saved = {}
+        handle = attn.register_forward_hook(lambda m, a, out: saved.update(clean=out[0]))
+        clean = model(tokens(0)).logits
+        handle.remove()
+        corrupted = model(tokens(1)).logits
+
+        def patch(module, args, out):
+            new = out[0].clone()
+            new[:, 15] = saved["clean"][:, 15]
+            return (new, *out[1:])
+
+        attn.register_forward_hook(patch)
+        patched = model(tokens(1)).logits
+    assert torch.equal(kept(out, "lm_head"), patched) and not torch.equal(patched, corrupted)
+    step = analysis.load_steps(out).iloc[0]
+    assert step.clean_logit_diff == pytest.approx(logit_diff(clean), abs=1e-6)
+    assert step.logit_diff == pytest.approx(logit_diff(patched), abs=1e-6)
+    rows = analysis.load_stats(out)
+    assert list(rows[(rows.hook == "patch") & (rows.kind == "patched")].slot) == ["0"]
+
+
+@pytest.mark.parametrize("slot, name", [(0, "0"), (1.0, "1.0"), ("1.1", "1.1")])
+def test_ablating_one_tensor_of_an_lstm_output_changes_that_tensor_only(slot, name):
+    """``nn.LSTM`` returns ``(output, (h_n, c_n))``: ``slot`` picks the tensor (as the command line
+    gives it: a number or a string), the others are bit for bit those of the plain module."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 3, batch_first=True)
+    x = randn_batch([2, 5, 4])
+    with torch.no_grad():
+        plain = lstm(x)
+    (entry,) = build_hooks({"a": {"type": "ablate", "layers": "", "slot": slot, "index": ":, 1"}})
+    with HookSession(lstm, [entry]), torch.no_grad():
+        out = lstm(x)
+    assert type(out) is tuple and type(out[1]) is tuple
+    before = {"0": plain[0], "1.0": plain[1][0], "1.1": plain[1][1]}
+    after = {"0": out[0], "1.0": out[1][0], "1.1": out[1][1]}
+    for where, tensor in after.items():
+        want = before[where].clone()
+        if where == name:
+            want[:, 1] = 0  # what a hand-written hook zeroing [:, 1] of this one tensor gives
+        assert torch.equal(tensor, want), where
+
+
+def test_ablating_the_second_input_of_a_two_input_module():
+    torch.manual_seed(0)
+    bilinear = torch.nn.Bilinear(3, 4, 2)
+    x1, x2 = randn_batch([5, 3], 0), randn_batch([5, 4], 1)
+    (entry,) = build_hooks({"a": {"type": "ablate", "layers": "", "target": "input", "slot": 1}})
+    with HookSession(bilinear, [entry]), torch.no_grad():
+        out = bilinear(x1, x2)
+    with torch.no_grad():
+        assert torch.equal(out, bilinear(x1, torch.zeros_like(x2)))
+
+
+def test_an_output_edit_puts_the_tensor_back_into_named_tuples_lists_and_mappings():
+    """The container comes back of the type it was, with the one tensor replaced and the rest
+    the very objects they were (a ``transformers`` ModelOutput, too)."""
+    from collections import namedtuple
+
+    from transformers.modeling_outputs import BaseModelOutput
+
+    Pair = namedtuple("Pair", "a b")
+    a, b, c = torch.ones(2), torch.zeros(2), torch.full((2,), 3.0)
+    outputs = {
+        "named tuple": (Pair(a, [b, c]), "1.1", lambda o: o.b[1]),
+        "mapping": ({"x": a, "y": (b, c)}, "y.0", lambda o: o["y"][0]),
+        "ModelOutput": (BaseModelOutput(last_hidden_state=a, hidden_states=(b, c)), "hidden_states.1",
+                        lambda o: o.hidden_states[1]),
+    }
+    for label, (output, slot, pick) in outputs.items():
+        module = torch.nn.Module()
+        module.forward = lambda output=output: output
+        (entry,) = build_hooks({"e": {"type": "edit_output", "layers": "", "op": "set", "value": 7.0, "slot": slot}})
+        with HookSession(module, [entry]):
+            new = module()
+        assert type(new) is type(output), label
+        assert torch.equal(pick(new), torch.full((2,), 7.0)), label
+        assert [s for s, _ in walk(new)] == [s for s, _ in walk(output)], label
+        assert all(t is dict(walk(output))[s] for s, t in walk(new) if s != slot), label
 
 
 # -- metrics ---------------------------------------------------------------------------------------
