@@ -55,21 +55,27 @@ def walk(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def replace_slot(obj: Any, slot: str, new: torch.Tensor, prefix: str = "") -> Any:
-    """``obj`` with the tensor ``walk`` calls ``slot`` replaced by ``new``: tuples (named ones too) and
-    lists rebuilt, mappings copied, everything else the very object it was."""
+    """``obj`` with the tensor ``walk`` calls ``slot`` replaced by ``new``. Only the containers on the
+    way to it are rebuilt (tuples, named ones too, and lists by their type; mappings copied);
+    everything else is the very object it was."""
     if isinstance(obj, torch.Tensor):
         return new if (prefix or "0") == slot else obj
     if isinstance(obj, (tuple, list)):
-        items = [replace_slot(item, slot, new, f"{prefix}.{i}" if prefix else str(i)) for i, item in enumerate(obj)]
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*items)
-        return type(obj)(items)
+        children = [(f"{prefix}.{i}" if prefix else str(i), item) for i, item in enumerate(obj)]
+        items = [replace_slot(item, slot, new, child) if _on_the_way(child, slot) else item for child, item in children]
+        return type(obj)(*items) if isinstance(obj, tuple) and hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, dict):
         copied = copy.copy(obj)
         for key in obj.keys():
-            copied[key] = replace_slot(obj[key], slot, new, f"{prefix}.{key}" if prefix else str(key))
+            child = f"{prefix}.{key}" if prefix else str(key)
+            if _on_the_way(child, slot):
+                copied[key] = replace_slot(obj[key], slot, new, child)
         return copied
     return obj
+
+
+def _on_the_way(child: str, slot: str) -> bool:
+    return slot == child or slot.startswith(child + ".")
 
 
 class HostCopies:

@@ -452,6 +452,7 @@ def test_an_output_edit_puts_the_tensor_back_into_named_tuples_lists_and_mapping
         "mapping": ({"x": a, "y": (b, c)}, "y.0", lambda o: o["y"][0]),
         "ModelOutput": (BaseModelOutput(last_hidden_state=a, hidden_states=(b, c)), "hidden_states.1",
                         lambda o: o.hidden_states[1]),
+        "beside a structseq": ((a, torch.max(torch.eye(2), 0)), "0", lambda o: o[0]),
     }
     for label, (output, slot, pick) in outputs.items():
         module = torch.nn.Module()
@@ -463,6 +464,13 @@ def test_an_output_edit_puts_the_tensor_back_into_named_tuples_lists_and_mapping
         assert torch.equal(pick(new), torch.full((2,), 7.0)), label
         assert [s for s, _ in walk(new)] == [s for s, _ in walk(output)], label
         assert all(t is dict(walk(output))[s] for s, t in walk(new) if s != slot), label
+    # containers off the way to the slot are not rebuilt: the very objects they were
+    output = (a, torch.max(torch.eye(2), 0))
+    module = torch.nn.Module()
+    module.forward = lambda: output
+    (entry,) = build_hooks({"e": {"type": "edit_output", "layers": "", "op": "set", "value": 7.0, "slot": 0}})
+    with HookSession(module, [entry]):
+        assert module()[1] is output[1]
 
 
 # -- metrics ---------------------------------------------------------------------------------------
