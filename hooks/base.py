@@ -99,6 +99,7 @@ class HookType:
     def eval_problem(self) -> str | None:
         """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
         return None
+
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError

@@ -77,7 +77,7 @@ class Ablate(Tap):
 
     def __init__(self, name: str, spec: AblateSpec) -> None:
         super().__init__(name, spec)
-        self._pool: dict[str, torch.Tensor] | None = None  # a stored run's samples per layer
+        self._pool: dict[tuple[str, str], torch.Tensor] | None = None  # a stored run's samples per layer and slot
         self._layer = ""
 
     def attach(self, model, session) -> None:
@@ -86,9 +86,9 @@ class Ablate(Tap):
             self._pool = self._stored_samples([layer for layer, _ in self.targets(model)])
         super().attach(model, session)
 
-    def _stored_samples(self, layers: list[str]) -> dict[str, torch.Tensor]:
-        """Every sample the reference run kept of each layer's output (``target: input``: of its
-        first input, slot 0, the one the ablation replaces), stacked along dim 0, by layer and slot."""
+    def _stored_samples(self, layers: list[str]) -> dict[tuple[str, str], torch.Tensor]:
+        """Every sample the reference run kept of each layer's output (``target: input``: its
+        input), stacked along dim 0, by layer and slot: the slot edited is known at each call."""
         found = stored_tensors(self.spec.reference, layers, self.spec.target, f"{self.key}.reference")
         return {(layer, slot): torch.cat([t for key, t in sorted(found.items()) if key[1:4:2] == (layer, slot)])
                 for layer, slot in {(key[1], key[3]) for key in found}}

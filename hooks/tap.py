@@ -373,7 +373,7 @@ class Tap(HookType):
             old = output if whole else dict(walk(output))[slot]
             new = checked(edit(old, args), old, f"{self.key} on '{layer}' output" + ("" if whole else f" {slot}"))
             output = new_output = replace_slot(output, slot, new)
-            if dict(walk(output))[slot] is not new:  # a container replace_slot cannot rebuild: never a silent no-op
+            if dict(walk(output)).get(slot) is not new:  # a container replace_slot cannot rebuild: never a silent no-op
                 raise ConfigError(f"{self.key}: cannot put the changed tensor back into the "
                                   f"{type(output).__name__} '{layer or '(model)'}' returns (slot {slot})")
         if "output" in self._kinds or edit is not None:

@@ -212,7 +212,8 @@ def test_a_patch_entry_in_your_own_loop_is_one_line_where_its_values_are_missing
             pass
     assert not (tmp_path / "never").exists()
     model, x = ConvNet(), torch.randn(2, 3, 8, 8)
-    with runner.attach(model, hooks=["extract"], overrides=["hooks.extract.layers=conv"], out_dir=tmp_path / "src") as rec:
+    with runner.attach(model, hooks=["extract"], overrides=["hooks.extract.layers=conv"],
+                       out_dir=tmp_path / "src") as rec:
         model(x)
         rec.step(None)
     stored = {"p": {"type": "patch", "layers": "conv", "source": str(tmp_path / "src")}}
