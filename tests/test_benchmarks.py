@@ -38,7 +38,10 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     assert "Start-up" in markdown and "Peak memory" in markdown.replace("Peak RSS", "Peak memory")
     loading = {r["name"]: r for r in by_section["sweep loading"]}
     assert set(loading) == {read for read, _, _ in bench.sweep_load.READS} | {"memory added / frame"}
-    assert "Loading a sweep of 3 jobs" in markdown and "Step 0 of a `hooks=stats` run" in markdown
+    assert "Loading a sweep of 3 jobs" in markdown and "Step 0 against the run's median step" in markdown
+    first = {r["config"].split()[0]: r for r in by_section["first step"]}
+    assert set(first) == {"hooks=stats", "hooks=none"}, "step 0 is measured beside a run without hooks"
+    assert first["hooks=stats"]["target"] and not first["hooks=none"]["target"]
 
 
 def test_every_variant_leaves_the_gradients_of_bare():
