@@ -11,6 +11,10 @@ One mechanism, three transforms. ``target`` says where the gradient is taken:
 * ``input``: a tensor hook on this module's view of each positional or keyword input
   (kind ``grad_input``), so other consumers of the same tensor are not affected.
 
+With ``output`` or ``input``, every tensor's gradient is changed, or only the one ``slot`` names
+(an LSTM's ``h_n`` is output slot ``1.0``); a slot that names no tensor needing a gradient there
+is one line listing those that do, after the rehearsal's backward.
+
 Each hook records statistics of the gradient it produced, so a run shows what it did.
 """
 from __future__ import annotations
@@ -26,13 +30,13 @@ from hooks.errors import ConfigError, choice_error
 from hooks.junction import param_lineup
 from hooks.registry import register
 from hooks.index import narrowed
-from hooks.tap import EditSpec, Tap, checked
+from hooks.tap import SlotEditSpec, Tap, checked
 
 TARGETS = ("params", "output", "input")
 
 
 @dataclass
-class GradSpec(EditSpec):
+class GradSpec(SlotEditSpec):
     layers: Any = "**"
     target: str = "params"
     params: Optional[list[str]] = None
@@ -43,6 +47,9 @@ class GradSpec(EditSpec):
             raise choice_error(f"{key}.target", self.target, TARGETS, "target")
         if self.params is not None and self.target != "params":
             raise ConfigError(f"{key}.params: only meaningful with target=params (got target={self.target})")
+        if self.slot is not None and self.target == "params":
+            raise ConfigError(f"{key}.slot: only meaningful with target=output or input; "
+                              f"name parameters with {key}.params, e.g. [bias]")
         if self.params is not None and not self.params:
             raise ConfigError(f"{key}.params: empty list; use null for every parameter or name some, e.g. [bias]")
         if self.target == "params" and self.scope == "global":
@@ -79,6 +86,8 @@ class GradTransform(Tap):
 
     spec_class = GradSpec
     _params: list[tuple[str, str, nn.Parameter]] = []
+    #: With ``slot``: per layer, the slots of this step's tensors that need a gradient (checked after backward).
+    _slots_seen: dict[str, set[str]] = {}
 
     @property
     def needs_backward(self) -> bool:
@@ -114,6 +123,7 @@ class GradTransform(Tap):
 
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.target != "params":
+            self._slots_seen = {}
             return super().attach(model, session)
         self._start(session)
         self._params = select_params(self, self.targets(model), self.spec.params)
@@ -133,8 +143,20 @@ class GradTransform(Tap):
 
         return on_grad
 
+    def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
+        wanted = self.spec.slot
+        if wanted is None:
+            return super()._grad_hook(layer, kind, slot, call)
+        self._slots_seen.setdefault(layer, set()).add(slot)
+        return super()._grad_hook(layer, kind, slot, call) if slot == str(wanted) else None
+
     def after_backward(self, recorder) -> None:
         super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
+        for layer, slots in self._slots_seen.items():
+            if str(self.spec.slot) not in slots:
+                raise choice_error(f"{self.key}.slot", str(self.spec.slot), sorted(slots),
+                                   f"{self.spec.target} slot of '{layer or '(model)'}'")
+        self._slots_seen = {}
         for layer, pname, p in self._params:
             if p.grad is not None:
                 recorder.record(p.grad, hook=self.name, layer=layer, phase="after_backward",

@@ -91,11 +91,12 @@ class EditSpec(TapSpec):
 
 @dataclass
 class SlotEditSpec(EditSpec):
-    """Keys of the types that change a forward tensor: ``slot`` picks it where a module returns a
-    tuple or mapping (``0``, ``1.0``, a key: the ``slot`` column's values; the command line reads
-    ``1.0`` as a number, which names the same slot). Without it such an output's only tensor is
-    changed, and an output holding several is refused; ``ablate`` with ``target: input`` takes
-    the input of that position or keyword (default: the first)."""
+    """Keys of the types that change one tensor of several: ``slot`` picks it where a module
+    returns a tuple or mapping (``0``, ``1.0``, a key: the ``slot`` column's values; the command
+    line reads ``1.0`` as a number, which names the same slot). Without it an output edit changes
+    such an output's only tensor and refuses one holding several; ``ablate`` with ``target: input``
+    takes the input of that position or keyword (default: the first); a gradient edit
+    (``hooks.gradients``) changes every tensor's gradient."""
 
     slot: Any = None
 

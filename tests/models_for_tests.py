@@ -212,3 +212,18 @@ class IdentityThenInplace(Tracked):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.relu(self.id(self.fc1(x))))
+
+
+class Recurrent(Tracked):
+    """An LSTM over ``[batch, time, 3]`` whose head reads its last output and ``h_n``: an output
+    of three tensors (slots 0, 1.0, 1.1), two of which get a gradient."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.fc = nn.LSTM(3, 4, batch_first=True), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, (h_n, _) = self.lstm(x)
+        return self.fc(torch.cat([out[:, -1], h_n[-1]], dim=1))

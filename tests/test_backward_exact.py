@@ -333,3 +333,79 @@ def test_silent_names_what_a_matched_entry_never_recorded(entry, missing):
         with HookSession(model, [hook]) as session:
             session.backward(model(torch.randn(1, 3, 8, 8)).sum())
             assert sorted({silence.kind for silence in session.silent()}) == missing
+
+
+def lstm_grads(edits: dict[int, float] | None = None, entry: dict | None = None) -> tuple[list, list[dict]]:
+    """Parameter gradients of ``Recurrent`` after one backward, with each output slot's gradient
+    scaled by hand (``edits``: tensor position in ``(output, h_n, c_n)`` -> factor) or by ``entry``."""
+    from models_for_tests import Recurrent
+
+    torch.manual_seed(0)
+    model = Recurrent()
+    x = seeded_batch([2, 5, 3])
+    if entry is not None:
+        rows = hooked_step(model, x, {"g": entry})
+        return [p.grad for p in model.parameters()], rows
+
+    def by_hand(_module, _args, output):
+        tensors = (output[0], *output[1])
+        for position, factor in (edits or {}).items():
+            tensors[position].register_hook(lambda g, factor=factor: g * factor)
+
+    model.lstm.register_forward_hook(by_hand)
+    model(x).sum().backward()
+    return [p.grad for p in model.parameters()], []
+
+
+@pytest.mark.parametrize("slot, position", [(0, 0), (1.0, 1), ("1.0", 1)])
+def test_a_gradient_edit_with_a_slot_changes_that_output_tensors_gradient_only(slot, position):
+    """``scale`` on an LSTM with ``slot``: as a hand-written hook on that one tensor of
+    ``(output, (h_n, c_n))``; the gradient of the other tensor that gets one is left as it was."""
+    want, _ = lstm_grads({position: 3.0})
+    got, rows = lstm_grads(entry={"type": "scale", "layers": "lstm", "target": "output", "factor": 3.0,
+                                  "slot": slot})
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    plain, _ = lstm_grads({})
+    assert not torch.equal(got[0], plain[0])  # the edit changed something
+    assert {(r["kind"], r["slot"]) for r in rows} == {("grad_output", ["0", "1.0"][position])}
+
+
+def test_a_gradient_edit_without_a_slot_changes_every_output_tensors_gradient():
+    want, _ = lstm_grads({0: 3.0, 1: 3.0, 2: 3.0})
+    got, rows = lstm_grads(entry={"type": "scale", "layers": "lstm", "target": "output", "factor": 3.0})
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert {r["slot"] for r in rows} == {"0", "1.0"}  # c_n gets no gradient here
+
+
+def test_a_gradient_edit_slot_that_gets_no_gradient_or_does_not_exist_is_one_line():
+    with pytest.raises(ConfigError, match=r"^hooks.g.slot: unknown output slot of 'lstm' '1.2'; "
+                                          r"valid: 0, 1.0, 1.1; did you mean '1.1'\?$"):
+        lstm_grads(entry={"type": "scale", "layers": "lstm", "target": "output", "slot": "1.2"})
+    with pytest.raises(ConfigError, match=r"hooks.g.slot: only meaningful with target=output or input"):
+        build_hooks({"g": {"type": "clamp", "min": 0.0, "slot": 0}})
+
+
+def test_a_gradient_edit_slot_the_module_lacks_fails_before_the_first_step_from_the_cli(fault):
+    outcome = fault("model=custom", "model._target_=models_for_tests.Recurrent", "data.shape=[2,5,3]",
+                    "hooks=double_grad", "hooks.double_grad.target=output", "hooks.double_grad.layers=lstm",
+                    "hooks.double_grad.slot=2")
+    assert outcome.code == 2
+    assert outcome.stderr.endswith("hooks.double_grad.slot: unknown output slot of 'lstm' '2'; valid: 0, 1.0, 1.1")
+
+
+def test_a_gradient_edit_with_a_slot_changes_that_inputs_gradient_only():
+    """``clamp`` on the second input of a ``Bilinear``: as a hand-written hook on that input alone."""
+    torch.manual_seed(0)
+    bilinear = nn.Bilinear(3, 4, 2)
+    x1, x2 = seeded_batch([5, 3], 0).requires_grad_(), seeded_batch([5, 4], 1).requires_grad_()
+    hooked_step(bilinear, None, {"g": {"type": "clamp", "layers": "", "target": "input", "slot": 1,
+                                       "min": -0.1, "max": 0.1}}, call=lambda m: m(x1, x2))
+    got = x1.grad, x2.grad
+    x1.grad = x2.grad = None
+    second = x2.view_as(x2)
+    second.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    bilinear(x1, second).sum().backward()
+    assert torch.equal(got[0], x1.grad) and torch.equal(got[1], x2.grad)
+    assert x2.grad.abs().max() == 0.1 and x1.grad.abs().max() > 0.1  # clamped where asked, only there
