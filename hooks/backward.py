@@ -101,9 +101,6 @@ class ModuleBackward(Tap):
     def edit_grad_output(self):
         return self._filler() if self.replaced_kind == "grad_output" else None
 
-    def input_slot(self, slot: str) -> bool:
-        return False
-
     @property
     def pytorch_hooks(self) -> str:
         if self.spec.mechanism == "tensor":

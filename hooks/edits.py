@@ -60,8 +60,9 @@ class Shift(Tap):
         op, value = OPS[self.spec.op], self.spec.value
         return lambda x: op(x, value)
 
-    def input_slot(self, slot: str) -> bool:
-        return slot == (self.spec.kwarg if self.spec.kwarg is not None else str(self.spec.slot))
+    @property
+    def edited_input(self) -> tuple[str, str]:
+        return ("kwarg", self.spec.kwarg) if self.spec.kwarg is not None else ("slot", str(self.spec.slot))
 
 
 OUTPUT_OPS = ("add_input", *OPS)

@@ -12,8 +12,8 @@ One mechanism, three transforms. ``target`` says where the gradient is taken:
   (kind ``grad_input``), so other consumers of the same tensor are not affected.
 
 With ``output`` or ``input``, every tensor's gradient is changed, or only the one ``slot`` names
-(an LSTM's ``h_n`` is output slot ``1.0``); a slot that names no tensor needing a gradient there
-is one line listing those that do, after the rehearsal's backward.
+(an LSTM's ``h_n`` is output slot ``1.0``); a slot that names no tensor of the call is one line
+listing those it has, at the first call (``Tap.grad_slot``).
 
 Each hook records statistics of the gradient it produced, so a run shows what it did.
 """
@@ -86,8 +86,6 @@ class GradTransform(Tap):
 
     spec_class = GradSpec
     _params: list[tuple[str, str, nn.Parameter]] = []
-    #: With ``slot``: per layer, the slots of this step's tensors that need a gradient (checked after backward).
-    _slots_seen: dict[str, set[str]] = {}
 
     @property
     def needs_backward(self) -> bool:
@@ -114,16 +112,12 @@ class GradTransform(Tap):
     def edit_grad_output(self):
         return self.transform if self.spec.target == "output" else None
 
-    def input_slot(self, slot: str) -> bool:
-        return False
-
     @property
     def pytorch_hooks(self) -> str:
         return "Tensor.register_hook on parameters (shared)" if self.spec.target == "params" else super().pytorch_hooks
 
     def attach(self, model: nn.Module, session) -> None:
         if self.spec.target != "params":
-            self._slots_seen = {}
             return super().attach(model, session)
         self._start(session)
         self._params = select_params(self, self.targets(model), self.spec.params)
@@ -143,20 +137,12 @@ class GradTransform(Tap):
 
         return on_grad
 
-    def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
-        wanted = self.spec.slot
-        if wanted is None:
-            return super()._grad_hook(layer, kind, slot, call)
-        self._slots_seen.setdefault(layer, set()).add(slot)
-        return super()._grad_hook(layer, kind, slot, call) if slot == str(wanted) else None
+    @property
+    def grad_slot(self) -> str | None:
+        return None if self.spec.slot is None else str(self.spec.slot)
 
     def after_backward(self, recorder) -> None:
         super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
-        for layer, slots in self._slots_seen.items():
-            if str(self.spec.slot) not in slots:
-                raise choice_error(f"{self.key}.slot", str(self.spec.slot), sorted(slots),
-                                   f"{self.spec.target} slot of '{layer or '(model)'}'")
-        self._slots_seen = {}
         for layer, pname, p in self._params:
             if p.grad is not None:
                 recorder.record(p.grad, hook=self.name, layer=layer, phase="after_backward",

@@ -105,19 +105,16 @@ class Ablate(Tap):
     def edit_input(self):
         return self._ablated if self.spec.target == "input" else None
 
-    def input_slot(self, slot: str) -> bool:
-        return slot == self._input_slot
-
     @property
-    def _input_slot(self) -> str:
-        return "0" if self.spec.slot is None else str(self.spec.slot)
+    def edited_input(self) -> tuple[str, str]:
+        return "slot", "0" if self.spec.slot is None else str(self.spec.slot)
 
     def _ablated(self, x: torch.Tensor) -> torch.Tensor:
         op = self.spec.op
         if op == "zero":
             return overwritten(x, torch.zeros((), dtype=x.dtype, device=x.device))
         if self._pool is not None:
-            slot = self.edited_slot if self.spec.target == "output" else self._input_slot
+            slot = self.edited_slot if self.spec.target == "output" else self.edited_input[1]
             pool = self._pool.get((self._layer, slot))
             if pool is None:
                 raise ConfigError(f"{self.key}.reference: run '{self.spec.reference}' kept no {self.spec.target} "

@@ -138,7 +138,8 @@ class Tap(HookType):
     * ``record_kinds``: the kinds to record (subset of ``KINDS``);
     * ``edit_input`` / ``edit_output`` / ``edit_grad_input`` / ``edit_grad_output``: return an
       ``Edit`` (``edit_output``'s also receives the call's ``args``) or ``None`` to observe only;
-    * ``input_slot``: which input (position or keyword name) ``edit_input`` applies to;
+    * ``edited_input``: which input (position or keyword name) ``edit_input`` changes;
+    * ``grad_slot``: the one tensor whose gradient the gradient edits change (default: every one);
     * ``keep``: keep a copy of every recorded tensor (``capture``);
     * ``on_record``: called for every recorded tensor (``print`` prints here);
     * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
@@ -178,9 +179,16 @@ class Tap(HookType):
     def edit_grad_output(self) -> Edit | None:
         return None
 
-    def input_slot(self, slot: str) -> bool:
-        """Whether the input edit applies to ``slot`` (a position or a keyword name)."""
-        return slot == "0"
+    @property
+    def edited_input(self) -> tuple[str, str]:
+        """``(key, slot)``: the input ``edit_input`` changes (a position or a keyword name), and
+        the spec key naming it, for the one-line error when a call has no tensor there."""
+        return "slot", "0"
+
+    @property
+    def grad_slot(self) -> str | None:
+        """The slot whose gradient the gradient edits change; ``None``: every tensor's."""
+        return None
 
     def on_record(self, layer: str, kind: str, slot: str, tensor: torch.Tensor) -> None:
         """Called for every recorded tensor (``print`` prints here)."""
@@ -336,17 +344,24 @@ class Tap(HookType):
             self._junction(module).expect(module, layer, "grad_input", self, self._wish(layer, call))
         self.on_pre(layer, call)
         edit, kinds = self._edits["input"], self._kinds
-        if edit is None and "input" not in kinds:
+        grad_slot = self.grad_slot if self._edits["grad_input"] is not None else None
+        if edit is None and "input" not in kinds and grad_slot is None:
             return None
-        new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
         items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
+        tensors = [slot for slot, value in items if isinstance(value, torch.Tensor)]
+        if grad_slot is not None:
+            self._require_slot(layer, "input", "slot", grad_slot, tensors)
+        key, wanted = self.edited_input if edit is not None else ("slot", None)
+        if wanted is not None:
+            self._require_slot(layer, "input", key, wanted, tensors)
+        new_args, new_kwargs, changed = list(args), dict(kwargs or {}), False
         for slot, value in items:
             if not isinstance(value, torch.Tensor):
                 if "input" in kinds:
                     for sub, t in walk(value, slot):
                         self._record(t, layer, "forward", "input", sub, call)
                 continue
-            edits_here = edit is not None and self.input_slot(slot)
+            edits_here = slot == wanted
             if edits_here:
                 value = checked(edit(value), value, f"{self.key} on '{layer}' input {slot}")
                 changed = True
@@ -381,6 +396,8 @@ class Tap(HookType):
             for slot, t in walk(output):
                 self._record(t, layer, "forward", "output", slot, call)
         if self._grad_out and output is not None:
+            if self.grad_slot is not None and self._edits["grad_output"] is not None:
+                self._require_slot(layer, "output", "slot", self.grad_slot, [slot for slot, _ in walk(output)])
             self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call))
         return new_output
 
@@ -388,22 +405,26 @@ class Tap(HookType):
         """The slot of ``output`` the output edit changes: ``slot``, or the only tensor there is."""
         slots = [slot for slot, _ in walk(output)]
         wanted = getattr(self.spec, "slot", None)
-        if wanted is not None and str(wanted) in slots:
+        if wanted is not None:
+            self._require_slot(layer, "output", "slot", str(wanted), slots)
             return str(wanted)
         name, kind = layer or "(model)", type(output).__name__
-        if wanted is not None:
-            raise choice_error(f"{self.key}.slot", str(wanted), slots, f"slot of the {kind} '{name}' returns")
         if len(slots) == 1:
             return slots[0]
         raise ConfigError(f"{self.key}: '{name}' returns a {kind} with tensors at {', '.join(slots) or 'no slot'}, "
                           f"and '{self.spec.type}' changes one of them: set {self.key}.slot")
+
+    def _require_slot(self, layer: str, where: str, key: str, wanted: str, slots: list[str]) -> None:
+        """One line when the slot an edit names holds no tensor in this call: never an edit that does nothing."""
+        if wanted not in slots:
+            raise choice_error(f"{self.key}.{key}", wanted, slots, f"{where} slot of '{layer or '(model)'}'")
 
     def _wish(self, layer: str, call: int):
         """What this entry does with a gradient of this call, asked per kind and slot by the junction."""
         return lambda kind, slot: self._grad_hook(layer, kind, slot, call)
 
     def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
-        edit = self._edits[kind]
+        edit = self._edits[kind] if self.grad_slot in (None, slot) else None
         record = kind in self._kinds or edit is not None
         if edit is None and not record:
             return None

@@ -379,7 +379,7 @@ def test_a_gradient_edit_without_a_slot_changes_every_output_tensors_gradient():
     assert {r["slot"] for r in rows} == {"0", "1.0"}  # c_n gets no gradient here
 
 
-def test_a_gradient_edit_slot_that_gets_no_gradient_or_does_not_exist_is_one_line():
+def test_a_gradient_edit_slot_the_output_lacks_or_on_parameters_is_one_line():
     with pytest.raises(ConfigError, match=r"^hooks.g.slot: unknown output slot of 'lstm' '1.2'; "
                                           r"valid: 0, 1.0, 1.1; did you mean '1.1'\?$"):
         lstm_grads(entry={"type": "scale", "layers": "lstm", "target": "output", "slot": "1.2"})

@@ -123,7 +123,14 @@ CONFIG_ERRORS = [
      "set hooks.ablate.slot"),
     (["model=custom", "model._target_=torch.nn.LSTM", "+model.input_size=4", "+model.hidden_size=3",
       "data.shape=[2,5,4]", "hooks=ablate", "hooks.ablate.layers=''", "hooks.ablate.slot=1.2"],
-     "hooks.ablate.slot: unknown slot of the tuple '(model)' returns '1.2'; valid: 0, 1.0, 1.1; did you mean"),
+     "hooks.ablate.slot: unknown output slot of '(model)' '1.2'; valid: 0, 1.0, 1.1; did you mean"),
+    # an edit naming an input the call does not have: one line, not an edit that does nothing
+    (["hooks=shift", "hooks.shift.slot=3"], "hooks.shift.slot: unknown input slot of '(model)' '3'; valid: 0"),
+    (["hooks=shift", "hooks.shift.kwarg=mask"], "hooks.shift.kwarg: unknown input slot of '(model)' 'mask'; valid: 0"),
+    (["hooks=ablate", "hooks.ablate.layers=conv", "hooks.ablate.target=input", "hooks.ablate.slot=1"],
+     "hooks.ablate.slot: unknown input slot of 'conv' '1'; valid: 0"),
+    (["hooks=double_grad", "hooks.double_grad.target=input", "hooks.double_grad.layers=conv",
+      "hooks.double_grad.slot=x"], "hooks.double_grad.slot: unknown input slot of 'conv' 'x'; valid: 0"),
     (["hooks=ablate", "hooks.ablate.layers=conv", "hooks.ablate.slot=[0]"],
      "hooks.ablate.slot: [0] must be a slot such as 0, 1.0 or a key of the output"),
     # shapes the model cannot take, found by the meta rehearsal
