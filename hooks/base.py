@@ -1,6 +1,8 @@
 """The base of every hook type: a typed parameter schema and an ``attach`` method."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
@@ -12,8 +14,6 @@ from hooks.select import select_modules
 
 if TYPE_CHECKING:
     from hooks.session import HookSession
-
-
 
 
 @dataclass
@@ -71,15 +71,55 @@ class HookType:
 
     Subclasses set ``spec_class`` and implement ``attach``; ``needs_backward`` tells the runner
     that the entry records or changes gradients, so a forward-only run rejects it up front.
+
+    The spec is what the config said, checked, and never changes; everything an entry learns
+    while attached (stored values, generators, counts) is state, and each attach (the
+    rehearsal, the run, a resumed run) gets it fresh: ``fresh()``.
+
+    An entry declares what it needs from the loop around it, and the runner supplies it without
+    knowing the type (as zennit's composites supply what each rule asks for): ``keep`` (its
+    records keep their values, which pictures are drawn from), ``side_data`` and ``side_mode``
+    (a pass on other data beside each step, which the runner's loop runs), ``stored_runs`` (the
+    run directories it reads), ``own_loop_problem`` (why a user's own loop cannot serve it).
     """
 
     spec_class: ClassVar[type[HookSpec]] = HookSpec
     type_name: ClassVar[str] = ""
+    #: Whether every tensor this entry records keeps its values (``tensors.parquet``), not only statistics.
+    keep: ClassVar[bool] = False
 
     def __init__(self, name: str, spec: HookSpec) -> None:
         self.name = name
         self.spec = spec
         self.key = f"hooks.{name}"
+
+    def fresh(self) -> HookType:
+        """The same entry (name and spec) with none of the state an attach gave this one."""
+        return type(self)(self.name, self.spec)
+
+    @property
+    def side_data(self) -> dict | None:
+        """Data keys, over the run's ``data``, of a batch to run beside each step (``patch`` with
+        ``source: clean``), or ``None``: the runner's loop runs that batch with the entry in
+        ``side_mode("capture")``, then the step's batch in ``side_mode("off")``
+        (``runner.engine.side_by_side``), before the step proper."""
+        return None
+
+    @contextlib.contextmanager
+    def side_mode(self, mode: str) -> Iterator[None]:
+        """What the entry does in a pass beside the step (see ``side_data``); nothing by default."""
+        yield
+
+    @property
+    def own_loop_problem(self) -> str | None:
+        """Why a user's own loop (``runner.attach``) cannot serve this entry, in one line naming
+        its key, or ``None`` when it can."""
+        return None
+
+    @property
+    def stored_runs(self) -> tuple[str, ...]:
+        """The stored run directories this entry reads its values from (checked before the run)."""
+        return ()
 
     @property
     def needs_backward(self) -> bool:

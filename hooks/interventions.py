@@ -11,17 +11,18 @@
   and records what it put in (kind ``patched``), so a patch that never happened is reported.
   ``source: clean`` takes the value from a clean pass of the same run instead: before each step
   the run loop feeds the clean batch (the run's data with ``clean``'s keys over it) while the
-  entry keeps its layers' outputs (``capturing``), then the corrupted batch unpatched
-  (``standing_by``), both outside the run's records (``runner.engine.side_by_side``).
+  entry keeps its layers' outputs (``side_mode("capture")``), then the corrupted batch unpatched
+  (``side_mode("off")``), both outside the run's records (``runner.engine.side_by_side``).
 
-Both read a stored run with ``hooks.stored`` once, when first attached (so in the meta-device
-rehearsal, before the run): a run without the layer, or a stored shape that is not the
-module's, is a one-line ``ConfigError`` naming the entry's key.
+Both read a stored run with ``hooks.stored`` when attached (each attach has fresh state: first in
+the meta-device rehearsal, before the run): a run without the layer, or a stored shape that is
+not the module's, is a one-line ``ConfigError`` naming the entry's key. On meta tensors (the
+rehearsal) they draw nothing from ``seed``'s generator, so the real run draws what it would without one.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,6 +81,10 @@ class Ablate(Tap):
         self._pool: dict[tuple[str, str], torch.Tensor] | None = None  # a stored run's samples per layer and slot
         self._layer = ""
 
+    @property
+    def stored_runs(self) -> tuple[str, ...]:
+        return () if self.spec.reference == "batch" else (self.spec.reference,)
+
     def attach(self, model, session) -> None:
         self._generator = torch.Generator().manual_seed(self.spec.seed)
         if self.spec.reference != "batch" and self._pool is None:
@@ -124,6 +129,8 @@ class Ablate(Tap):
                                   f"{self.spec.target}s of shape {list(pool.shape[1:])} per sample; this run's are "
                                   f"{list(x.shape[1:])}")
             pool = pool.to(x.device, x.dtype)
+            if x.is_meta and op == "resample":
+                return overwritten(x, x)
             if op == "mean":
                 return overwritten(x, pool.mean(0, keepdim=True))
             picks = torch.randint(len(pool), (x.shape[0],), generator=self._generator)
@@ -133,6 +140,8 @@ class Ablate(Tap):
         if x.shape[0] < 2:
             raise ConfigError(f"{self.key}.op: resample from the batch needs at least 2 samples, the batch has "
                               f"{x.shape[0]}; use a larger batch or reference=RUN_DIR")
+        if x.is_meta:
+            return x.clone()
         return x[derangement(x.shape[0], self._generator).to(x.device)]
 
 
@@ -166,10 +175,6 @@ class PatchSpec(SlotEditSpec):
         if self.source_step is not None and self.source_step < 0:
             raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
 
-    @property
-    def clean_data(self) -> dict:
-        """The data keys of the clean batch, over the run's ``data``."""
-        return dict(self.clean) if self.clean is not None else {"seed": 0}
 
 
 @register("patch")
@@ -192,6 +197,24 @@ class Patch(Tap):
     def side_by_side(self) -> bool:
         """Whether the values come from a clean pass of this run (``source: clean``)."""
         return self.spec.source == CLEAN
+
+    @property
+    def side_data(self) -> dict | None:
+        """With ``source: clean``: the data keys of the clean batch, over the run's ``data``."""
+        if not self.side_by_side:
+            return None
+        return dict(self.spec.clean) if self.spec.clean is not None else {"seed": 0}
+
+    @property
+    def own_loop_problem(self) -> str | None:
+        if not self.side_by_side:
+            return None
+        return (f"{self.key}.source: clean needs the runner's loop, which runs the clean batch beside each step "
+                f"(python -m runner); in your own loop patch from a stored run: {self.key}.source=RUN_DIR")
+
+    @property
+    def stored_runs(self) -> tuple[str, ...]:
+        return () if self.side_by_side else (self.spec.source,)
 
     def attach(self, model, session) -> None:
         if self._source is None and self.side_by_side:
@@ -223,7 +246,7 @@ class Patch(Tap):
         return lambda out, args: self._patched(out)
 
     @contextlib.contextmanager
-    def mode(self, mode: str) -> Iterator[None]:
+    def side_mode(self, mode: str) -> Iterator[None]:
         """``capture``: keep this pass's outputs as the values to patch in (a clean pass), and leave
         them; ``off``: leave the outputs (the corrupted baseline); else patch."""
         before, self._mode = self._mode, mode
@@ -261,7 +284,3 @@ class Patch(Tap):
         self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot=slot, call=call)
         return overwritten(out, value)
 
-
-def side_by_side(hooks: Sequence[Any]) -> list[Patch]:
-    """The ``patch`` entries of ``hooks`` that take their values from a clean pass of the run."""
-    return [hook for hook in hooks if isinstance(hook, Patch) and hook.side_by_side]

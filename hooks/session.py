@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from hooks import stats
 from hooks.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -40,6 +42,13 @@ class HookSession:
     entry packed in forward, e.g. ``offload_disk`` files, must outlive backward). With
     ``lifetimes=False`` (plan, rehearsal) every entry is attached at once and stays.
 
+    What exists only after backward (accumulated ``.grad``) is recorded whoever calls
+    ``backward``: a post-accumulate-grad hook on each trainable parameter marks that gradients
+    landed, and ``flush()`` records them before anything can change them: before any optimizer
+    steps (a global optimizer step pre-hook, so after DDP's averaging and a framework's
+    clipping), or when the loop ends the step and calls it. A backward that reaches no
+    trainable parameter marks nothing: call ``backward(loss)`` there.
+
     Example:
         >>> with HookSession(model, build_hooks(cfg.hooks)) as session:
         ...     session.begin_step(0)
@@ -59,6 +68,7 @@ class HookSession:
         self._step = 0
         self._attached_at: dict[str, int] = {}
         self._removed_at: dict[str, int] = {}
+        self._grads_landed = False
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         """Take ownership of ``handle``; it is removed when the session closes or its entry's lifetime ends."""
@@ -68,6 +78,7 @@ class HookSession:
     def __enter__(self) -> HookSession:
         try:
             self._attach([h for h in self.hooks if not self.use_lifetimes or h.spec.first_step() == 0])
+            self._watch_gradients()
         except BaseException:
             self.close()
             raise
@@ -167,6 +178,16 @@ class HookSession:
         self._attached = [h for h in self._attached if h.name not in names]
 
     # -- passes -------------------------------------------------------------------------------
+    def _watch_gradients(self) -> None:
+        """Know when a backward pass wrote ``.grad`` (``flush`` records it then), whoever called it."""
+        def landed(param: torch.Tensor) -> None:
+            self._grads_landed = True
+
+        for param in self.model.parameters():
+            if param.requires_grad:
+                self.add(param.register_post_accumulate_grad_hook(landed))
+        self.add(register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self.flush()))
+
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` with the recorder told that backward runs (a forward call
         inside it is activation checkpointing's recompute), then ``after_backward``."""
@@ -174,9 +195,15 @@ class HookSession:
             loss.backward(**kwargs)
         self.after_backward()
 
+    def flush(self) -> None:
+        """``after_backward`` if a backward wrote gradients since it last ran."""
+        if self._grads_landed:
+            self.after_backward()
+
     def after_backward(self) -> None:
         """Let each hook record what exists only once backward is done (accumulated ``.grad``),
         then remove entries that reached ``max_calls``."""
+        self._grads_landed = False
         for hook in self._attached:
             hook.after_backward(self.recorder)
         self.check_lifetimes()
@@ -221,3 +248,17 @@ def _reason(kind: str, module: nn.Module, called: bool) -> str:
         return "autograd saved nothing while it ran (nothing in it needs grad)"
     return ("no gradient reached it: its output holds no tensor the loss depends on, or one that "
             "PyTorch's module backward hooks do not see (e.g. a dict output)")
+
+
+def prepare_recording(device: torch.device, sizes: dict | None, any_hooks: bool) -> None:
+    """Build the statistics kernel before step 0 when the run will use it on ``device``.
+
+    The first captured tensor would otherwise pay for the build (the C kernel on CPU, the first
+    time on a machine; ``torch.compile`` on CUDA) inside step 0, and step 0's ``wall_time_s``
+    would report it as the hooks' cost. ``sizes``: the rehearsal's ``(count, bytes, kept)`` per
+    entry and kind (``None``: not rehearsed); off CPU only tensors large enough use the kernel.
+    """
+    large = sizes is None or any(nbytes >= count * stats.COMPILE_MIN_NUMEL * 2
+                                 for count, nbytes, _ in sizes.values() if count)
+    if any_hooks and (device.type == "cpu" or large):
+        stats.prepare(device)

@@ -223,3 +223,18 @@ def readme_code(marker: str, language: str = "python") -> str:
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text.split("### Your own loop", 1)[1].split("\n## ", 1)[0]
     return section.split(marker, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def assert_same_tables(mine: Path, theirs: Path):
+    """Two runs wrote the same rows: every column of ``stats.parquet`` (as ``runner.analysis`` reads it;
+    the config columns differ by design) and of ``steps.parquet`` but the timings. Returns both stats frames."""
+    import pandas as pd
+    from runner.store.outputs import STATS_SCHEMA
+
+    stats_mine, stats_theirs = analysis.load_stats(mine), analysis.load_stats(theirs)
+    assert len(stats_mine) == len(stats_theirs) > 0
+    pd.testing.assert_frame_equal(stats_mine[STATS_SCHEMA.names], stats_theirs[STATS_SCHEMA.names])
+    timings = ["wall_time_s", "peak_memory_bytes"]
+    pd.testing.assert_frame_equal(pd.read_parquet(Path(mine) / "steps.parquet").drop(columns=timings),
+                                  pd.read_parquet(Path(theirs) / "steps.parquet").drop(columns=timings))
+    return stats_mine, stats_theirs

@@ -75,10 +75,10 @@ def test_the_statistics_kernel_is_built_before_step_0_not_inside_it(monkeypatch,
     import json
 
     from conftest import run
-    from runner.engine import loop
+    from hooks import stats
 
     calls = []
-    monkeypatch.setattr(loop, "prepare_statistics", lambda device: calls.append((device.type, watch.forwards)))
+    monkeypatch.setattr(stats, "prepare", lambda device: calls.append((device.type, watch.forwards)))
     out = run(make_config(*overrides), tmp_path / "run")
     assert calls == warmed  # forwards seen when the kernel was built: none yet
     assert json.loads((out / "manifest.json").read_text())["compile_time_s"] >= 0.0

@@ -1,11 +1,19 @@
 """``runner.attach``: the runner's hook entries, tables and guarantees inside the user's own training loop.
 
-The entries are composed as the command line composes them (preset names, ``overrides``, or a
-mapping of entries), checked by the plan's own functions before anything is attached or
-written, and recorded by the CLI loop's own ``StepWriter``: the run directory is the one
-``python -m runner`` writes, and ``runner.analysis`` reads it like any run. Hooks leave the
-model on exit, also on an exception; on an exception nothing final is written. Under
-``torch.distributed`` each rank records its own part of the run (``runner.store.ranks``).
+One loop: ``open_run`` builds the one object every loop drives (``AttachedRun``: the hook
+session, the run's outputs and the ``StepWriter``), from checked entries and settings and a
+model. ``runner.attach`` gives it to the user's loop; the CLI's ``run(plan, out_dir)``
+(``runner.engine.loop``) drives the same object with the runner's own data loop, and the
+Lightning and Hugging Face callbacks (``runner.integrations``) with the framework's. So the
+run directory is the one ``python -m runner`` writes, and ``runner.analysis`` reads it like any run.
+
+``runner.attach`` composes the entries as the command line composes them (preset names,
+``overrides``, or a mapping of entries), checks them before anything is attached or written,
+and rehearses them at the model's first call on the meta device (``rehearse_first_call``), as
+``compile_plan`` does for the CLI. What is recorded after backward is recorded whoever calls
+``loss.backward()`` (``HookSession.flush``). Hooks leave the model on exit, also on an
+exception; on an exception nothing final is written. Under ``torch.distributed`` each rank
+records its own part of the run (``runner.store.ranks``).
 """
 from __future__ import annotations
 
@@ -20,11 +28,14 @@ from torch import nn
 
 from hooks import HookSession
 from hooks.errors import ConfigError, choice_error
-from hooks.interventions import side_by_side
+from hooks.base import HookType
 from hooks.recorder import Recorder
 from runner.cli.commandline import compose_config
+from runner.config.schema import RunConfig
 from runner.engine.plan import compile_hooks, compile_settings
+from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
+from runner.store.claim import RunClaim
 from runner.store.outputs import STEP_METRICS, RunOutputs
 from runner.store.ranks import rank_part
 
@@ -47,21 +58,27 @@ class EvalResult:
 
 
 class AttachedRun:
-    """What ``attach`` yields: ``backward(loss)`` for the step's backward pass, ``step(loss)`` after it,
-    ``evaluating()`` around eval passes between steps."""
+    """What ``attach`` yields (and what the CLI's loop drives): ``backward(loss)`` (optional
+    sugar for ``loss.backward()``), ``step(loss)`` after the step, ``evaluating()`` around eval
+    passes between steps. ``session`` holds the entries' hooks, ``outputs`` the run's files,
+    ``writer`` the steps' bookkeeping; ``rehearsal`` is what the first call's meta pass showed."""
 
-    def __init__(self, steps: StepWriter) -> None:
-        self._steps = steps
-        self.session = steps.session
-        #: The step being recorded (from 0): rows written by the next ``step()`` carry it.
-        self.index = 0
+    def __init__(self, writer: StepWriter, first: int = 0, rehearsal: Rehearsal | None = None) -> None:
+        self.writer = writer
+        self.session = writer.session
+        self.outputs = writer.outputs
+        self.rehearsal = rehearsal
+        #: The step being recorded (from 0, or a resumed run's first): rows written by the next ``step()`` carry it.
+        self.index = first
         #: The entries' lifetimes over the steps that ran (the manifest's ``lifetimes``): taken at
         #: the end of each step, before the next one is begun for a loop that may not run it.
         self.lifetimes = self.session.lifetimes()
+        self.begin_step()
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as
-        such, and entries that record after backward (accumulated ``.grad``) record."""
+        such, and entries that record after backward (accumulated ``.grad``) record right after it
+        (with a plain ``loss.backward()`` they record before the optimizer steps, or at ``step()``)."""
         self.session.backward(loss, **kwargs)
 
     @contextlib.contextmanager
@@ -75,11 +92,20 @@ class AttachedRun:
     def step(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """End the step: one ``steps.parquet`` row (``loss``, wall time since the previous step,
         ``metrics`` among ``STEP_METRICS``), its captures handed to the writer; the next step begins."""
-        self._steps.finish(self.index, _value(loss), metrics=_checked(metrics, "step"))
+        self.end_step(loss, **metrics)
+        self.begin_step()
+
+    def end_step(self, loss: torch.Tensor | float | None = None, **metrics: float | None) -> None:
+        """``step`` without beginning the next step: a loop that knows its steps (the CLI's) begins
+        it with ``begin_step`` after its eval passes, so they run with the lifetimes of the step they follow."""
+        self.writer.finish(self.index, _value(loss), metrics=_checked(metrics, "step"))
         self.lifetimes = self.session.lifetimes()
         self.index += 1
-        self._steps.begin(self.index)
-        self._steps.start()
+
+    def begin_step(self) -> None:
+        """Begin step ``index``: the entries' lifetimes and sampling for it; its clock starts."""
+        self.writer.begin(self.index)
+        self.writer.start()
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[EvalResult]:
@@ -101,15 +127,16 @@ class AttachedRun:
         recorder = self.session.recorder
         recording = recorder.enabled
         result = EvalResult()
-        self._steps.start()
+        self.session.flush()  # the last training step's gradients are not the eval passes'
+        self.writer.start()
         recorder.set_enabled(True)
         try:
             with recorder.relabel("eval"):
                 yield result
-            self._steps.finish(self.index - 1, result.loss, split="eval", metrics=result.metrics)
+            self.writer.finish(self.index - 1, result.loss, split="eval", metrics=result.metrics)
         finally:
             recorder.set_enabled(recording)
-        self._steps.start()  # the next training step's clock starts after the eval passes
+        self.writer.start()  # the next training step's clock starts after the eval passes
 
 
 def _value(loss: torch.Tensor | float | None) -> float | None:
@@ -141,27 +168,44 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         >>> with runner.attach(model, hooks=["clip", "stats"], overrides=["hooks.clip.max=0.1"]) as run:
         ...     for x, y in loader:
         ...         loss = F.cross_entropy(model(x), y)
-        ...         run.backward(loss)
-        ...         run.step(loss)
+        ...         loss.backward()
         ...         opt.step(); opt.zero_grad()
+        ...         run.step(loss)
     """
     config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings)
     for hook in hooks_built:
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
-    for hook in side_by_side(hooks_built):
-        raise ConfigError(f"{hook.key}.source: clean needs the runner's loop, which runs the clean batch beside "
-                          f"each step (python -m runner); in your own loop patch from a stored run: "
-                          f"{hook.key}.source=RUN_DIR")
+    for hook in hooks_built:
+        if hook.own_loop_problem:
+            raise ConfigError(hook.own_loop_problem)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with open_run(model, hooks_built, s, config_yaml, lines, Path(out_dir), device, rehearse=True) as run:
+        yield run
+
+
+@contextlib.contextmanager
+def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, config_yaml: str,
+             overrides: Sequence[str], out_dir: Path, device: torch.device, *, rehearse: bool = False,
+             claim: RunClaim | None = None, extra: dict | None = None, first: int = 0,
+             hooks_state: dict | None = None) -> Iterator[AttachedRun]:
+    """The one run object every loop drives: ``hooks`` attached to ``model`` (fresh state, built from
+    their specs), recorded into ``out_dir`` (this rank's part under ``torch.distributed``).
+
+    ``rehearse``: rehearse the entries at the model's first call (``runner.attach``; the CLI's plan
+    rehearsed them already). ``claim``, ``extra``: the CLI's claim of ``out_dir`` and manifest
+    fields; ``first``, ``hooks_state``: where a resumed run goes on from. On exit the hooks leave
+    the model and the run is committed (on an exception: nothing final is written).
+    """
+    s = settings
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
-    with rank_part(Path(out_dir), s.overwrite, config_yaml) as (part_dir, rank_extra), \
-            HookSession(model, hooks_built, recorder) as session:
-        with RunOutputs(part_dir, config_yaml, lines, max(1, int(s.output.row_group_mb * (1 << 20))),
-                        s.overwrite, extra={"seed": s.seed, **rank_extra}) as outputs:
-            steps = StepWriter(session, outputs, s, device)
-            steps.begin(0)
-            steps.start()
-            run = AttachedRun(steps)
+    with rank_part(out_dir, s.overwrite, config_yaml) as (part_dir, rank_extra), \
+            HookSession(model, [hook.fresh() for hook in hooks], recorder) as session:
+        if hooks_state is not None:
+            session.restore_run_state(hooks_state)
+        found = rehearse_first_call(model, session) if rehearse else None
+        with RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),
+                        s.overwrite, claim=claim, extra={"seed": s.seed, **(extra or {}), **rank_extra}) as outputs:
+            run = AttachedRun(StepWriter(session, outputs, s, device), first, found)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes
 

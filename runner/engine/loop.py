@@ -1,7 +1,13 @@
-"""``run(plan, out_dir)``: the loop, and nothing else; everything was checked when the plan was compiled.
+"""``run(plan, out_dir)``: the runner's own data loop driving the one run object ``runner.attach`` gives.
 
-Plain code, no Hydra globals: tests compile a config from Hydra's compose API and run it, the CLI
-(``runner.cli``) runs the plan its checks compiled in the Hydra run directory.
+The recipe is a user of the library (as torchtune's recipes are): it builds the model, data and
+optimizer from the checked plan, opens the run with ``open_run`` (the session, outputs and
+``StepWriter`` every loop uses) and drives it step by step as a user's loop drives
+``runner.attach``: ``run.step(loss, ...)``, ``run.evaluating()``. What only this loop does: the
+passes beside each step that entries ask for (``HookType.side_data``), keeping the input image
+for Grad-CAM, resuming a requeued job, ``torch.compile``. Everything was checked when the plan
+was compiled. Plain code, no Hydra globals: tests compile a config from Hydra's compose API and
+run it, the CLI (``runner.cli``) runs the plan its checks compiled in the Hydra run directory.
 """
 from __future__ import annotations
 
@@ -11,22 +17,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hooks import HookSession
 from hooks.base import explanation
 from hooks.errors import ConfigError
-from hooks.interventions import side_by_side
-from hooks.recorder import Recorder
-from hooks.stats import COMPILE_MIN_NUMEL
-from hooks.stats import prepare as prepare_statistics
+from hooks.session import prepare_recording
+from runner.engine.attach import AttachedRun, open_run
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.side_by_side import clean_and_corrupted
-from runner.engine.steps import StepWriter
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
-from runner.store.outputs import RunOutputs, check_output_dir
+from runner.store.outputs import check_output_dir
 from runner.store.provenance import provenance
 from runner.store.resume import Resume, in_scheduler_job
 
@@ -50,69 +52,45 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     data = plan.data.batches(s.seed, device)
     clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
-    recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
     resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
     first = resume.restore(data)  # a requeued job's run goes on from its last complete step
     for _ in range(first if clean_data is not None else 0):
         next(clean_data)
-    compile_time_s = _warm_up_statistics(plan, device)
-    with HookSession(model, plan.hooks, recorder) as session, OutputMetrics(model, s.metric) as measures:
+    start = time.perf_counter()
+    prepare_recording(device, plan.rehearsal.records if plan.rehearsal is not None else None, bool(plan.hooks))
+    extra = {"compile_time_s": time.perf_counter() - start,  # kept apart from step 0's wall time
+             "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
+             **({"resumed_at_step": first} if first else {})}
+    with open_run(model, plan.hooks, s, plan.config_yaml, plan.overrides, out_dir, device, claim=claim, extra=extra,
+                  first=first, hooks_state=resume.hooks_state) as run, \
+            OutputMetrics(model, s.metric) as measures, resume.keeping(run.outputs), \
+            progress_bar(s.steps, s.progress) as bar:
         forward = _compiled(model) if s.compile else model
-        extra = {"seed": s.seed, "compile_time_s": compile_time_s,
-                 "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
-                 **({"resumed_at_step": first} if first else {})}
-        if resume.hooks_state is not None:
-            session.restore_run_state(resume.hooks_state)
-        with RunOutputs(out_dir, plan.config_yaml, plan.overrides, plan.row_group_bytes, s.overwrite, claim=claim,
-                        extra=extra) as outputs, resume.keeping(outputs), progress_bar(s.steps, s.progress) as bar:
-            steps = StepWriter(session, outputs, s, device)
-            for step in range(first, s.steps):
-                steps.begin(step)
-                batch = next(data)
-                if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
-                    recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
-                                    slot="0", call=0, keep=True)
-                steps.start()
-                beside = {} if clean_data is None else _explained(
-                    plan, clean_and_corrupted, forward, model, next(clean_data).x, batch.x,
-                    side_by_side(plan.hooks), recorder, measures)
-                loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
-                                            optimizer, plan.classifies)
-                steps.finish(step, loss, metrics={"accuracy": accuracy, **measures.take(), **beside})
-                if plan.schedule.due(step):
-                    recorder.set_enabled(True)  # eval passes are rare: always recorded
-                    steps.start()
-                    _eval(steps, step, eval_passes(forward, model, held_out, plan.loss_fn, recorder, plan.classifies),
-                          measures.take())
-                bar.set_postfix(loss=loss, refresh=False)
-                bar.update()
-                resume.mark(step + 1, session.run_state())
-            outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
+        beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
+        recorder = run.session.recorder
+        for step in range(first, s.steps):
+            batch = next(data)
+            if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
+                recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
+                                slot="0", call=0, keep=True)
+            run.writer.start()
+            beside = {} if clean_data is None else _explained(
+                run, clean_and_corrupted, forward, model, next(clean_data).x, batch.x, beside_entries, recorder,
+                measures)
+            loss, accuracy = _explained(run, train_step, forward, model, batch, plan.loss_fn, run.session,
+                                        optimizer, plan.classifies)
+            run.end_step(loss, accuracy=accuracy, **measures.take(), **beside)
+            if plan.schedule.due(step):
+                with run.evaluating() as result:
+                    eval_loss, eval_accuracy = eval_passes(forward, model, held_out, plan.loss_fn, plan.classifies)
+                    result.set(eval_loss, accuracy=eval_accuracy, **measures.take())
+            bar.set_postfix(loss=loss, refresh=False)
+            bar.update()
+            resume.mark(step + 1, run.session.run_state())
+            if step + 1 < s.steps:
+                run.begin_step()
     resume.finish()
     return out_dir
-
-
-def _eval(steps: StepWriter, step: int, result, measures: dict[str, float]) -> None:
-    """Write the eval passes after training step ``step`` (their captures held by no local of ``run``)."""
-    captures, loss, accuracy = result
-    steps.finish(step, loss, captures, split="eval", metrics={"accuracy": accuracy, **measures})
-
-
-def _warm_up_statistics(plan: Plan, device: torch.device) -> float:
-    """Build the statistics kernel before step 0 when the run will use it; return the seconds it took.
-
-    The first captured tensor would otherwise pay for the build (the C kernel on CPU, the first
-    time on a machine; ``torch.compile`` on CUDA) inside step 0, and step 0's ``wall_time_s``
-    would report it as the hooks' cost. The manifest keeps the time apart.
-    """
-    found = plan.rehearsal
-    large = found is None or any(nbytes >= count * COMPILE_MIN_NUMEL * 2 for count, nbytes, _ in found.records.values()
-                                 if count)
-    if not plan.hooks or (device.type != "cpu" and not large):
-        return 0.0
-    start = time.perf_counter()
-    prepare_statistics(device)
-    return time.perf_counter() - start
 
 
 def _available(name: str) -> torch.device:
@@ -123,12 +101,12 @@ def _available(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _explained(plan: Plan, fn, *args):
-    """Call ``fn``; an error one of the plan's entries can explain becomes that entry's one-line error."""
+def _explained(run: AttachedRun, fn, *args):
+    """Call ``fn``; an error one of the run's entries can explain becomes that entry's one-line error."""
     try:
         return fn(*args)
     except Exception as exc:
-        message = explanation(plan.hooks, exc)
+        message = explanation(run.session.hooks, exc)
         if message:
             raise ConfigError(message) from None
         raise

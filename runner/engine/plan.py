@@ -22,7 +22,6 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
-from hooks.interventions import side_by_side
 from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, MetricConfig,
                                   NamedModel, NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.metrics import check_metric
@@ -44,7 +43,9 @@ class Plan:
 
     ``settings`` is the typed run config (``RunConfig``: ``settings.steps``, ``settings.sample.every``);
     ``model`` and ``data`` are the checked model and data configs; ``rehearsal`` is what the meta
-    step showed (``None`` when the model cannot run on the meta device).
+    step showed (``None`` when the model cannot run on the meta device). ``hooks`` are the checked
+    entries (their specs, and the state the rehearsal gave them); every run attaches fresh ones
+    (``HookType.fresh``), so a plan can be run again, or resumed, as it was compiled.
     """
 
     settings: RunConfig
@@ -228,21 +229,22 @@ def _model_config(model: DictConfig) -> DictConfig:
 
 
 def _clean_data(data: DictConfig, model: DictConfig, corrupted: DataSource, hooks) -> DataSource | None:
-    """The clean batches of the ``patch`` entries with ``source: clean``: the run's data with each
-    entry's ``clean`` keys over it. The entries must agree, and the clean batch must have the
-    corrupted batch's shape (the patched layers' outputs would not fit otherwise)."""
-    entries = side_by_side(hooks)
+    """The batches of the pass the entries ask to run beside each step (``HookType.side_data``:
+    ``patch`` with ``source: clean``): the run's data with the entries' keys over it. The entries
+    must agree, and that batch must have the step's batch's shape (the patched layers' outputs
+    would not fit otherwise)."""
+    entries = [hook for hook in hooks if hook.side_data is not None]
     if not entries:
         return None
     first = entries[0]
     for other in entries[1:]:
-        if other.spec.clean_data != first.spec.clean_data:
-            raise ConfigError(f"{other.key}.clean: {other.spec.clean_data} differs from {first.key}.clean "
-                              f"{first.spec.clean_data}; one clean pass serves every entry")
+        if other.side_data != first.side_data:
+            raise ConfigError(f"{other.key}.clean: {other.side_data} differs from {first.key}.clean "
+                              f"{first.side_data}; one clean pass serves every entry")
     key = f"{first.key}.clean"
     try:
         plain = OmegaConf.create(OmegaConf.to_container(data, enum_to_str=True))  # open to the keys checked below
-        clean = DataSource(_data_config(OmegaConf.merge(plain, first.spec.clean_data)), model)
+        clean = DataSource(_data_config(OmegaConf.merge(plain, first.side_data)), model)
     except ConfigError as exc:  # the data checks name data.KEY: here the key is the entry's
         message = str(exc)
         raise ConfigError(key + message[len("data"):] if message.startswith("data.") else f"{key}: {message}") from None
@@ -299,7 +301,7 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
 def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:
     """Each picture asked for has the records it is drawn from; return whether to store the input image."""
     names = {p.value for p in settings.plots}
-    kept = [hook.expected_kinds for hook in hooks if getattr(hook, "keep", False)]
+    kept = [hook.expected_kinds for hook in hooks if hook.keep]
     if "gradient_flow" in names and not hooks:
         raise ConfigError("plots: 'gradient_flow' needs recorded statistics; add hooks, e.g. hooks=stats")
     if "feature_maps" in names and not any("output" in kinds for kinds in kept):

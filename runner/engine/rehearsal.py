@@ -10,6 +10,12 @@ returning a tensor of another shape, PyTorch's in-place error under ``mechanism:
 
 A model that cannot be built or run on the meta device (downloaded weights, data-dependent
 control flow) is not rehearsed; the real run reports its own errors.
+
+``runner.attach`` gets a model it cannot rebuild from a config: ``rehearse_first_call`` rehearses
+the user's own model at its first call instead, before that call computes anything. The entries
+are attached already; the pass runs through ``torch.func.functional_call`` with meta tensors in
+place of the parameters, buffers and inputs (nothing of the model is copied or changed), outside
+the run's records (``Recorder.aside``) and the random number generators, then the real call goes on.
 """
 from __future__ import annotations
 
@@ -20,8 +26,10 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.func import functional_call
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.modules import module as nn_module
@@ -97,19 +105,83 @@ def _step(model: nn.Module, x: torch.Tensor, hooks: Sequence[HookType], loss_fn:
 
 
 def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShapes,
-             source: DataSource) -> ConfigError | None:
-    """The one-line error for what failed in the rehearsal, or ``None`` when meta is to blame."""
+             source: DataSource | None) -> ConfigError | None:
+    """The one-line error for what failed in the rehearsal, or ``None`` when meta is to blame
+    (or, without a ``source``, the user's input: the real call shows its own error)."""
     message = explanation(hooks, exc)
     if message:
         return ConfigError(message)
     text = " ".join(str(exc).split())
     if not isinstance(exc, (RuntimeError, ValueError, IndexError)) or _META_LIMIT.search(text):
         return None
-    if shapes.failed is None or not _raised_by_torch(exc):
+    if shapes.failed is None or not _raised_by_torch(exc) or source is None:
         return None  # the model's or a hook's own code failed: the real run shows where
     name, cls = shapes.failed
     return ConfigError(f"data.shape: {list(source.input_shape)} does not fit the model: module "
                        f"'{name or '(model)'}' ({cls}) failed on it: {text[:240]}")
+
+
+def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
+    """Rehearse ``session``'s attached entries at the first call of any module of ``model`` (the
+    outermost one called: the model, or the part a framework calls), before that call computes anything.
+
+    Returns the ``Rehearsal`` that call fills in (``input_shape`` and ``modules``; the run's own
+    records count what the entries record). A mistake is a one-line ``ConfigError`` raised from
+    that call; a model the meta device cannot run is left to the real call. Entries whose lifetime
+    starts later are not attached yet, and not rehearsed. The one-shot hooks belong to
+    ``session``, and leave at that call.
+    """
+    found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
+    names = {id(m): name for name, m in model.named_modules()}
+    handles = []
+
+    def first_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        for handle in handles:
+            handle.remove()
+        _rehearse_call(module, names[id(module)], args, kwargs, session, found)
+
+    for module in model.modules():
+        handles.append(session.add(module.register_forward_pre_hook(first_call, prepend=True, with_kwargs=True)))
+    return found
+
+
+def _rehearse_call(module: nn.Module, name: str, args: tuple, kwargs: dict, session: HookSession,
+                   found: Rehearsal) -> None:
+    """One meta pass (and, with gradients on, a backward of its outputs' sum) of ``module`` on
+    ``args``' shapes, through the session's entries; fills ``found`` or raises ``ConfigError``."""
+    recorder = session.recorder
+    shapes = _ModuleShapes(module, prefix=name)
+    try:
+        with torch.random.fork_rng(devices=[]), recorder.aside(), shapes, contextlib.redirect_stdout(io.StringIO()):
+            state = {n: _meta(t) for n, t in [*module.named_parameters(), *module.named_buffers()]}
+            out = functional_call(module, state, _meta(args), _meta(kwargs))
+            outputs = [t for _, t in walk(out) if t.requires_grad and t.is_floating_point()]
+            if torch.is_grad_enabled() and outputs:
+                with recorder.backward_pass():
+                    torch.stack([t.float().sum() for t in outputs]).sum().backward()
+                session.after_backward()  # a hook PyTorch dropped is named here, as in the CLI's rehearsal
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a hook's mistake is one line; the rest is left to the real call
+        explained = _explain(exc, session.hooks, shapes, None)
+        if explained is not None:
+            raise explained from None
+        return
+    found.input_shape = [list(t.shape) for _, t in walk((args, kwargs))]
+    found.modules = [(full, type(m).__name__, shapes.seen.get(full, "-"))
+                     for m, full in ((m, shapes.names[id(m)]) for m in module.modules())]
+
+
+def _meta(obj: Any) -> Any:
+    """``obj`` with every tensor (inside tuples, lists and dicts) replaced by an empty meta tensor
+    of its shape, dtype and ``requires_grad``."""
+    if isinstance(obj, torch.Tensor):
+        return torch.empty_like(obj, device="meta").requires_grad_(obj.requires_grad)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_meta(item) for item in obj)
+    if isinstance(obj, dict):
+        return {key: _meta(value) for key, value in obj.items()}
+    return obj
 
 
 def _raised_by_torch(exc: BaseException) -> bool:
@@ -124,8 +196,8 @@ _TORCH_DIR = Path(torch.__file__).resolve().parent
 class _ModuleShapes:
     """Global module hooks recording each module's output shapes and the innermost module that raised."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.names = {id(m): n for n, m in model.named_modules()}
+    def __init__(self, model: nn.Module, prefix: str = "") -> None:
+        self.names = {id(m): f"{prefix}.{n}" if prefix and n else prefix or n for n, m in model.named_modules()}
         self.seen: dict[str, str] = {}
         self.failed: tuple[str, str] | None = None
         self._stack: list[nn.Module] = []

@@ -1,8 +1,9 @@
-"""The clean and corrupted passes beside each step of a run that patches from its own clean pass.
+"""The clean and corrupted passes beside each step, for entries that ask for them (``HookType.side_data``).
 
 ``patch`` with ``source: clean`` runs the classic pair side by side: before the step proper (the
 corrupted batch, patched), the clean batch goes through the model while those entries keep their
-layers' outputs, then the corrupted batch goes through unpatched. Both passes run without
+layers' outputs (``side_mode("capture")``), then the corrupted batch goes through unpatched
+(``side_mode("off")``). Both passes run without
 gradients and outside the run's records (``Recorder.aside``: no rows, no call counted), with
 the run's other entries acting as they do in every pass, and leave the model's buffers (BatchNorm
 running statistics) and the random number generators as they found them: each pass draws the
@@ -19,15 +20,15 @@ import contextlib
 import torch
 from torch import nn
 
-from hooks.interventions import Patch
+from hooks.base import HookType
 from hooks.recorder import Recorder
 from runner.engine.metrics import OutputMetrics
 from runner.engine.train import Forward
 
 
 def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor,
-                        patches: list[Patch], recorder: Recorder, measures: OutputMetrics) -> dict[str, float]:
-    """Run the clean pass (``patches`` keep their values) and the unpatched corrupted pass; return
+                        entries: list[HookType], recorder: Recorder, measures: OutputMetrics) -> dict[str, float]:
+    """Run the clean pass (``entries`` keep their values) and the unpatched corrupted pass; return
     their metrics, prefixed ``clean_`` and ``corrupted_``."""
     buffers = [(b, b.clone()) for b in model.buffers()]
     metrics: dict[str, float] = {}
@@ -36,8 +37,8 @@ def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor,
             for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(_same_randomness(batch.device))
-                    for patch in patches:
-                        stack.enter_context(patch.mode(mode))
+                    for entry in entries:
+                        stack.enter_context(entry.side_mode(mode))
                     forward(batch)
                 metrics.update({f"{side}_{name}": value for name, value in measures.take().items()})
     finally:

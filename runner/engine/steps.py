@@ -54,11 +54,11 @@ class StepWriter:
         self.peak.reset()
         self.started = time.perf_counter()
 
-    def finish(self, step: int, loss: float | None, captures: StepCaptures | None = None, split: str = "train",
-               metrics: dict[str, float] | None = None) -> None:
-        """Write the step (``captures``: the recorder's, drained here, unless given); check silent
-        entries after training step 0."""
-        _write_step(self, step, self.recorder.drain() if captures is None else captures, loss, split, metrics or {})
+    def finish(self, step: int, loss: float | None, split: str = "train", metrics: dict[str, float] | None = None) -> None:
+        """Write the step (the recorder's captures, drained here, after what a backward left to
+        record: ``HookSession.flush``); check silent entries after training step 0."""
+        self.session.flush()
+        _write_step(self, step, self.recorder.drain(), loss, split, metrics or {})
         if step == 0 and split == "train":
             report_silent(self.session, self.on_silent)
 

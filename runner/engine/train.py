@@ -17,7 +17,6 @@ from torch import nn
 
 from hooks import HookSession
 from hooks.errors import ConfigError
-from hooks.recorder import Recorder, StepCaptures
 from runner.config.schema import AdamConfig, NoOptimizer, SGDConfig
 from runner.sources.data import Batch
 from runner.sources.losses import LossFn, correct, first_tensor
@@ -105,18 +104,15 @@ def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn
 
 
 def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_fn: LossFn | None,
-                recorder: Recorder, classifies: bool = False) -> tuple[StepCaptures, float | None, float | None]:
-    """Run the held-out batches in eval mode without gradients; return their captures, mean loss
-    and (when ``classifies``) the accuracy over all their samples.
-
-    The captures are labelled phase ``eval`` (``call`` counts on across the batches), so they
-    never mix with the training step's forward rows.
-    """
+                classifies: bool = False) -> tuple[float | None, float | None]:
+    """Run the held-out batches in eval mode without gradients; return their mean loss and (when
+    ``classifies``) the accuracy over all their samples. Run inside ``AttachedRun.evaluating()``,
+    which labels their captures phase ``eval``, so they never mix with the training step's rows."""
     was_training = model.training
     model.eval()
     losses, right, total = [], 0, 0
     try:
-        with torch.no_grad(), recorder.relabel("eval"):
+        with torch.no_grad():
             for batch in held_out:
                 out = forward(batch.x)
                 if loss_fn is not None:
@@ -125,4 +121,4 @@ def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_
                     right, total = right + correct(first_tensor(out), batch.targets), total + len(batch.targets)
     finally:
         model.train(was_training)
-    return recorder.drain(), statistics.fmean(losses) if losses else None, right / total if total else None
+    return statistics.fmean(losses) if losses else None, right / total if total else None

@@ -4,8 +4,8 @@ The ``Trainer`` has no event around its ``loss.backward()`` and none for an exce
 
 - the callback is a context manager around ``trainer.train()``: leaving the block on an
   exception removes the hooks and writes nothing final (used outside one, ``train`` refuses);
-- what ``run.backward`` does after backward (accumulated ``.grad``) is done at
-  ``on_pre_optimizer_step``: once per optimizer step, after gradient accumulation and after the
+- what is recorded after backward (accumulated ``.grad``) is recorded as the optimizer steps
+  (``HookSession.flush``): once per optimizer step, after gradient accumulation and after the
   ``Trainer``'s own clipping (``max_grad_norm``, 1.0 by default; 0 records ``.grad`` unclipped);
 - forward calls that activation (gradient) checkpointing repeats in backward could not be told from
   forward calls, so that setting is refused.
@@ -66,16 +66,13 @@ class HookCallback(TrainerCallback):
         run.session.add(model.register_forward_hook(self._keep_loss))
 
     def _keep_loss(self, module: nn.Module, args, output) -> None:
-        """The loss of a training micro-batch, as the model returned it."""
+        """The loss of a training micro-batch, as the model returned it (not the rehearsal's, on meta)."""
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor):
+        if module.training and isinstance(loss, torch.Tensor) and not loss.is_meta:
             self._losses.append(float(loss.detach()))
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
         self.recording.resume()
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs) -> None:
-        self.recording.run.session.after_backward()
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
         run = self.recording.run
