@@ -22,7 +22,7 @@ from hooks import HookSession
 from hooks.errors import ConfigError, choice_error
 from hooks.interventions import side_by_side
 from hooks.recorder import Recorder
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.steps import StepWriter
 from runner.store.outputs import STEP_METRICS, RunOutputs
