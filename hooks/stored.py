@@ -33,6 +33,14 @@ def check_run_dir(path: str, key: str) -> Path:
     return run
 
 
+def stored_steps(path: str, kind: str, key: str) -> list[int]:
+    """The steps of which the run at ``path`` kept forward ``kind`` tensors (of any layer): what a
+    plan checks when no rehearsal loaded the tensors themselves."""
+    run = check_run_dir(path, key)
+    table = pq.read_table(run / TENSORS, columns=["step"], filters=[("kind", "=", kind), ("phase", "=", "forward")])
+    return sorted(set(table.column("step").to_pylist()))
+
+
 def stored_tensors(path: str, layers: list[str], kind: str, key: str) -> dict[StoredKey, torch.Tensor]:
     """The forward-pass ``kind`` tensors the run at ``path`` kept of ``layers``, by (step, layer, call, slot).
 
