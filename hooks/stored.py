@@ -14,12 +14,11 @@ import pyarrow.parquet as pq
 import torch
 
 from hooks.errors import ConfigError
+from hooks.records import MANIFEST, TENSORS  # a complete run's manifest is written last
 
 #: A stored tensor's identity: (step, layer, call, slot).
 StoredKey = tuple[int, str, int, str]
 
-#: Files of a complete run (``runner.store``): the manifest is written last.
-MANIFEST, TENSORS = "manifest.json", "tensors.parquet"
 
 
 def check_run_dir(path: str, key: str) -> Path:
