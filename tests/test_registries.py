@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import torch
+from hydra.core.config_store import ConfigStore
 from torch import nn
 
 import runner
@@ -16,7 +17,7 @@ from hooks import HOOK_TYPES
 from hooks.errors import ConfigError
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
-from runner.config.compose import compose_config
+from runner.config.compose import CONF_DIR, compose_config
 from runner.config.registry import DATA_KINDS, OPTIMIZERS
 from runner.engine.plan import compile_plan
 from runner.sources.models import MLP
@@ -192,3 +193,12 @@ def test_own_hook_type_runs_in_runner_attach(own_parts, tmp_path):
 def test_a_module_that_does_not_import_is_one_line_naming_its_key(own_parts):
     with pytest.raises(ConfigError, match=r"^data\._module_: cannot import 'no_such_module': ModuleNotFoundError"):
         compile_plan(compose_config([own_parts, "model=mlp", "data=counting", "data._module_=no_such_module"]))
+
+
+def test_every_preset_of_a_registered_group_names_a_registered_choice_with_its_schema_stored():
+    stored = ConfigStore.instance().repo
+    for group, registry, key in (("data", DATA_KINDS, "kind"), ("optimizer", OPTIMIZERS, "name")):
+        for path in sorted((CONF_DIR / group).glob("*.yaml")):
+            name = compose_config([f"{group}={path.stem}"])[group][key]
+            assert name in registry, path
+            assert f"{name}.yaml" in stored[f"{group}_schema"], path
