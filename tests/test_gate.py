@@ -18,6 +18,7 @@ from torch import nn
 from hooks.errors import ConfigError
 
 import runner
+from runner.cli import replay
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import compose_config
@@ -105,3 +106,11 @@ def test_a_patch_source_step_is_checked_also_when_the_model_is_not_rehearsed(run
     with pytest.raises(ConfigError, match=rf"^hooks.patch.source_step: run '.*' has no step 1 {KEPT}"):
         plan_module.compile_plan(compose_config([*patch, "steps=2"]))
     assert plan_module.compile_plan(compose_config(patch)).rehearsal is None
+
+
+def test_each_check_runs_once_for_one_replay(counts, run_with, tmp_path):
+    stored = run_with("model=mlp", "data.shape=[2,100]", "hooks=clip", "steps=2")
+    counts.clear()  # the stored run's own compile is not the replay's
+    assert replay.main([f"replay={stored}", f"replay.out={tmp_path / 'again'}"]) == 0
+    expected = {name: 1 for name in [*plan_module.GATE, "check_output_dir"] if name not in {"check_hf", "check_target"}}
+    assert dict(counts) == expected
