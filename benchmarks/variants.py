@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from hooks import HookSession, build_hooks
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from hooks.recorder import Recorder, StepCaptures
 from runner.store.outputs import RunOutputs
 

@@ -30,7 +30,7 @@ import torch
 
 from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
-from hooks.stored import StoredKey, check_run_dir, stored_tensors
+from hooks.stored import StoredKey, check_run_dir, stored_steps, stored_tensors
 from hooks.tap import SlotEditSpec, Tap
 
 ABLATE_OPS = ("zero", "mean", "resample")
@@ -231,11 +231,15 @@ class Patch(Tap):
         return "patches in values recorded for each training step's batch, which held-out eval batches do not have"
 
     def check_steps(self, steps: int) -> None:
-        """Every step of a run of ``steps`` steps has its source step in the source run."""
-        have = sorted({key[0] for key in self._source or {}})
+        """Every step of a run of ``steps`` steps has its source step in the source run (read from the
+        tensors the rehearsal loaded, or from the run's step column when the model was not rehearsed)."""
+        if self.side_by_side:
+            return
+        have = sorted({key[0] for key in self._source}) if self._source is not None else \
+            stored_steps(self.spec.source, "output", f"{self.key}.source")
         wanted = [self.spec.source_step] if self.spec.source_step is not None else range(steps)
         lacking = [step for step in wanted if step not in have]
-        if self._source is not None and lacking and not self.side_by_side:
+        if lacking:
             raise ConfigError(f"{self.key}.source_step: run '{self.spec.source}' has no step {lacking[0]} (it kept "
                               f"steps {have}); set {self.key}.source_step or run fewer steps")
 

@@ -1,7 +1,10 @@
-"""The record schema, in one place: what a row of ``stats.parquet`` / ``tensors.parquet`` is.
+"""The record schema and the run directory's file names, in one place: what a row of
+``stats.parquet`` / ``tensors.parquet`` / ``steps.parquet`` is, and what each file is called.
 
-The recorder fills these columns, the writer turns them into Arrow with these types, the
-analysis and the tests read them by these names. A new column, kind or phase is added here.
+The recorder fills these columns, the writer (``runner.store.outputs``) turns them into Arrow
+with these types, the commit protocol and the readers (``runner.analysis.load``,
+``hooks.stored``) find the files by these names. A new column, kind, phase or file is added
+here. Imports nothing of ``hooks`` or ``runner``.
 """
 from __future__ import annotations
 
@@ -10,6 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import torch
+
+#: The files of a run directory: three tables, the resolved config, and the manifest written last.
+STATS, TENSORS, STEPS = "stats.parquet", "tensors.parquet", "steps.parquet"
+TABLES = (STATS, TENSORS, STEPS)
+CONFIG, MANIFEST = "config.yaml", "manifest.json"
 
 #: Columns that identify one captured tensor, with their Arrow types, in output order. ``step``
 #: is added by the writer; the recorder fills the others.
@@ -46,6 +54,26 @@ TENSOR_VALUES = pa.field("tensor_values", pa.large_list(pa.float32()))
 #: "2": the tensor columns are ``tensor_shape`` and ``tensor_values`` (were ``shape`` and ``values``,
 #: which pandas shadows with ``DataFrame.shape`` and ``DataFrame.values``).
 SCHEMA_VERSION = "2"
+
+STATS_SCHEMA = pa.schema(list(ID_FIELDS) + list(STAT_FIELDS))
+TENSORS_SCHEMA = pa.schema(list(ID_FIELDS) + [TENSOR_VALUES])
+#: A row of ``steps.parquet`` (one per step and split); ``STEP_METRICS`` follow as float64 columns.
+STEP_FIELDS = (
+    pa.field("step", pa.int64()),
+    pa.field("split", pa.string()),
+    pa.field("loss", pa.float64()),
+    pa.field("wall_time_s", pa.float64()),
+    pa.field("captures", pa.int64()),
+    pa.field("peak_memory_bytes", pa.int64()),
+)
+#: Optional per-step measures (``RunOutputs.write_step(metrics=...)``): NaN where a step has none.
+STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the held-out set (eval)
+STEP_METRICS += ("logit", "logit_diff")  #: ``metric.target`` / ``metric.diff`` (``runner.engine.metrics``)
+#: the same of the clean and of the unpatched corrupted pass beside each step (``patch`` with ``source: clean``)
+STEP_METRICS += tuple(f"{side}_{name}" for side in ("clean", "corrupted") for name in ("logit", "logit_diff"))
+STEPS_SCHEMA = pa.schema(list(STEP_FIELDS) + [pa.field(name, pa.float64()) for name in STEP_METRICS])
+#: Each file's schema, by name.
+TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

@@ -14,12 +14,11 @@ import pyarrow.parquet as pq
 import torch
 
 from hooks.errors import ConfigError
+from hooks.records import MANIFEST, TENSORS  # a complete run's manifest is written last
 
 #: A stored tensor's identity: (step, layer, call, slot).
 StoredKey = tuple[int, str, int, str]
 
-#: Files of a complete run (``runner.store``): the manifest is written last.
-MANIFEST, TENSORS = "manifest.json", "tensors.parquet"
 
 
 def check_run_dir(path: str, key: str) -> Path:
@@ -31,6 +30,14 @@ def check_run_dir(path: str, key: str) -> Path:
         raise ConfigError(f"{key}: run '{path}' kept no tensor ({TENSORS} missing); record it with a capture "
                           f"entry on the layers to take values from, e.g. hooks=extract")
     return run
+
+
+def stored_steps(path: str, kind: str, key: str) -> list[int]:
+    """The steps of which the run at ``path`` kept forward ``kind`` tensors (of any layer): what a
+    plan checks when no rehearsal loaded the tensors themselves."""
+    run = check_run_dir(path, key)
+    table = pq.read_table(run / TENSORS, columns=["step"], filters=[("kind", "=", kind), ("phase", "=", "forward")])
+    return sorted(set(table.column("step").to_pylist()))
 
 
 def stored_tensors(path: str, layers: list[str], kind: str, key: str) -> dict[StoredKey, torch.Tensor]:

@@ -8,26 +8,27 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.cli import replay
-from runner.cli.commandline import CONF_DIR, check_command_line, take_plan
+from runner.cli.commandline import check_command_line
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 from runner.cli.replay import is_replay
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def hydra_main(cfg: DictConfig) -> None:
-    hydra_cfg = HydraConfig.get()
-    execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),
-            multirun=hydra_cfg.mode == RunMode.MULTIRUN, plan=take_plan(cfg))
+from runner.config.compose import CONF_DIR
 
 
 def main() -> None:
     if is_replay(sys.argv[1:]):  # no Hydra: the stored config is run as it is (runner.cli.replay)
         sys.exit(replay.main(sys.argv[1:]))
-    problems = check_command_line(sys.argv[1:])
-    for line in problems:
+    checked = check_command_line(sys.argv[1:])
+    for line in checked.problems:
         print(f"error: {line}", file=sys.stderr)
-    if problems:
+    if checked.problems:
         sys.exit(EXIT_CONFIG_ERROR)
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+    def hydra_main(cfg: DictConfig) -> None:  # each job runs the plan the check compiled for it
+        hydra_cfg = HydraConfig.get()
+        execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),
+                multirun=hydra_cfg.mode == RunMode.MULTIRUN, plan=checked.plan_for(cfg))
+
     hydra_main()
 
 

@@ -16,7 +16,7 @@ from torch.nn.modules import module as module_globals
 from hooks.errors import ConfigError
 
 import runner.analysis as analysis
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from runner.cli.execute import execute
 from runner.engine import loop
 from runner.engine.plan import compile_plan

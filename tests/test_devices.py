@@ -94,6 +94,6 @@ def test_a_slurm_sweep_leaves_cuda_to_the_jobs_node_a_local_run_does_not():
     from runner.cli.commandline import check_command_line
 
     assert check_command_line(["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model=convnet",
-                               "device=cuda", "hooks=clip"]) == []
-    assert check_command_line(["model=convnet", "device=cuda", "hooks=clip"]) == [
+                               "device=cuda", "hooks=clip"]).problems == []
+    assert check_command_line(["model=convnet", "device=cuda", "hooks=clip"]).problems == [
         "device: cuda requested but torch.cuda.is_available() is False; use device=cpu or auto"]

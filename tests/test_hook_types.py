@@ -67,7 +67,7 @@ def test_every_preset_file_holds_only_what_differs_from_its_type(preset):
     """Presets inherit their type's schema (``/hook_schema/TYPE``): a key repeating a default is noise."""
     import yaml
 
-    from runner.cli.commandline import CONF_DIR
+    from runner.config.compose import CONF_DIR
     from runner.config.schema import hook_schema
 
     text = yaml.safe_load((CONF_DIR / "hooks" / f"{preset}.yaml").read_text()) or {}

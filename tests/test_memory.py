@@ -30,7 +30,7 @@ PER_STEP = 2 * 512 * 200 * 4
 
 PEAK_SCRIPT = """
 import json, os, sys, threading, time
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from runner.engine.loop import run
 from runner.engine.plan import compile_plan
 

@@ -27,7 +27,7 @@ import torch
 import runner
 import runner.__main__ as runner_main
 from runner.cli import replay
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from runner.sources.models import build_model
 from runner.store import provenance
 from conftest import make_config, run

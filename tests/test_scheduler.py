@@ -61,7 +61,7 @@ def test_a_slurm_preset_without_its_partition_is_one_line_and_writes_nothing(tmp
 def test_the_presets_settings():
     from hydra import compose, initialize_config_dir
 
-    from runner.cli.commandline import CONF_DIR
+    from runner.config.compose import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         gpu, cpu = (compose(config_name="config", overrides=[f"hydra/launcher={name}", "hydra.launcher.partition=p"],

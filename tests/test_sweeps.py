@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 
 import runner.analysis as analysis
-from runner.cli.commandline import CONF_DIR
+from runner.config.compose import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("model=convnet", "data.shape=[2,3,8,8]", "hooks=clip")

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-TABLES = ("stats.parquet", "tensors.parquet", "steps.parquet")
+from hooks.records import TABLES
+
 #: Wall time and peak memory of a step: measures of the machine and its load, never reproducible.
 NOT_COMPARED = ("wall_time_s", "peak_memory_bytes")
 #: Columns that say which record a row is (shown for the first differing rows).

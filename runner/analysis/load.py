@@ -42,7 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.analysis.frame import to_frame
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
-from runner.store.outputs import MANIFEST
+from hooks.records import CONFIG, ID_FIELDS, MANIFEST, STATS, STEPS, TENSORS
 from runner.store.ranks import is_part, rank_files
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
@@ -50,7 +50,7 @@ STATUS = "status.json"
 #: Stored column names before ``schema_version`` "2" -> the names the loaders return.
 RENAMED = {"values": "tensor_values", "shape": "tensor_shape"}
 #: Columns of a capture row and of a step row, for the empty frame of runs that wrote no such file.
-_CAPTURE_COLUMNS = ("step", "call", "hook", "layer", "phase", "kind", "slot", "tensor_shape", "dtype", "numel")
+_CAPTURE_COLUMNS = tuple(f.name for f in ID_FIELDS)
 _STEP_COLUMNS = ("step", "split", "loss", "wall_time_s", "captures")
 # numpy has no bfloat16: such tensors come back as float32.
 _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "int64": np.int64,
@@ -104,7 +104,7 @@ def failed_jobs(path: str | Path) -> pd.DataFrame:
 
 def config_path(run_dir: str | Path) -> Path | None:
     """The run's saved config: the resolved ``config.yaml``, else Hydra's ``.hydra/config.yaml``, else ``None``."""
-    for path in (Path(run_dir) / "config.yaml", Path(run_dir) / ".hydra" / "config.yaml"):
+    for path in (Path(run_dir) / CONFIG, Path(run_dir) / ".hydra" / "config.yaml"):
         if path.is_file():
             return path
     return None
@@ -304,7 +304,7 @@ def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: 
         filters: pyarrow filters applied while reading, e.g. ``[("kind", "=", "param_grad")]``
             (a list of tuples or a ``pyarrow.compute`` expression).
     """
-    return _load(path, "stats.parquet", columns, filters)
+    return _load(path, STATS, columns, filters)
 
 
 def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
@@ -318,7 +318,7 @@ def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: 
         >>> train = steps[steps.split == "train"].pivot(index="step", columns="run_dir", values="loss")
         >>> evals = steps[steps.split == "eval"].pivot(index="step", columns="run_dir", values="loss")
     """
-    return _load(path, "steps.parquet", columns, filters, _STEP_COLUMNS)
+    return _load(path, STEPS, columns, filters, _STEP_COLUMNS)
 
 
 def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
@@ -328,7 +328,7 @@ def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters
     that kept no tensor (no ``tensors.parquet``) gives an empty frame with the capture columns.
     """
     wanted = None if columns is None else sorted({*columns, "tensor_values", "tensor_shape", "dtype"})
-    df = _load(path, "tensors.parquet", wanted, filters)
+    df = _load(path, TENSORS, wanted, filters)
     if "tensor_values" not in df.columns:
         return df.assign(tensor=pd.Series([], dtype=object))
     df["tensor"] = pd.Series([

@@ -1,76 +1,67 @@
 """The command line, checked before Hydra runs: every mistake is one line and status 2, nothing written.
 
-Hydra reports its own composition errors (``hooks=clp``, ``model=resnet19``, ``hooks.clip.maxx=1``,
-``step=3``, ``mode=trian``) in several lines, advises ``+`` for a misspelled key, and exits 1.
-``check_command_line`` composes every job of the command (a sweep's too) with Hydra's compose
-API first, turns those errors into the runner's one-line form (the key, the valid choices, the
-closest), and compiles each job's plan; a bad job rejects the whole command before Hydra creates
-any directory. The plans are kept for the jobs of this process (``take_plan``), so a run is
-checked, built and rehearsed once.
+``check_command_line`` composes every job of the command (a sweep's too) with
+``runner.config.compose`` (Hydra's errors as the runner's one line) and compiles each job's
+plan; a bad job rejects the whole command before Hydra creates any directory. It returns the
+plans with the problems: ``runner.__main__`` hands each job its plan, so a run is checked,
+built and rehearsed once.
 """
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException, ValidationError
-import yaml
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig, OmegaConf
 
-import runner.cli.slurm_conf  # noqa: F401  (stores the Slurm presets' schema)
-import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
-from hooks.errors import ConfigError, choice_error
+from hooks.errors import ConfigError
+from runner.config.compose import LauncherError, compose_job, parse_error
 from runner.engine.plan import Plan, compile_plan
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Flags after which Hydra does something else than run jobs (help, print the config, ...).
 _OTHER_MODES = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-p", "--package",
                 "--resolve", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name",
                 "-cd", "--config-dir", "--experimental-rerun")
-#: Launchers whose jobs run on other machines: CUDA is checked on the job's node, not here.
-_REMOTE_LAUNCHERS = ("SlurmLauncher",)
-_WHAT = {"mode": "mode", "device": "device", "on_nonfinite": "policy", "on_silent": "policy", "plots": "plot"}
-
-_plans: dict[str, Plan] = {}
 
 
-def check_command_line(argv: Sequence[str]) -> list[str]:
-    """Check every job of ``python -m runner ARGV``; return the problems as lines (empty when all is well)."""
+@dataclass
+class CommandCheck:
+    """What checking a command line found: its problems (one line each), and each job's plan by its config."""
+
+    problems: list[str] = field(default_factory=list)
+    plans: dict[str, Plan] = field(default_factory=dict)
+
+    def plan_for(self, cfg: DictConfig) -> Plan | None:
+        """The plan compiled for the job whose composed config is ``cfg`` (each job takes its own once)."""
+        return self.plans.pop(OmegaConf.to_yaml(cfg), None)
+
+
+def check_command_line(argv: Sequence[str]) -> CommandCheck:
+    """Check every job of ``python -m runner ARGV`` and compile its plan."""
+    checked = CommandCheck()
     if any(arg.split("=")[0] in _OTHER_MODES for arg in argv):
-        return []
+        return checked
     multirun = any(arg in ("-m", "--multirun") for arg in argv)
     overrides = [arg for arg in argv if arg not in ("-m", "--multirun")]
     try:
         jobs = expand(overrides) if multirun else [overrides]
     except ConfigError as exc:
-        return [str(exc)]
-    problems = []
+        return CommandCheck([str(exc)])
     for num, job in enumerate(jobs):
         try:
             cfg, remote = compose_job(job)
-            _plans[_key(cfg)] = compile_plan(cfg, job, check_device=not remote)
+            checked.plans[OmegaConf.to_yaml(cfg)] = compile_plan(cfg, job, check_device=not remote)
         except LauncherError as exc:  # the same for every job: said once
-            return [str(exc)]
+            return CommandCheck([str(exc)])
         except ConfigError as exc:
             label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
-            problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
-    if multirun and problems:
-        problems.insert(0, f"sweep rejected before any job ran: {len(problems)} of {len(jobs)} jobs are invalid")
-    return problems
-
-
-def take_plan(cfg: DictConfig) -> Plan | None:
-    """The plan ``check_command_line`` compiled for this job's config, if it ran in this process."""
-    return _plans.pop(_key(cfg), None)
-
-
-def _key(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg)
+            checked.problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
+    if multirun and checked.problems:
+        checked.problems.insert(0, f"sweep rejected before any job ran: {len(checked.problems)} of {len(jobs)} jobs "
+                                   f"are invalid")
+    return checked
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:
@@ -78,7 +69,7 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as exc:
-        raise ConfigError(_parse_error(exc)) from None
+        raise ConfigError(parse_error(exc)) from None
     choices = []
     for override in parsed:
         if override.is_sweep_override():
@@ -89,151 +80,3 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
-def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:
-    """The config ``python -m runner OVERRIDES`` runs, and whether its launcher runs it elsewhere.
-
-    Raises:
-        ConfigError: Hydra could not compose it; one line naming the key or the preset.
-    """
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-    except OverrideParseException as exc:
-        raise ConfigError(_parse_error(exc)) from None
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise explain(exc, overrides) from None
-    except yaml.YAMLError as exc:  # a config file that is not YAML: name the file and the line
-        raise ConfigError(_yaml_error(exc)) from None
-    launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
-    _check_required(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, launcher.endswith(_REMOTE_LAUNCHERS)
-
-
-class LauncherError(ConfigError):
-    """A mistake in ``hydra.launcher``: shared by every job of the sweep."""
-
-
-def _check_required(cfg: DictConfig) -> None:
-    """A launcher preset's ``???`` values (``hydra.launcher.partition``) must be given on the command line."""
-    node = OmegaConf.select(cfg, "hydra.launcher")
-    missing = [key for key in (node or {}) if OmegaConf.is_missing(node, key)]
-    if missing:
-        preset = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher")
-        raise LauncherError(f"hydra.launcher.{missing[0]}: required by hydra/launcher={preset}; give it, e.g. "
-                          f"hydra.launcher.{missing[0]}=NAME" + (" (sinfo lists the partitions)"
-                                                                 if missing[0] == "partition" else ""))
-
-
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """``compose_job`` without the launcher: the job config tests and notebooks compose."""
-    return compose_job(overrides)[0]
-
-
-def explain(exc: Exception, overrides: Sequence[str]) -> ConfigError:
-    """Hydra's composition error as the runner's one line."""
-    if isinstance(exc, MissingConfigException):
-        return _missing_preset(exc)
-    cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
-    text = str(exc)
-    if "Ambiguous value for argument" in text:
-        arg = re.search(r"argument '([^']*)'", text)
-        return ConfigError(f"{arg.group(1) if arg else 'override'}: a comma in a value makes a sweep; add -m to "
-                           f"sweep, or write a list as key=[a,b]")
-    key = str(getattr(cause, "full_key", "") or "")
-    value = _value_of(key, overrides)
-    if isinstance(cause, ValidationError) and key:
-        return _bad_value(key, value, cause)
-    if key and "Could not override" in text:
-        return _unknown_key(key, text, overrides)
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return ConfigError(f"{key}: {first}" if key else first)
-
-
-def _missing_preset(exc: MissingConfigException) -> ConfigError:
-    found = re.search(r"Could not (?:find|load) '([^']*)'", str(exc))  # load: a name in a list, hooks=[a,b]
-    if not found:
-        return ConfigError(str(exc).splitlines()[0])
-    group, _, name = found.group(1).rpartition("/")
-    options = exc.options or _presets(group)
-    if not group:
-        return ConfigError(f"unknown config '{name}'")
-    return choice_error(group, name, options, "preset")
-
-
-def _presets(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-#: What ``OmegaConf.select`` gives for a key the config does not have (``None`` is a null value).
-_ABSENT = object()
-
-
-def _unknown_key(key: str, text: str, overrides: Sequence[str]) -> ConfigError:
-    """``Could not override 'K'``: the last existing node of ``K`` lacks the next part."""
-    wanted = re.search(r"Could not override '([^']*)'", text)
-    wanted_key = wanted.group(1) if wanted else key
-    parent, _, missing = key.rpartition(".")
-    if parent == "hooks" and wanted_key != key:  # hooks.clip.max=... without hooks=clip
-        hint = (f"add the preset: hooks={missing}, or list it: 'hooks=[...,{missing}]'"
-                if missing in _presets("hooks") else f"presets: {', '.join(_presets('hooks'))}")
-        return ConfigError(f"{wanted_key}: there is no entry hooks.{missing} in this config; {hint}")
-    rest = [o for o in overrides if o.lstrip("+~").split("=")[0] != wanted_key]
-    try:
-        cfg = compose_config(rest)
-        node = OmegaConf.select(cfg, parent, default=_ABSENT) if parent else cfg
-        known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-    except ConfigError:
-        node, known = _ABSENT, []
-    if node is None:  # a null mapping such as hooks.patch.clean: Hydra sets no key inside it
-        return ConfigError(f"{key}: {parent} is null, so it has no '{missing}' to set; give the mapping whole: "
-                           f"'{parent}={{{missing}: {_value_of(wanted_key, overrides)}}}'")
-    what = "setting" if not parent else f"key of {parent}"
-    return choice_error(key, missing, known or ["(none)"], what)
-
-
-def _bad_value(key: str, value: object, cause: ValidationError) -> ConfigError:
-    message = str(cause).splitlines()[0]
-    choices = re.search(r"expected one of \[([^\]]*)\]", message)
-    if choices:
-        bad = re.search(r"Invalid value '([^']*)'", message)
-        return choice_error(key, bad.group(1) if bad else value,
-                            [c.strip() for c in choices.group(1).split(",")], _WHAT.get(key.split("[")[0], "value"))
-    if "valid bool" in message or "to Boolean" in message:
-        return ConfigError(f"{key}: {value!r} must be true or false")
-    if "to Integer" in message or "to int" in message:
-        return ConfigError(f"{key}: {value!r} is not an integer")
-    if "to Float" in message:
-        return ConfigError(f"{key}: {value!r} is not a number")
-    if "is not a ListConfig" in message:
-        return ConfigError(f"{key}: {value!r} must be a list, e.g. {key}=[1,2]")
-    return ConfigError(f"{key}: {message}")
-
-
-def _value_of(key: str, overrides: Sequence[str]) -> object:
-    """The value the command line gave ``key``, as Hydra parses it (``1.5``, ``'abc'``; ``shape[1]``: an item)."""
-    indexed = re.fullmatch(r"(.*)\[(\d+)\]", key)
-    if indexed:
-        whole = _value_of(indexed.group(1), overrides)
-        index = int(indexed.group(2))
-        return whole[index] if isinstance(whole, list) and index < len(whole) else None
-    for line in overrides:
-        if line.lstrip("+~").split("=")[0] == key:
-            try:
-                return OverridesParser.create().parse_override(line).value()
-            except HydraException:
-                return line.partition("=")[2]
-    return None
-
-
-def _yaml_error(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-    context = getattr(exc, "context", None)
-    where = f"{mark.name}, line {mark.line + 1}" if mark is not None else "config file"
-    return f"{where}: {problem}" + (f" ({' '.join(context.split())})" if context else "")
-
-
-def _parse_error(exc: OverrideParseException) -> str:
-    return f"cannot parse '{exc.override}': {str(exc).splitlines()[0]}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from runner.config.slurm import UNSCHEDULABLE
+
 #: sbatch's words -> the launcher keys that decide them (first match wins).
 _SBATCH_KEYS = (
     ("partition", ("partition",)),
@@ -22,10 +24,6 @@ _SBATCH_KEYS = (
     ("node configuration", ("cpus_per_task", "mem_gb", "gpus_per_node")),
 )
 
-#: Pending reasons that do not resolve by waiting: the request fits no node or limit of the partition.
-#: (``Resources`` and ``Priority`` mean a busy cluster; add them to ``unschedulable_reasons`` to stop on them too.)
-UNSCHEDULABLE = ("PartitionConfig", "ReqNodeNotAvail", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
-                 "InvalidAccount", "InvalidQOS", "QOSMaxCpuPerJobLimit", "QOSMaxMemoryPerJob", "QOSMaxGRESPerJob")
 
 #: Slurm's final states of a job that produced no result -> the run state ``status.json`` records.
 RUN_STATES = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout", "PREEMPTED": "cancelled"}

@@ -4,7 +4,10 @@ Hydra merges every preset into its schema while it composes, so a misspelled key
 (``hooks.clip.maxx=1``, ``+steps_=3``), a value of the wrong type (``steps=abc``) or outside an
 enum (``mode=trian``) fails before anything runs, and presets in ``conf/`` carry only what
 they change. Hook presets inherit their hook type's own spec (``hooks.base.HookSpec``
-subclasses, registered here generically from ``hooks.HOOK_TYPES`` under ``hook_schema/TYPE``).
+subclasses, registered here generically from ``hooks.HOOK_TYPES`` under ``hook_schema/TYPE``);
+the dataclasses of models, data kinds and optimizers are stored as their choice is registered
+(``runner.config.registry``: ``@DATA_KINDS.register("randn", schema=SyntheticData)`` stores
+``data_schema/randn``).
 
 What a type cannot say (``min <= max``, a selector that matches a module, a shape that fits the
 model) is checked once, by ``runner.engine.plan.compile_plan``.
@@ -168,6 +171,7 @@ class ImageFolderData(LoaderConfig, ImageFiles):
 class LossConfig:
     name: str = "sum"
     target_class: Optional[int] = None  #: class_score only: a class index, or null for the top class
+    _module_: Optional[str] = None      #: the module registering a loss of your own (``runner.config.registry``)
 
 
 @dataclass
@@ -201,12 +205,6 @@ class AdamConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
-
-
-OPTIMIZER_SCHEMAS = {"none": NoOptimizer, "sgd": SGDConfig, "adam": AdamConfig}
-DATA_SCHEMAS = {"synthetic": SyntheticData, "tokens": TokenData, "fake": FakeImages, "image": ImageFiles,
-                "digits": DigitsData, "dataset": DatasetData, "imagefolder": ImageFolderData}
-MODEL_SCHEMAS = {"hf": HFModel}  #: by ``model.name``; other names are ``NamedModel``
 
 
 @dataclass
@@ -245,16 +243,11 @@ def hook_schema(type_name: str):
 
 
 def register_schemas() -> None:
-    """Store every schema in Hydra's ConfigStore (idempotent: storing again replaces)."""
+    """Store the run's and the hook types' schemas in Hydra's ConfigStore (idempotent: storing again
+    replaces); the registries store their choices' schemas as they are registered."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    for name, schema in OPTIMIZER_SCHEMAS.items():
-        store.store(group="optimizer_schema", name=name, node=schema)
-    for name, schema in DATA_SCHEMAS.items():
-        store.store(group="data_schema", name=name, node=schema)
     store.store(group="model_schema", name="named", node=NamedModel)
-    for name, schema in MODEL_SCHEMAS.items():
-        store.store(group="model_schema", name=name, node=schema)
     for type_name in HOOK_TYPES:
         store.store(group="hook_schema", name=type_name, node=hook_schema(type_name))
 

@@ -30,7 +30,7 @@ from hooks import HookSession
 from hooks.errors import ConfigError, choice_error
 from hooks.base import HookType
 from hooks.recorder import Recorder
-from runner.cli.commandline import compose_config
+from runner.config.compose import compose_config
 from runner.config.schema import RunConfig
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call

@@ -1,17 +1,20 @@
 """``compile_plan(cfg)``: a composed config, checked once and built into a frozen ``Plan``.
 
-Every check a run makes before its first pass happens here, once, in one order: the config
-against the schema (also for configs that did not come through Hydra), the run settings, the
-model target, the data (built once: image files are read here), the loss, the optimizer, each
-hook entry, the pictures asked for, the device, and a rehearsal of one step on the meta device
-(selectors, shapes, what each entry records). ``run(plan, out_dir)`` then only loops;
+Every check a run makes before its first pass happens here, once, in one order (``GATE``): the
+modules presets name (``_module_``), the config against the schema (also for configs that did not
+come through Hydra), the run settings, the model target and checkpoint file, the data (built
+once: image files are read here), the loss, the optimizer, each hook entry, the pictures asked
+for, the device, and a rehearsal of one step on the meta device (selectors, shapes, what each
+entry records). ``run(plan, out_dir)`` then only loops;
 ``plan=true`` prints ``describe(plan)``; the sweep checks compile every job's plan before any
 job runs. Each failure is one ``ConfigError`` naming the key.
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -22,8 +25,9 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.errors import ConfigError, choice_error
-from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS, AdamConfig, LossConfig, MetricConfig,
-                                  NamedModel, NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
+import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
+from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, import_named
+from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
 from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine.train import EvalSchedule, check_optimizer
@@ -31,11 +35,6 @@ from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
 from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
 from runner.sources.models import check_target
-
-#: The schema each data kind is merged into.
-_DATA_KIND_SCHEMA = {"ones": "synthetic", "randn": "synthetic", "tokens": "tokens", "fake": "fake", "image": "image",
-                     "digits": "digits", "dataset": "dataset", "imagefolder": "imagefolder"}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -54,7 +53,7 @@ class Plan:
     model: DictConfig
     data: DataSource
     loss_fn: LossFn | None
-    optimizer: NoOptimizer | SGDConfig | AdamConfig
+    optimizer: object  #: the optimizer's schema dataclass, filled (``runner.config.registry.OPTIMIZERS``)
     hooks: tuple[HookType, ...]
     schedule: EvalSchedule
     device: str
@@ -74,6 +73,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     """
     typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
+    _check_checkpoint(model)
     data = DataSource(_data_config(typed.data), model)
     if settings.epochs is not None:
         settings.steps = data.epoch_steps(settings.epochs)
@@ -94,6 +94,14 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
                 rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES, clean_data=clean_data)
 
 
+#: The gate: every check a config passes before anything runs, whether it came from the command line,
+#: ``runner.attach``, a replay or a test, each made once per compile (``tests/test_gate.py`` counts
+#: them). Builders (``build_model``, the data kinds, ``build_optimizer``) trust what passed.
+GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_metric", "_check_repeated_presets",
+        "_model_config", "check_target", "check_hf", "_check_checkpoint", "_data_config", "get_loss", "_optimizer",
+        "check_optimizer", "build_hooks", "_check_hooks_against_run", "_check_plots", "_device", "rehearse")
+
+
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
 SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
 
@@ -112,13 +120,16 @@ def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[Di
 
 def compile_hooks(typed: DictConfig) -> tuple[HookType, ...]:
     """The hook entries of a typed config, built and checked against their types' schemas."""
-    return tuple(build_hooks(_resolved(typed.hooks, "hooks")))
+    entries = _resolved(typed.hooks, "hooks")
+    return tuple(build_hooks({name: {k: v for k, v in entry.items() if k != MODULE_KEY} if isinstance(entry, dict)
+                              else entry for name, entry in entries.items()}))
 
 
 def _typed(cfg: DictConfig) -> DictConfig:
     """``cfg`` merged into the schema: a key or type Hydra did not see (``+typo=1``, a config built in
     code) fails here."""
     _known_keys(cfg, RunConfig, "", "setting")
+    _import_modules(cfg)
     for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
                           ("metric", MetricConfig)):
         if isinstance(cfg.get(group), DictConfig):
@@ -135,6 +146,14 @@ def _typed(cfg: DictConfig) -> DictConfig:
         if OmegaConf.is_missing(typed, group):
             raise ConfigError(f"{group}: not set; pick a preset ({group}=NAME)")
     return typed
+
+
+def _import_modules(cfg: DictConfig) -> None:
+    """Import each module a preset names (``_module_``), so the choices it registers are known."""
+    for group in ("model", "data", "loss", "optimizer"):
+        import_named(cfg.get(group), group)
+    for name, entry in (cfg.get("hooks") or {}).items():
+        import_named(entry, f"hooks.{name}")
 
 
 def _known_keys(node: DictConfig, schema: type, prefix: str, what: str) -> None:
@@ -224,8 +243,23 @@ def _model_config(model: DictConfig) -> DictConfig:
         check_target(model)
         return model
     name = model.get("name")
-    merged = _merged(MODEL_SCHEMAS.get(name, NamedModel), model, "model", f"key for model '{name}'")
+    schema = MODELS.get(name).schema if name in MODELS else NamedModel  # other names: torchvision's
+    merged = _merged(schema, model, "model", f"key for model '{name}'")
+    if name in MODELS and merged.weights:
+        raise ConfigError(f"model.weights: '{name}' has no pretrained weights; use model.checkpoint=PATH")
     return check_hf(merged) if name == "hf" else merged
+
+
+def _check_checkpoint(model: DictConfig) -> None:
+    """``model.checkpoint`` names a file, and one this Python can read (its loading is the build's)."""
+    path = model.get("checkpoint")
+    if not path:
+        return
+    if not Path(path).is_file():
+        raise ConfigError(f"model.checkpoint: no file at '{path}'")
+    if str(path).endswith(".safetensors") and importlib.util.find_spec("safetensors") is None:
+        raise ConfigError("model.checkpoint: a .safetensors file needs the 'safetensors' package: "
+                          "pip install -e '.[safetensors]'")
 
 
 def _clean_data(data: DictConfig, model: DictConfig, corrupted: DataSource, hooks) -> DataSource | None:
@@ -256,22 +290,21 @@ def _clean_data(data: DictConfig, model: DictConfig, corrupted: DataSource, hook
 
 def _data_config(data: DictConfig) -> DictConfig:
     kind = data.get("kind")
-    if kind not in _DATA_KIND_SCHEMA:
-        raise choice_error("data.kind", kind, _DATA_KIND_SCHEMA, "data kind")
-    return _merged(DATA_SCHEMAS[_DATA_KIND_SCHEMA[kind]], data, "data", f"key for data kind '{kind}'")
+    return _merged(DATA_KINDS.get(kind).schema, data, "data", f"key for data kind '{kind}'")
 
 
-def _optimizer(node: DictConfig) -> NoOptimizer | SGDConfig | AdamConfig:
+def _optimizer(node: DictConfig):
     name = node.get("name")
-    if name not in OPTIMIZER_SCHEMAS:
-        raise choice_error("optimizer.name", name, OPTIMIZER_SCHEMAS, "optimizer")
-    spec = OmegaConf.to_object(_merged(OPTIMIZER_SCHEMAS[name], node, "optimizer", f"key for optimizer '{name}'"))
+    spec = OmegaConf.to_object(_merged(OPTIMIZERS.get(name).schema, node, "optimizer", f"key for optimizer '{name}'"))
     check_optimizer(spec)
     return spec
 
 
 def _merged(schema: type, node: DictConfig, key: str, what: str) -> DictConfig:
-    """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest."""
+    """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest.
+    ``_module_`` (the module registering the choice, imported by ``_typed``) is left out."""
+    if MODULE_KEY in node:
+        node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != MODULE_KEY])
     _known_keys(node, schema, f"{key}.", what)
     try:
         return OmegaConf.merge(OmegaConf.structured(schema), node)

@@ -17,19 +17,16 @@ from torch import nn
 
 from hooks import HookSession
 from hooks.errors import ConfigError
-from runner.config.schema import AdamConfig, NoOptimizer, SGDConfig
-from runner.sources.data import Batch
+from runner.config.registry import OPTIMIZERS
+from runner.sources.batches import Batch
 from runner.sources.losses import LossFn, correct, first_tensor
 
 #: Data of eval passes come from the run's seed plus this, a stream disjoint from the training batches.
 EVAL_SEED_OFFSET = 1 << 20
 
 
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {"none": None, "sgd": torch.optim.SGD,
-                                                             "adam": torch.optim.Adam}
 
-
-def check_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig) -> None:
+def check_optimizer(spec) -> None:
     """Values the schema's types allow but that train nothing, or nonsense."""
     values = {k: v for k, v in asdict(spec).items() if k in ("lr", "momentum", "weight_decay", "eps")}
     for key, value in values.items():
@@ -44,9 +41,9 @@ def check_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig) -> None:
         raise ConfigError(f"optimizer.betas: {list(betas)} must be two numbers in [0, 1)")
 
 
-def build_optimizer(spec: NoOptimizer | SGDConfig | AdamConfig, model: nn.Module) -> torch.optim.Optimizer | None:
+def build_optimizer(spec, model: nn.Module) -> torch.optim.Optimizer | None:
     """The torch optimizer over ``model``'s trainable parameters; ``None`` for ``optimizer=none``."""
-    cls = OPTIMIZERS[spec.name]
+    cls = OPTIMIZERS.get(spec.name).build
     if cls is None:
         return None
     params = [p for p in model.parameters() if p.requires_grad]
@@ -62,12 +59,6 @@ class EvalSchedule:
 
     every: int = 0
     steps: int = 1
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise ConfigError(f"eval_every: {self.every} must be >= 0 (0 = no eval passes)")
-        if self.steps < 1:
-            raise ConfigError(f"eval_steps: {self.steps} must be at least 1")
 
     def held_out(self, data: Iterator[Batch]) -> list[Batch]:
         """The eval set: the first ``steps`` batches of ``data``, the same at every eval."""

@@ -1,1 +1,3 @@
-"""What a run is made of: models, data and losses, each by name or ``_target_``."""
+"""What a run is made of: models, data, losses and optimizers, each registered by name
+(``runner.config.registry``). Importing this package registers every built-in choice."""
+from runner.sources import datasets, kinds, losses, models, optimizers  # noqa: F401  (registration side effects)

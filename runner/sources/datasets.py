@@ -19,11 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, random_split
 
 from hooks.errors import ConfigError
-from runner.sources.data import _Maker, imagenet_transform
+from runner.config.registry import DATA_KINDS
+from runner.config.schema import DatasetData, ImageFolderData
+from runner.sources.batches import Maker, imagenet_transform
 from runner.sources.targets import builds, check_arguments, locate
 
 
-def loader_maker(data: DictConfig, model: DictConfig) -> _Maker:
+@DATA_KINDS.register("imagefolder", schema=ImageFolderData)
+@DATA_KINDS.register("dataset", schema=DatasetData)
+def loader_maker(data: DictConfig, model: DictConfig) -> Maker:
     """Build the dataset once, check the loader settings, and stream its batches from a seed."""
     if data.get("shape") is not None:
         raise ConfigError(f"data.shape: data={data.kind} takes its shape from the dataset's items; "
@@ -52,7 +56,7 @@ def loader_maker(data: DictConfig, model: DictConfig) -> _Maker:
         epoch = len(train) // size if data.drop_last else -(-len(train) // size)
         if epoch == 0:
             raise ConfigError(f"data.batch_size: {size} is more than the {len(train)} training items with drop_last")
-    return _Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch)
+    return Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch)
 
 
 def user_dataset(data: DictConfig) -> Dataset:

@@ -7,19 +7,22 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from hooks.errors import ConfigError, choice_error
+from hooks.errors import ConfigError
 from hooks.recorder import walk
+from runner.config.registry import LOSSES
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-LOSSES: dict[str, LossFn | None] = {
+#: Losses without options, registered as ``build(cfg) -> LossFn`` (``none``: no loss, a forward-only run).
+for _name, _loss in {
     "sum": lambda out, _: out.sum(),
     "mean": lambda out, _: out.mean(),
     "one_minus_mean": lambda out, _: (1 - out).mean(),
     "log_mean": lambda out, _: out.log().mean(),
     "cross_entropy": lambda out, targets: F.cross_entropy(_class_scores(out, "cross_entropy"), targets),
     "none": None,
-}
+}.items():
+    LOSSES.register(_name)(lambda cfg, loss=_loss: loss)
 
 
 def _class_scores(out: torch.Tensor, loss: str) -> torch.Tensor:
@@ -29,6 +32,12 @@ def _class_scores(out: torch.Tensor, loss: str) -> torch.Tensor:
         raise ConfigError(f"loss={loss}: the model output has shape {list(out.shape)}, not [batch, classes] "
                           f"(one class per sample); use loss=sum, mean or none")
     return out
+
+
+@LOSSES.register("class_score")
+def class_score_loss(cfg: DictConfig) -> LossFn:
+    """``class_score`` with the config's ``target_class``."""
+    return class_score(cfg.get("target_class"))
 
 
 def class_score(target_class: int | None) -> LossFn:
@@ -69,12 +78,6 @@ def correct(out: torch.Tensor, targets: torch.Tensor) -> int:
     return int((out.detach().argmax(dim=1) == targets).sum())
 
 
-#: Losses built from keys of the ``loss`` config besides ``name``.
-LOSS_FACTORIES: dict[str, Callable[[DictConfig], LossFn]] = {
-    "class_score": lambda cfg: class_score(cfg.get("target_class")),
-}
-
-
 def get_loss(loss: str | DictConfig) -> LossFn | None:
     """The loss a ``loss`` config (or a bare name) names; ``None`` for ``none`` (a forward-only run).
 
@@ -82,9 +85,4 @@ def get_loss(loss: str | DictConfig) -> LossFn | None:
     ``target_class``); a bare name takes their defaults.
     """
     cfg = OmegaConf.create({"name": loss}) if isinstance(loss, str) else loss
-    name = cfg.name
-    if name in LOSS_FACTORIES:
-        return LOSS_FACTORIES[name](cfg)
-    if name not in LOSSES:
-        raise choice_error("loss.name", name, [*LOSSES, *LOSS_FACTORIES], "loss")
-    return LOSSES[name]
+    return LOSSES.get(cfg.name).build(cfg)

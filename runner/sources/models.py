@@ -11,7 +11,9 @@ from torch import nn
 
 from hooks.errors import ConfigError, choice_error
 
+from runner.config.registry import MODELS
 from runner.config.schema import MODEL_RUN_KEYS as RUN_KEYS
+from runner.config.schema import HFModel, NamedModel
 from runner.sources.hf import load_hf
 from runner.sources.targets import builds, check_arguments, locate
 
@@ -67,7 +69,11 @@ class DigitsCNN(nn.Module):
         return self.fc(self.flatten(self.pool2(self.relu2(self.conv2(x)))))
 
 
-SMALL_MODELS = {"mlp": MLP, "convnet": ConvNet, "digits_cnn": DigitsCNN, "linear": lambda: nn.Linear(3, 3)}
+#: Registered models are built as ``build(cfg)``; they have no pretrained ``weights`` (the gate refuses them).
+_SMALL = {"mlp": MLP, "convnet": ConvNet, "digits_cnn": DigitsCNN, "linear": lambda: nn.Linear(3, 3)}
+for _name, _make in _SMALL.items():
+    MODELS.register(_name, schema=NamedModel)(lambda cfg, make=_make: make())
+MODELS.register("hf", schema=HFModel)(load_hf)
 
 
 def gpt2_tiny(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: int = 100,
@@ -103,25 +109,23 @@ def check_target(cfg: DictConfig) -> None:
 
 
 def build_model(cfg: DictConfig) -> nn.Module:
-    """Build the model a ``model`` config names, then load ``checkpoint`` if one is given.
+    """Build the model a checked ``model`` config names (the gate checked it: ``check_target``,
+    the checkpoint file), then load ``checkpoint`` if one is given.
 
     ``_target_`` wins over ``name``: every key except ``RUN_KEYS`` goes to Hydra's
-    ``instantiate`` (``model=custom model._target_=pkg.Net +model.width=64``), once
-    ``check_target`` accepted it. ``name: hf`` loads a Hugging Face directory (``runner.sources.hf``).
-    Otherwise ``name`` is one of ``SMALL_MODELS`` or a torchvision model, built with ``weights``
+    ``instantiate`` (``model=custom model._target_=pkg.Net +model.width=64``). ``name: hf`` loads
+    a Hugging Face directory (``runner.sources.hf``). Otherwise ``name`` is registered in
+    ``MODELS`` (``build(cfg)``) or a torchvision model, built with ``weights``
     (``null`` = random init; a weights name such as ``DEFAULT`` downloads).
     """
-    if OmegaConf.is_missing(cfg, "_target_"):
-        raise ConfigError("model._target_: required for model=custom, e.g. model._target_=mypkg.MyNet")
     if cfg.get("_target_"):
-        check_target(cfg)
         kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in RUN_KEYS}
         try:
             model = instantiate(kwargs)
         except Exception as exc:  # Hydra wraps import and constructor errors alike
             raise ConfigError(f"model._target_: cannot build '{cfg._target_}': {str(exc).splitlines()[0]}") from None
-    elif cfg.get("name") == "hf":
-        model = load_hf(cfg)
+    elif cfg.get("name") in MODELS:
+        model = MODELS.get(cfg.name).build(cfg)
     else:
         model = _named_model(cfg.get("name"), cfg.get("weights"))
     if not isinstance(model, nn.Module):
@@ -132,13 +136,9 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
 
 def _named_model(name: str | None, weights: str | None) -> nn.Module:
-    if name in SMALL_MODELS:
-        if weights:
-            raise ConfigError(f"model.weights: '{name}' has no pretrained weights; use model.checkpoint=PATH")
-        return SMALL_MODELS[name]()
     known = torchvision.models.list_models()
     if name not in known:
-        raise choice_error("model.name", name, [*SMALL_MODELS, *known], "model")
+        raise choice_error("model.name", name, [*MODELS, *known], "model")
     try:
         return torchvision.models.get_model(name, weights=weights)
     except (ValueError, KeyError) as exc:
@@ -149,18 +149,13 @@ def _named_model(name: str | None, weights: str | None) -> nn.Module:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise ConfigError("model.checkpoint: a .safetensors file needs the 'safetensors' package: "
-                          "pip install -e '.[safetensors]'") from None
+    from safetensors.torch import load_file  # the gate checked that it is installed
+
     return load_file(path, device="cpu")
 
 
 def _load_checkpoint(model: nn.Module, path: Path) -> None:
     """A state_dict from ``.safetensors`` or (anything else) ``torch.load(weights_only=True)``, all keys fitting."""
-    if not path.is_file():
-        raise ConfigError(f"model.checkpoint: no file at '{path}'")
     try:
         state = _read_safetensors(path) if path.suffix == ".safetensors" else \
             torch.load(path, map_location="cpu", weights_only=True)

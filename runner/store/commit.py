@@ -23,15 +23,13 @@ import json
 import os
 from pathlib import Path
 
+from hooks.records import CONFIG, MANIFEST, TABLES
 from runner.store.errors import naming
 
-MANIFEST = "manifest.json"
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
-#: The data files a run may commit; their final names are the runner's alone.
-#: The resolved config a run was made with, committed beside its data.
-CONFIG = "config.yaml"
-DATA_FILES = ("stats.parquet", "tensors.parquet", "steps.parquet", CONFIG)
+#: The data files a run may commit (the tables and the resolved config); their final names are the runner's alone.
+DATA_FILES = (*TABLES, CONFIG)
 
 
 def tmp_path(path: Path) -> Path:

@@ -26,32 +26,17 @@ import pyarrow.parquet as pq
 import torch
 
 from hooks import records
-from hooks.records import SCHEMA_VERSION, STAT_COLUMNS, StepCaptures
+from hooks.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
+                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, StepCaptures)
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
-from runner.store.commit import CONFIG, MANIFEST, TMP_MARK, commit, recover, tmp_path
+from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
 
 ID_FIELDS = list(records.ID_FIELDS)
-STATS_SCHEMA = pa.schema(ID_FIELDS + list(records.STAT_FIELDS))
-TENSORS_SCHEMA = pa.schema(ID_FIELDS + [records.TENSOR_VALUES])
-STEPS_SCHEMA = pa.schema([
-    pa.field("step", pa.int64()),
-    pa.field("split", pa.string()),
-    pa.field("loss", pa.float64()),
-    pa.field("wall_time_s", pa.float64()),
-    pa.field("captures", pa.int64()),
-    pa.field("peak_memory_bytes", pa.int64()),
-])
-#: Optional per-step measures (``RunOutputs.write_step(metrics=...)``): NaN where a step has none.
-STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the held-out set (eval)
-STEP_METRICS += ("logit", "logit_diff")  #: ``metric.target`` / ``metric.diff`` (``runner.engine.metrics``)
-#: the same of the clean and of the unpatched corrupted pass beside each step (``patch`` with ``source: clean``)
-STEP_METRICS += tuple(f"{side}_{name}" for side in ("clean", "corrupted") for name in ("logit", "logit_diff"))
-STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + [pa.field(name, pa.float64()) for name in STEP_METRICS])
 _STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
@@ -147,9 +132,9 @@ class RunOutputs:
         ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
     """
 
-    FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
+    FILES = TABLE_SCHEMAS
     #: Files left out of the run (not created, not listed) when they receive no row.
-    OPTIONAL = frozenset({"tensors.parquet"})
+    OPTIONAL = frozenset({TENSORS})
     #: The manifest's own keys, which ``extra`` cannot replace.
     MANIFEST_KEYS = frozenset({"complete", "schema_version", "run_id", "config_hash", "overrides", "files",
                                "replaced", "versions", "finished"})
@@ -292,13 +277,13 @@ class RunOutputs:
         n = len(captures)
         ids = _id_arrays(step, captures.columns, n)
         stats = [_from_numpy(captures.stats[c], STATS_SCHEMA.field(c).type) for c in STAT_COLUMNS]
-        self._sinks["stats.parquet"].write(pa.Table.from_arrays(ids + stats, schema=STATS_SCHEMA))
+        self._sinks[STATS].write(pa.Table.from_arrays(ids + stats, schema=STATS_SCHEMA))
         if captures.kept:
             rows = _from_numpy(np.asarray(captures.kept_rows), pa.int64())
             kept_ids = [col.take(rows) for col in ids]
-            self._sinks["tensors.parquet"].write(
+            self._sinks[TENSORS].write(
                 pa.Table.from_arrays(kept_ids + [_values_array(captures.kept)], schema=TENSORS_SCHEMA))
-        self._sinks["steps.parquet"].write(pa.Table.from_arrays(
+        self._sinks[STEPS].write(pa.Table.from_arrays(
             [_from_numpy(np.array([step]), pa.int64()), _column([split], pa.string()),
              _from_numpy(np.array([float("nan") if loss is None else loss]), pa.float64()),
              _from_numpy(np.array([wall_time_s]), pa.float64()), _from_numpy(np.array([n]), pa.int64()),

@@ -1,8 +1,8 @@
 """The schema of ``hydra/launcher=slurm``: upstream's Slurm settings plus the runner's wait for an
 unschedulable sweep, stored in Hydra's ConfigStore as ``hydra/launcher/runner_slurm``.
 
-Apart from ``runner.cli.slurm`` so that the command-line checks can compose the presets without
-importing the launcher (``hydra_plugins.runner_slurm``, which imports the callbacks, which import the command line).
+Apart from the launcher (``hydra_plugins.runner_slurm``, which imports the callbacks, which import the
+command line) so that composing a config (``runner.config.compose``) stores the presets' schema.
 """
 from __future__ import annotations
 
@@ -13,7 +13,12 @@ from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from omegaconf import MISSING
 
-from runner.cli.scheduler import UNSCHEDULABLE
+
+#: Pending reasons that do not resolve by waiting: the request fits no node or limit of the partition.
+#: (``Resources`` and ``Priority`` mean a busy cluster; add them to ``unschedulable_reasons`` to stop on them too.)
+UNSCHEDULABLE = ("PartitionConfig", "ReqNodeNotAvail", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+                 "InvalidAccount", "InvalidQOS", "QOSMaxCpuPerJobLimit", "QOSMaxMemoryPerJob", "QOSMaxGRESPerJob")
+
 
 @dataclass
 class RunnerSlurmConf(SlurmQueueConf):

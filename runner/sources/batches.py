@@ -1,0 +1,56 @@
+"""What every data kind builds on: a ``Batch``, the ``Maker`` a kind returns, the input shape a
+config asks for, and torchvision's ImageNet preparation. Knows no data kind (they register in
+``runner.config.registry.DATA_KINDS``, see ``runner.sources.kinds``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from hooks.errors import ConfigError
+
+
+@dataclass
+class Batch:
+    """One step's model input and (for losses that need them) class targets."""
+
+    x: torch.Tensor
+    targets: torch.Tensor
+
+
+@dataclass
+class Maker:
+    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever;
+    ``held_out(gen)`` likewise from a part kept apart for eval passes (``None``: no such part)."""
+
+    shape: list[int]
+    dtype: torch.dtype
+    make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
+    held_out: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]] | None = None
+    epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
+
+
+def input_shape(data: DictConfig, model: DictConfig) -> list[int]:
+    shape = data.get("shape") or model.get("input_shape")
+    if not shape:
+        raise ConfigError("data.shape: not set and the model config has no input_shape; "
+                          "give one, e.g. data.shape=[1,3,224,224]")
+    shape = list(shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ConfigError(f"data.shape: {shape} must be a list of positive integers")
+    return shape
+
+
+def imagenet_transform(data: DictConfig):
+    """torchvision's ImageNet preparation with ``data``'s sizes and normalisation (``image``, ``imagefolder``)."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize(int(data.resize)),
+        transforms.CenterCrop(int(data.crop)),
+        transforms.ToTensor(),
+        transforms.Normalize(list(data.mean), list(data.std)),
+    ])

@@ -1,0 +1,109 @@
+"""The house's import arrows, read with ``ast`` (module-level imports of runner/ and hooks/):
+no arrow from the engine up to the command line, and no import cycle among the project's modules."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("runner", "hooks")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _project_module(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module ``name`` is, or is inside (``hooks.errors.ConfigError`` -> ``hooks.errors``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports at module level (also inside a module-level ``try``/``if``;
+    not under ``if TYPE_CHECKING:``, which runs for type checkers only)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    statements = list(ast.parse(path.read_text()).body)
+    found: set[str] = set()
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.Try, ast.If)):
+            statements += [*node.body, *node.orelse, *getattr(node, "handlers", ())]
+        elif isinstance(node, ast.ExceptHandler):
+            statements += node.body
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            found |= {f"{base}.{alias.name}" for alias in node.names}  # a submodule, or a name in ``base``
+    targets = {_project_module(imported, modules) for imported in found}
+    return {t for t in targets if t is not None and t != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read_from_the_files():
+    graph = import_graph()
+    assert "runner.engine.plan" in graph["runner.cli.commandline"]
+    assert "hooks.errors" in graph["runner.engine.plan"]
+    assert "runner.config.compose" in graph["runner.engine.attach"]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_arrow_from_the_engine_up_to_the_command_line():
+    up = sorted((name, imported) for name, imports in import_graph().items() if name.startswith("runner.engine")
+                for imported in imports if imported.startswith("runner.cli"))
+    assert up == []
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    assert cycles(import_graph()) == []

@@ -1,0 +1,204 @@
+"""A new data source, optimizer and hook type, each one Python module plus one YAML file outside the
+project (a tmp dir on ``sys.path`` and a conf dir on Hydra's search path), run through the command
+line and ``runner.attach`` against the same computation in plain PyTorch."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+from hydra.core.config_store import ConfigStore
+from torch import nn
+
+import runner
+import runner.analysis as analysis
+from hooks import HOOK_TYPES
+from hooks.errors import ConfigError
+from runner.cli.commandline import check_command_line
+from runner.cli.execute import execute
+from runner.config.compose import CONF_DIR, compose_config
+from runner.config.registry import DATA_KINDS, OPTIMIZERS
+from runner.engine.plan import compile_plan
+from runner.sources.models import MLP
+
+MODULES = {
+    "fixture_counting_data": '''
+        """data=counting: batches start + step + arange, in the shape asked for."""
+        import itertools
+        from dataclasses import dataclass
+
+        import torch
+
+        from runner.config.registry import DATA_KINDS
+        from runner.config.schema import DataBase
+        from runner.sources.batches import Maker, input_shape
+
+
+        @dataclass
+        class CountingData(DataBase):
+            kind: str = "counting"
+            start: float = 0.0
+
+
+        @DATA_KINDS.register("counting", schema=CountingData)
+        def counting(data, model):
+            shape = input_shape(data, model)
+            count = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
+            return Maker(shape, torch.float32,
+                         lambda gen: ((count + data.start + step, None) for step in itertools.count()))
+    ''',
+    "fixture_plain_step": '''
+        """optimizer=plain_step: p -= lr * grad, nothing else."""
+        from dataclasses import dataclass
+
+        import torch
+
+        from runner.config.registry import OPTIMIZERS
+
+
+        @dataclass
+        class PlainStepConfig:
+            name: str = "plain_step"
+            lr: float = 0.1
+
+
+        @OPTIMIZERS.register("plain_step", schema=PlainStepConfig)
+        class PlainStep(torch.optim.Optimizer):
+            def __init__(self, params, lr):
+                super().__init__(params, {"lr": lr})
+
+            @torch.no_grad()
+            def step(self):
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.add_(p.grad, alpha=-group["lr"])
+    ''',
+    "fixture_scale_output": '''
+        """hooks type scale_output: a forward hook multiplying the output by factor, recording it."""
+        from dataclasses import dataclass
+        from typing import Any
+
+        from hooks.base import HookSpec, HookType
+        from hooks.registry import register
+
+
+        @dataclass
+        class ScaleOutputSpec(HookSpec):
+            layers: Any = "**"
+            factor: float = 1.0
+
+
+        @register("scale_output")
+        class ScaleOutput(HookType):
+            spec_class = ScaleOutputSpec
+
+            @property
+            def pytorch_hooks(self):
+                return "register_forward_hook"
+
+            @property
+            def expected_kinds(self):
+                return frozenset({"output"})
+
+            def attach(self, model, session):
+                for layer, module in self.targets(model):
+                    session.add(module.register_forward_hook(self._hook(session.recorder, layer)))
+
+            def _hook(self, recorder, layer):
+                def scale(module, args, output):
+                    output = output * self.spec.factor
+                    recorder.record(output, hook=self.name, layer=layer, phase="forward", kind="output", slot="0",
+                                    call=recorder.next_call((self.name, layer)))
+                    return output
+                return scale
+    ''',
+}
+PRESETS = {
+    "data/counting.yaml": "_module_: fixture_counting_data\nkind: counting\nshape: [2, 100]\nstart: 0.5\n",
+    "optimizer/plain_step.yaml": "_module_: fixture_plain_step\nname: plain_step\nlr: 0.05\n",
+    "hooks/scaled.yaml": "# @package hooks.scaled\n_module_: fixture_scale_output\ntype: scale_output\n"
+                         "layers: fc2\nfactor: 3.0\n",
+}
+
+
+@pytest.fixture
+def own_parts(tmp_path, monkeypatch):
+    """The three modules importable from a tmp dir, their presets in a tmp conf dir; registrations undone after."""
+    code, conf = tmp_path / "code", tmp_path / "conf"
+    for name, text in MODULES.items():
+        (code / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
+        (code / f"{name}.py").write_text(textwrap.dedent(text))
+    for path, text in PRESETS.items():
+        (conf / path).parent.mkdir(parents=True, exist_ok=True)
+        (conf / path).write_text(text)
+    monkeypatch.syspath_prepend(str(code))
+    for registry in (DATA_KINDS, OPTIMIZERS):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    hook_types = dict(HOOK_TYPES)
+    yield f"hydra.searchpath=[file://{conf}]"
+    HOOK_TYPES.clear()
+    HOOK_TYPES.update(hook_types)
+    for name in MODULES:
+        sys.modules.pop(name, None)
+
+
+def _oracle_losses(steps: int, factor: float, lr: float) -> list[float]:
+    torch.manual_seed(0)  # the run's seed, before the model is built
+    model = MLP()
+    count = torch.arange(200, dtype=torch.float32).reshape(2, 100)
+    losses = []
+    for step in range(steps):
+        model.zero_grad()
+        out = model.fc2(model.relu(model.fc1(count + 0.5 + step))) * factor
+        loss = out.sum()
+        loss.backward()
+        losses.append(float(loss.detach()))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return losses
+
+
+def test_own_data_optimizer_and_hook_type_run_through_the_command_line(own_parts, tmp_path):
+    argv = [own_parts, "model=mlp", "data=counting", "optimizer=plain_step", "hooks=scaled", "loss=sum", "steps=3"]
+    checked = check_command_line(argv)
+    assert checked.problems == []
+    cfg = compose_config(argv)
+    execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
+    steps = analysis.load_steps(tmp_path / "run")
+    assert steps.loss.tolist() == pytest.approx(_oracle_losses(3, 3.0, 0.05), rel=1e-5)
+    stats = analysis.load_stats(tmp_path / "run")
+    scaled = stats[stats.hook == "scaled"]
+    assert sorted(scaled.step.unique()) == [0, 1, 2] and set(scaled.layer) == {"fc2"}
+
+
+def test_own_hook_type_runs_in_runner_attach(own_parts, tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    plain = model(x).detach()
+    with runner.attach(model, hooks=["scaled"], overrides=[own_parts, "hooks.scaled.layers='2'"],
+                       out_dir=tmp_path / "run") as run:
+        out = model(x)
+        run.backward(out.sum())
+        run.step(out.sum())
+    torch.testing.assert_close(out, plain * 3.0)
+    stats = analysis.load_stats(tmp_path / "run")
+    row = stats[(stats.hook == "scaled") & (stats.kind == "output")].iloc[0]
+    assert row.layer == "2"
+    assert row["max"] == pytest.approx(float((plain * 3.0).max()), rel=1e-6)
+
+
+def test_a_module_that_does_not_import_is_one_line_naming_its_key(own_parts):
+    with pytest.raises(ConfigError, match=r"^data\._module_: cannot import 'no_such_module': ModuleNotFoundError"):
+        compile_plan(compose_config([own_parts, "model=mlp", "data=counting", "data._module_=no_such_module"]))
+
+
+def test_every_preset_of_a_registered_group_names_a_registered_choice_with_its_schema_stored():
+    stored = ConfigStore.instance().repo
+    for group, registry, key in (("data", DATA_KINDS, "kind"), ("optimizer", OPTIMIZERS, "name")):
+        for path in sorted((CONF_DIR / group).glob("*.yaml")):
+            name = compose_config([f"{group}={path.stem}"])[group][key]
+            assert name in registry, path
+            assert f"{name}.yaml" in stored[f"{group}_schema"], path
