@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from hooks import HookSession
+from hooks.compiled import compiled_problem
 from hooks.errors import ConfigError, choice_error
 from hooks.interventions import side_by_side
 from hooks.recorder import Recorder
@@ -146,6 +147,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         ...         opt.step(); opt.zero_grad()
     """
     config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings)
+    if problem := compiled_problem(model):
+        raise ConfigError(problem)
     for hook in hooks_built:
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
     for hook in side_by_side(hooks_built):
