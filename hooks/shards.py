@@ -13,6 +13,7 @@ The kernel itself reads only plain tensors whose storage holds their elements
 """
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -22,10 +23,9 @@ import torch.distributed as dist
 from hooks.errors import ConfigError
 from hooks.stats import RAW
 
-try:
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-except ImportError:  # a build of PyTorch without torch.distributed
-    DTensor = Partial = Replicate = None
+#: The module that defines ``DTensor``: until something imported it (FSDP2 does), no tensor is one,
+#: and a run without it does not pay its import (seconds).
+DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 class Shard(NamedTuple):
@@ -38,7 +38,8 @@ class Shard(NamedTuple):
 
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether ``t`` is a ``DTensor`` (FSDP2's parameters and gradients are)."""
-    return DTensor is not None and isinstance(t, DTensor)
+    module = sys.modules.get(DTENSOR_MODULE)
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def refuse_sharded(params: list[tuple[str, str, torch.Tensor]], key: str, what: str) -> None:
@@ -56,6 +57,8 @@ def local(t: torch.Tensor) -> tuple[torch.Tensor, Shard | None]:
     the tensor's."""
     if not is_sharded(t):
         return t, None
+    from torch.distributed.tensor import Partial, Replicate
+
     placements = t.placements
     if any(isinstance(p, Partial) for p in placements):
         raise ConfigError(f"a DTensor with pending partial sums ({placements}) holds no values of its own to record; "

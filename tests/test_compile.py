@@ -12,11 +12,21 @@ import torch.nn.functional as F
 
 import runner
 import runner.analysis as analysis
+from conftest import readme_block
 from hooks.errors import ConfigError
 from runner.sources.models import gpt2_tiny
 
 IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
 STATS = ["mean", "std", "min", "max", "abs_mean", "l2", "zero_frac"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from scratch: compiled code is kept per class and does not check hooks, so
+    an MLP compiled by an earlier test would lend its code (its hooks or none) to this test's MLP."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
 
 
 def mlp() -> torch.nn.Module:
@@ -94,3 +104,22 @@ def test_compiled_gpt2_tiny_records_stats_extract_and_ablate_as_eager(tmp_path):
     torch.manual_seed(0)
     compiled = run(gpt2_tiny().eval(), entries, batches, tmp_path / "compiled", True, loss_fn)
     assert_same_records(eager, compiled)
+
+
+@pytest.mark.compiled
+def test_the_compiled_benchmark_runs_and_counts_graph_breaks(tmp_path):
+    from benchmarks import compiled
+
+    result = compiled.main(["--quick", "--out", str(tmp_path)])
+    assert result["bare_graph_breaks"] == 0 and result["stats_graph_breaks"] > 0  # each hooked layer breaks it
+    assert result["stats_over_bare"] > 0 and (tmp_path / "compiled.json").is_file()
+
+
+@pytest.mark.compiled
+def test_the_readme_compile_example_records_in_the_compiled_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = mlp()
+    code = readme_block("Big models", "python", 1) + "    fast(torch.randn(4, 8))\n    run.step()\n"
+    exec(code, {"runner": runner, "torch": torch, "model": model})
+    stats = analysis.load_stats(tmp_path / "runs" / "attach")
+    assert sorted(stats.layer) == ["0", "1", "2", "3"] and set(stats.kind) == {"output"}

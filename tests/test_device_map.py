@@ -2,12 +2,15 @@
 records what the same model loaded whole records (``stats``, ``extract``, ``patch``)."""
 from __future__ import annotations
 
+import shlex
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import make_config
+from conftest import make_config, readme_block
 from runner.sources.models import build_model, gpt2_tiny
 
 pytest.importorskip("accelerate", reason="device_map needs the 'accelerate' package")
@@ -67,3 +70,16 @@ def test_a_model_offloaded_to_disk_records_what_the_whole_model_records(run_with
     assert len(put) == 2 and put.step.tolist() == kept.step.tolist()
     np.testing.assert_allclose(put[STATS].to_numpy(float), kept[STATS].to_numpy(float), rtol=1e-6)
 
+
+
+def test_the_readme_device_map_command_records_what_the_whole_model_records(run_with, gpt2_dir, tmp_path,
+                                                                             monkeypatch):
+    """The "Big models" command, run as written (its relative paths under a directory holding gpt2_tiny)."""
+    command = readme_block("Big models", "bash").strip()
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "runner"]
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(gpt2_dir, tmp_path / "gpt2_tiny")
+    offloaded = run_with(*words[3:])
+    whole = run_with(*[w for w in words[3:] if not w.startswith(("model.device_map=", "model.offload_folder="))])
+    assert_same_records(whole, offloaded)

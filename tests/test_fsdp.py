@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 import fsdp_cases
 import runner
 import runner.analysis as analysis
+from conftest import readme_block
 
 pytestmark = pytest.mark.torchrun
 
@@ -82,3 +84,17 @@ def test_every_preset_runs_or_is_refused_in_one_line_on_both_ranks(sharded_runs)
         assert outcome == "ok" or (outcome.startswith("refused: ") and "\n" not in outcome), (preset, outcome)
     for preset in ("clip", "zero_bias", "post_accumulate", "stats", "patch", "ablate", "extract"):
         assert outcomes[0][preset] == "ok", (preset, outcomes[0][preset])
+
+
+def test_the_readme_fsdp_example_runs_as_written_on_two_ranks(tmp_path):
+    (tmp_path / "train_fsdp.py").write_text(readme_block("Big models", "python"))
+    command = "torchrun --nproc_per_node=2 train_fsdp.py"
+    assert f"`{command}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = analysis.load_stats(tmp_path / "runs" / "fsdp")
+    grads = stats[stats.kind == "param_grad"]
+    assert sorted(set(stats["rank"])) == [0, 1] and len(grads) > 0
+    assert (grads["max"] <= 0.01 + 1e-9).all() and (grads["min"] >= -0.01 - 1e-9).all()  # clip's bounds, whole tensors
+    assert {tuple(shape) for shape in grads.tensor_shape} == {(16, 8), (16,), (3, 16), (3,)}
