@@ -50,3 +50,54 @@ def test_a_tensor_subclass_takes_the_eager_reductions():
     x = t.as_subclass(torch.Tensor).double()
     for name, value in {"mean": x.mean(), "std": x.std(), "l2": x.norm(), "max": x.max()}.items():
         assert got[name][0] == pytest.approx(value.item(), rel=1e-6), name
+
+
+@pytest.fixture
+def one_rank_mesh(tmp_path):
+    """FSDP2 on a process group of one (gloo, in this process): its parameters are DTensors."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_parameters_clip_matches_a_hand_clamped_gradient(one_rank_mesh, tmp_path):
+    import runner
+    import runner.analysis as analysis
+    from torch.distributed.fsdp import fully_shard
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    plain, model = build(), fully_shard(build(), mesh=one_rank_mesh)
+    x = torch.randn(4, 8)
+    plain(x).sum().backward()
+    with runner.attach(model, hooks={"clip": {"type": "clamp", "layers": "**", "max": 0.01}}, out_dir=tmp_path / "run") as run:
+        loss = model(x).sum()
+        run.backward(loss)
+        run.step(loss)
+    rows = analysis.load_stats(tmp_path / "run")
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        want = q.grad.clamp(max=0.01)
+        torch.testing.assert_close(p.grad.full_tensor(), want)
+        layer, slot = name.split(".")
+        got = rows[(rows.layer == layer) & (rows.slot == slot) & (rows.phase == "backward")]
+        assert len(got) == 1 and got["mean"].iloc[0] == pytest.approx(want.double().mean().item(), rel=1e-5, abs=1e-8)
+
+
+def test_an_edit_of_a_sharded_gradient_accumulated_over_two_backwards_is_one_line(one_rank_mesh, tmp_path):
+    import runner
+    from torch.distributed.fsdp import fully_shard
+
+    model = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 3)), mesh=one_rank_mesh)
+    with pytest.raises(ConfigError, match=r"hooks.clip: a sharded \(FSDP2\) parameter's .grad was accumulated over "
+                                          r"two backward passes") as info:
+        with runner.attach(model, hooks=["clip"], out_dir=tmp_path / "run") as run:
+            for _ in range(2):
+                run.backward(model(torch.randn(4, 8)).sum())
+    assert "\n" not in str(info.value)
