@@ -39,6 +39,7 @@ from torch import nn
 from hooks.base import HookSpec, HookType
 from hooks.callables import resolve_callable
 from hooks.errors import ConfigError, choice_error
+from hooks import shards
 from hooks.gradients import select_params
 from hooks.recorder import walk
 from hooks.registry import register
@@ -135,7 +136,11 @@ class Custom(HookType):
         spec = self.spec
         modules = self.targets(model)
         if spec.hook == "post_accumulate" or (spec.hook == "tensor" and spec.target == "params"):
-            for layer, pname, p in select_params(self, modules, spec.params):
+            params = select_params(self, modules, spec.params)
+            if spec.hook == "tensor":
+                shards.refuse_sharded(params, f"{self.key}.hook", "hand fn the whole gradient through "
+                                      "Tensor.register_hook, which FSDP2 never calls; use hook=post_accumulate")
+            for layer, pname, p in params:
                 if spec.hook == "tensor":
                     session.add(p.register_hook(self._param_grad_hook(layer, pname)))
                 else:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from hooks import shards
 from hooks.errors import ConfigError, choice_error
 from hooks.junction import param_lineup
 from hooks.registry import register
@@ -121,6 +122,9 @@ class GradTransform(Tap):
             return super().attach(model, session)
         self._start(session)
         self._params = select_params(self, self.targets(model), self.spec.params)
+        if self.index is not None:
+            shards.refuse_sharded(self._params, f"{self.key}.index", "change elements at positions of the "
+                                  "whole gradient, which a rank's shard does not know")
         for layer, pname, p in self._params:  # one shared hook per parameter orders the entries
             session.add(param_lineup(p).join(self, prepend=self.spec.prepend,
                                              callback=self._param_hook(session.recorder, layer, pname)))

@@ -30,6 +30,7 @@ where an entry changes gradients fails when attaching (see ``Junction.join``).
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from hooks import shards
 from hooks.errors import ConfigError
 from hooks.recorder import walk
 
@@ -286,17 +288,42 @@ class ParamLineup(Lineup):
     ``Tensor.register_hook`` has no ``prepend``; sharing one hook gives entries the order
     ``prepend`` promises among themselves without touching PyTorch's hook dict. A hook registered
     on the parameter outside the runner keeps its place relative to this one.
+
+    A sharded parameter (a ``DTensor``: FSDP2's) never sees a tensor hook fire: FSDP2 assigns its
+    reduced gradient shard to ``.grad`` itself, and calls post-accumulate-grad hooks after. Its
+    lineup is such a hook, which hands the entries the reduced gradient (``DTensor``, whose
+    elementwise operations act on each rank's shard) and writes what they return into ``.grad``.
+    Its ``.grad`` must be new in each backward (zeroed with ``set_to_none``, PyTorch's default):
+    added into the ``.grad`` of an earlier backward, the edit would act on the sum, unlike a
+    tensor hook, and that is refused in one line.
     """
 
     def __init__(self, param: torch.Tensor, registry: dict) -> None:
         self.param = param
+        self._edited = None  # a weak reference to the sharded .grad last edited
         super().__init__(("param", id(param)), registry)
 
     def _register(self) -> None:
-        self._handles.append(self.param.register_hook(self._dispatch))
+        if shards.is_sharded(self.param):
+            self._handles.append(self.param.register_post_accumulate_grad_hook(self._dispatch_reduced))
+        else:
+            self._handles.append(self.param.register_hook(self._dispatch))
 
     def _dispatch(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         return _chain([s.callback for s in self.members])(grad)
+
+    def _dispatch_reduced(self, param: torch.Tensor) -> None:
+        grad = param.grad
+        if self._edited is not None and self._edited() is grad:
+            owners = ", ".join(sorted({getattr(s.owner, "key", "?") for s in self.members}))
+            raise ConfigError(f"{owners}: a sharded (FSDP2) parameter's .grad was accumulated over two backward "
+                              f"passes; the edit would act on their sum: zero gradients between backward passes "
+                              f"(optimizer.zero_grad(set_to_none=True)) or edit in a run without accumulation")
+        new = self._dispatch(grad)
+        if new is not None and new is not grad:
+            with torch.no_grad():
+                grad.to_local().copy_(new.to_local())
+        self._edited = weakref.ref(grad)
 
 
 def param_lineup(param: torch.Tensor) -> ParamLineup:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from hooks.errors import ConfigError
+
 SOURCE = Path(__file__).with_name("stats_kernel.c")
 
 #: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
@@ -86,6 +88,26 @@ def kernel():
                           f"PyTorch reductions, which are slower", RuntimeWarning, stacklevel=2)
             _kernel = False
     return _kernel or None
+
+
+def readable(flat: torch.Tensor) -> bool:
+    """Whether the kernel may read ``flat`` (contiguous, CPU) through ``data_ptr``: a plain tensor
+    whose storage holds its elements.
+
+    Tensor subclasses (``DTensor`` and other wrappers without storage of their own) answer False
+    and take the eager reductions. A plain tensor whose storage was freed under it (FSDP2 resizes an
+    unsharded parameter's storage to zero between uses) is refused in one line: reading it would
+    read freed memory.
+    """
+    if type(flat) is not torch.Tensor and type(flat) is not torch.nn.Parameter:
+        return False
+    needed = (flat.storage_offset() + flat.numel()) * flat.element_size()
+    held = flat.untyped_storage().nbytes()
+    if held < needed:
+        raise ConfigError(f"a {list(flat.shape)} tensor whose storage holds {held} of its {needed} bytes (freed "
+                          f"under it, as FSDP2 frees unsharded parameters between uses) cannot be recorded; "
+                          f"record the sharded parameter or its gradient")
+    return True
 
 
 def reduce_contiguous(flat: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from hooks import shards
 from hooks.records import BATCH_KINDS, ID_COLUMNS, StepCaptures  # noqa: F401  (StepCaptures: re-exported)
 from hooks.stats import RAW, reduce_tensor, summarize
 
@@ -143,6 +144,7 @@ class Recorder:
         self._backward_calls = {}
         self._columns: dict[str, list] = {c: [] for c in ID_COLUMNS}
         self._raw: list[torch.Tensor] = []
+        self._shards: dict[int, shards.Shard] = {}  # row -> how its tensor was a shard of a DTensor
         self._reduced: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
         self._kept_rows: list[int] = []
         self._kept: list[torch.Tensor] = []
@@ -203,7 +205,9 @@ class Recorder:
         (``ReLU(inplace=True)``) and because a kept tensor must not hold the autograd graph.
         Shapes and dtypes are stored as they come and turned into column values in ``drain``.
         A complex tensor gives two rows, its real and imaginary parts (slots ``SLOT.real``,
-        ``SLOT.imag``), with the complex dtype.
+        ``SLOT.imag``), with the complex dtype. A ``DTensor`` (FSDP2's parameters and gradients) is
+        reduced on this rank's shard and its row made the whole tensor's in ``drain``
+        (``hooks.shards``); kept, its whole values are gathered.
         """
         if not self.enabled:
             return
@@ -213,16 +217,20 @@ class Recorder:
             phase = "recompute"
         if kind in BATCH_KINDS:
             tensor = self._sample(tensor)
+        shard = None
+        if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
+            tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
         if tensor.is_complex():
             for part, values in (("real", tensor.real), ("imag", tensor.imag)):
-                self._append(values, tensor.dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep)
+                self._append(values, tensor.dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)
         else:
-            self._append(tensor, tensor.dtype, hook, layer, phase, kind, slot, call, keep)
+            self._append(tensor, tensor.dtype, hook, layer, phase, kind, slot, call, keep, shard)
 
     def _append(self, tensor: torch.Tensor, dtype: torch.dtype, hook: str, layer: str, phase: str, kind: str,
-                slot: str, call: int, keep: bool) -> None:
+                slot: str, call: int, keep: bool, shard: shards.Shard | None = None) -> None:
         cols = self._columns
-        numel = tensor.numel()
+        shape = tensor.shape if shard is None else shard.shape
+        numel = shape.numel()
         tally = self._tally.get((hook, layer, kind))
         if tally is None:
             tally = self._tally[(hook, layer, kind)] = [0, 0, 0]
@@ -239,10 +247,12 @@ class Recorder:
         cols["phase"].append(phase)
         cols["kind"].append(kind)
         cols["slot"].append(slot)
-        cols["tensor_shape"].append(tensor.shape)
+        cols["tensor_shape"].append(shape)
         cols["dtype"].append(dtype)
         cols["numel"].append(numel)
         if self.statistics:
+            if shard is not None:
+                self._shards[len(self._raw)] = shard
             self._raw.append(self._reduce(tensor))
 
     # -- what the session and the run loop read ---------------------------------------------
@@ -306,6 +316,7 @@ class Recorder:
         stats = {}
         if self.statistics:
             raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
+            raw = shards.combine(raw, self._shards)
             stats = summarize(raw, np.asarray(columns["numel"], dtype=np.int64))
         columns["tensor_shape"] = [list(s) for s in columns["tensor_shape"]]
         columns["dtype"] = [str(d).removeprefix("torch.") for d in columns["dtype"]]

@@ -39,9 +39,9 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     than accumulating in float64. fp16/bf16/bool/int8/int16 inputs are widened to float32 first,
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
-    take one pass of the C kernel (``native.reduce_contiguous``); large CUDA
-    tensors one compiled pass (``fused_reductions``); small ones and machines where neither can
-    be built the eager passes (``eager_reductions``).
+    take one pass of the C kernel (``native.reduce_contiguous``); large CUDA tensors one compiled
+    pass (``fused_reductions``); small ones, tensor subclasses the kernel cannot read and
+    machines where neither can be built the eager passes (``eager_reductions``).
     """
     x = x.detach()
     if x.is_complex():
@@ -53,8 +53,10 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
     if flat.device.type == "cpu" and native.kernel() is not None:
-        return native.reduce_contiguous(flat.contiguous())
-    if flat.numel() >= COMPILE_MIN_NUMEL:
+        flat = flat.contiguous()
+        if native.readable(flat):
+            return native.reduce_contiguous(flat)
+    elif flat.numel() >= COMPILE_MIN_NUMEL:
         fused = compiled_reductions()
         if fused is not None:
             with torch.no_grad():

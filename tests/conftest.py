@@ -218,6 +218,13 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", str(where)], check=False)
 
 
+def readme_block(section: str, language: str, index: int = 0) -> str:
+    """The ``index``-th ``language`` code block of the README's section ``## section``, as written."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return body.split(f"```{language}\n")[index + 1].split("```", 1)[0]
+
+
 def readme_code(marker: str, language: str = "python") -> str:
     """The first ``language`` code block of README.md after ``marker`` (in the section "Your own loop"), as written."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")

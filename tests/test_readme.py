@@ -23,7 +23,7 @@ TEXT = README.read_text(encoding="utf-8")
 
 #: The README's sections, in the order the README keeps them.
 SECTIONS = ("What it does", "The tutorials, one command line each", "Hook types", "Output schema",
-            "Sweeps and clusters", "Your own model, data and loop", "Analysis and pictures", "Guarantees",
+            "Sweeps and clusters", "Your own model, data and loop", "Big models", "Analysis and pictures", "Guarantees",
             "Performance", "How it is built")
 
 #: Resnets at the README's default input (batch 10, 224x224) take seconds each on a CPU; the rows

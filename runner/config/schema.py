@@ -86,6 +86,8 @@ class HFModel(NamedModel):
     path: str = MISSING                 #: the directory holding config.json and the weights
     auto: str = "causal_lm"             #: which Auto class loads it (``runner.sources.hf.AUTO_CLASSES``)
     input_kind: str = "tokens"
+    device_map: Any = None              #: accelerate's placement: "auto", "cpu", or {module: device | "disk"}
+    offload_folder: Optional[str] = None  #: where modules mapped to "disk" are kept
 
 
 #: Keys of a model config that describe the run around the model. A ``_target_`` model (which has

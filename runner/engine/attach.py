@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from hooks import HookSession
+from hooks.compiled import compiled_problem
 from hooks.errors import ConfigError, choice_error
 from hooks.base import HookType
 from hooks.recorder import Recorder
@@ -173,6 +174,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         ...         run.step(loss)
     """
     config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings)
+    if problem := compiled_problem(model):
+        raise ConfigError(problem)
     for hook in hooks_built:
         hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
     for hook in hooks_built:

@@ -26,6 +26,7 @@ from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.side_by_side import clean_and_corrupted
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
+from runner.sources.hf import placed
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
 from runner.store.outputs import check_output_dir
@@ -47,7 +48,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     if claim is None:
         check_output_dir(out_dir, s.overwrite)
     torch.manual_seed(s.seed)
-    model = build_model(plan.model).to(device).train(s.mode.value == "train")
+    model = placed(build_model(plan.model), device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
     data = plan.data.batches(s.seed, device)
     clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None

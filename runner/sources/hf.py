@@ -4,7 +4,9 @@
 line before anything runs) and takes the vocabulary size from it for ``data=tokens``;
 ``load_hf`` calls the chosen Auto class's ``from_pretrained`` with ``local_files_only=True``, so
 nothing is ever downloaded. On the meta device (the plan's rehearsal) it builds the architecture
-from the config alone, reading no weights.
+from the config alone, reading no weights. ``model.device_map`` (with ``model.offload_folder``
+for modules mapped to ``"disk"``) loads it across devices and disk with accelerate; its forward
+hooks, edits and captures then act on each layer's outputs where that layer ran.
 """
 from __future__ import annotations
 
@@ -43,6 +45,25 @@ def check_hf(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def placement(cfg: DictConfig) -> dict:
+    """``from_pretrained``'s ``device_map`` and ``offload_folder`` from ``model.device_map`` and
+    ``model.offload_folder`` (none when unset: the model loads whole, on the CPU)."""
+    out = {}
+    if cfg.get("device_map") is not None:
+        value = cfg.device_map
+        out["device_map"] = OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+    if cfg.get("offload_folder"):
+        out["offload_folder"] = str(cfg.offload_folder)
+    return out
+
+
+def placed(model: nn.Module, device: str | torch.device) -> nn.Module:
+    """``model`` on ``device``, unless a ``device_map`` placed it: accelerate's hooks then move each
+    layer's weights (from the CPU or the disk) to its own device around its call, and moving the
+    whole model would undo that (accelerate refuses it when some weights are on the disk)."""
+    return model if getattr(model, "hf_device_map", None) else model.to(device)
+
+
 def load_hf(cfg: DictConfig) -> nn.Module:
     """The model in ``cfg.path`` through ``transformers``' ``AUTO_CLASSES[cfg.auto]``, offline."""
     try:
@@ -53,7 +74,7 @@ def load_hf(cfg: DictConfig) -> nn.Module:
     try:
         if torch.get_default_device().type == "meta":  # the rehearsal: shapes only, no weights read
             return auto.from_config(transformers.AutoConfig.from_pretrained(cfg.path, local_files_only=True))
-        return auto.from_pretrained(cfg.path, local_files_only=True)
+        return auto.from_pretrained(cfg.path, local_files_only=True, **placement(cfg))
     except (OSError, ValueError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path: cannot load '{cfg.path}' with {AUTO_CLASSES[cfg.auto]}: {detail}") from None

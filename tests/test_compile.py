@@ -1,0 +1,125 @@
+"""``torch.compile`` with ``runner.attach``: entries go on the model before it is compiled, never after,
+and a compiled model records what the eager one records. The compiled runs are in marker group
+``compiled`` (minutes of compilation on two cores): ``python -m pytest -q -m compiled``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runner
+import runner.analysis as analysis
+from conftest import readme_block
+from hooks.errors import ConfigError
+from runner.sources.models import gpt2_tiny
+
+IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
+STATS = ["mean", "std", "min", "max", "abs_mean", "l2", "zero_frac"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from scratch: compiled code is kept per class and does not check hooks, so
+    an MLP compiled by an earlier test would lend its code (its hooks or none) to this test's MLP."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("compile_it", [lambda m: torch.compile(m), lambda m: m.compile() or m,
+                                        lambda m: torch.nn.Sequential(torch.compile(m))],
+                         ids=["torch.compile", "Module.compile", "compiled-submodule"])
+def test_an_entry_attached_to_a_compiled_model_is_refused_in_one_line(tmp_path, compile_it):
+    model = compile_it(mlp())
+    with pytest.raises(ConfigError, match=r"already compiled with torch.compile, and compiled code never runs hooks "
+                                          r"added after it; attach to the model first") as info:
+        with runner.attach(model, hooks=["stats"], out_dir=tmp_path / "run"):
+            pass
+    assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
+
+
+def run(model: torch.nn.Module, entries: dict, batches: list, out: Path, compiled: bool, loss_fn) -> Path:
+    """Train ``model`` on ``batches`` under ``entries``; with ``compiled``, through ``torch.compile`` made
+    inside the block (the entries already attached)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with runner.attach(model, hooks=entries, out_dir=out) as session:
+        forward = torch.compile(model) if compiled else model
+        for batch in batches:
+            loss = loss_fn(forward, *batch)
+            session.backward(loss)
+            session.step(loss)
+            opt.step()
+            opt.zero_grad()
+    return out
+
+
+def assert_same_records(eager: Path, compiled: Path) -> None:
+    a = analysis.load_stats(eager).sort_values(IDS).reset_index(drop=True)
+    b = analysis.load_stats(compiled).sort_values(IDS).reset_index(drop=True)
+    assert len(a) > 0 and a[IDS].values.tolist() == b[IDS].values.tolist()
+    np.testing.assert_allclose(b[STATS].to_numpy(float), a[STATS].to_numpy(float), rtol=1e-4, atol=1e-6)
+    kept_a = analysis.load_tensors(eager).sort_values(IDS).reset_index(drop=True)
+    kept_b = analysis.load_tensors(compiled).sort_values(IDS).reset_index(drop=True)
+    assert len(kept_a) > 0 and kept_a[IDS].values.tolist() == kept_b[IDS].values.tolist()
+    for x, y in zip(kept_a.tensor, kept_b.tensor):
+        np.testing.assert_allclose(np.asarray(y, float), np.asarray(x, float), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.compiled
+def test_a_compiled_model_observes_and_edits_outputs_as_the_eager_one(tmp_path):
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)) for _ in range(2)]
+    loss_fn = lambda forward, x, y: F.cross_entropy(forward(x), y)  # noqa: E731
+    source = run(mlp(), {"keep": {"type": "capture", "layers": "0", "kinds": ["output"]}}, batches,
+                 tmp_path / "source", False, loss_fn)
+    entries = {"stats": {"type": "stats", "layers": "leaf:**", "kinds": ["output"]},
+               "capture": {"type": "capture", "layers": "3", "kinds": ["output"]},
+               "patch": {"type": "patch", "layers": "0", "source": str(source), "index": "..., 0:4"},
+               "ablate": {"type": "ablate", "layers": "1", "index": [1, 2]},
+               "shift": {"type": "shift", "layers": "2", "value": 0.5},
+               "edit_output": {"type": "edit_output", "layers": "2", "op": "mul", "value": 2.0}}
+    eager = run(mlp(), entries, batches, tmp_path / "eager", False, loss_fn)
+    compiled = run(mlp(), entries, batches, tmp_path / "compiled", True, loss_fn)
+    assert_same_records(eager, compiled)
+
+
+@pytest.mark.compiled
+def test_compiled_gpt2_tiny_records_stats_extract_and_ablate_as_eager(tmp_path):
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, 100, (2, 16), generator=gen),)]
+    loss_fn = lambda forward, x: forward(input_ids=x, labels=x).loss  # noqa: E731
+    entries = {"stats": {"type": "stats", "layers": "transformer.h.*", "kinds": ["output"]},
+               "extract": {"type": "capture", "layers": "transformer.h.1.mlp", "kinds": ["output"]},
+               "ablate": {"type": "ablate", "layers": "transformer.h.0.mlp"}}
+    torch.manual_seed(0)
+    eager = run(gpt2_tiny().eval(), entries, batches, tmp_path / "eager", False, loss_fn)
+    torch.manual_seed(0)
+    compiled = run(gpt2_tiny().eval(), entries, batches, tmp_path / "compiled", True, loss_fn)
+    assert_same_records(eager, compiled)
+
+
+@pytest.mark.compiled
+def test_the_compiled_benchmark_runs_and_counts_graph_breaks(tmp_path):
+    from benchmarks import compiled
+
+    result = compiled.main(["--quick", "--out", str(tmp_path)])
+    assert result["bare_graph_breaks"] == 0 and result["stats_graph_breaks"] > 0  # each hooked layer breaks it
+    assert result["stats_over_bare"] > 0 and (tmp_path / "compiled.json").is_file()
+
+
+@pytest.mark.compiled
+def test_the_readme_compile_example_records_in_the_compiled_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = mlp()
+    code = readme_block("Big models", "python", 1) + "    fast(torch.randn(4, 8))\n    run.step()\n"
+    exec(code, {"runner": runner, "torch": torch, "model": model})
+    stats = analysis.load_stats(tmp_path / "runs" / "attach")
+    assert sorted(stats.layer) == ["0", "1", "2", "3"] and set(stats.kind) == {"output"}
