@@ -38,6 +38,7 @@ from hooks import HookSession
 from hooks.base import HookType, explanation
 from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
+from hooks.shards import is_sharded
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
 from runner.sources.models import build_model
@@ -128,10 +129,12 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     Returns the ``Rehearsal`` that call fills in (``input_shape`` and ``modules``; the run's own
     records count what the entries record). A mistake is a one-line ``ConfigError`` raised from
     that call; a model the meta device cannot run is left to the real call. Entries whose lifetime
-    starts later are not attached yet, and not rehearsed. The one-shot hooks belong to
-    ``session``, and leave at that call.
+    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), whose
+    real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
+    if any(is_sharded(p) for p in model.parameters()):
+        return found  # FSDP2's pre-forward gathers the shards: a meta stand-in would break its state
     names = {id(m): name for name, m in model.named_modules()}
     handles = []
 
