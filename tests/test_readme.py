@@ -119,3 +119,14 @@ def test_the_own_loop_example_runs_as_written(tmp_path, monkeypatch):
     assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
     stats = analysis.load_stats(tmp_path / "runs" / "mine")
     assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()
+
+
+def test_ci_runs_exactly_the_readmes_test_commands():
+    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest lines of the
+    README's first block are the pytest lines of ``.ci/run``, in the same order."""
+    first_block = TEXT.split("```bash", 1)[1].split("```", 1)[0]
+    readme = [re.search(r"python -m pytest[^#&]*", line).group(0).strip()
+              for line in first_block.splitlines() if "python -m pytest" in line]
+    ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()
+          if line.startswith("python -m pytest")]
+    assert readme == ci
