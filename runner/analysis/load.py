@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.analysis.frame import to_frame
+from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from runner.store.outputs import MANIFEST
 from runner.store.ranks import is_part, rank_files
@@ -58,7 +59,7 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
 
 
 def run_dirs(path: str | Path) -> list[Path]:
-    """Every complete run directory at or under ``path``, sorted; an error if there is none.
+    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none.
 
     Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
     """
@@ -73,7 +74,7 @@ def run_dirs(path: str | Path) -> list[Path]:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
-    return sorted(found)
+    return natural_sorted(found)
 
 
 def failed_jobs(path: str | Path) -> pd.DataFrame:
@@ -257,7 +258,7 @@ def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
     """Per-row categorical from per-run ``values`` and each row's run index ``codes`` (None -> missing)."""
     categories = list(dict.fromkeys(v for v in values if v is not None))
     try:
-        categories.sort()  # so that groupby and legends list 0.001, 0.01, 0.1
+        categories.sort(key=natural_key)  # groupby and legends list 0.001, 0.01, 0.1, and h.2 before h.10
     except TypeError:  # values of several types: first-seen order
         pass
     index = {v: i for i, v in enumerate(categories)}
@@ -391,6 +392,7 @@ def abnormal(stats: pd.DataFrame) -> pd.DataFrame:
     """
     keys = ["run_dir", "hook", "layer", "kind", "slot"]
     found = []
+    stats = stats[stats["kind"] != "clipped"]  # what a clamp removed: 0 where it clipped nothing, as it should be
     for key, group in stats.groupby(keys, sort=False, observed=True):
         nan, inf = int(group["nan_count"].sum()), int(group["inf_count"].sum())
         n = len(group)

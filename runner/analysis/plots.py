@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from hooks.errors import ConfigError
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, per_layer
+from runner.analysis.order import natural_key
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
@@ -221,7 +222,7 @@ def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
     numeric order), coloured by the recovered fraction of ``runner.analysis.patching.patching_table``
     (0: patching changed nothing, 1: it restored the clean metric), each cell labelled with it."""
     grid = table.pivot(index="layer", columns="index", values="recovered")
-    grid = grid.loc[sorted(grid.index, key=_sort_key), sorted(grid.columns, key=_sort_key)]
+    grid = grid.loc[sorted(grid.index, key=natural_key), sorted(grid.columns, key=natural_key)]
     fig = Figure(figsize=(max(6.0, 0.55 * grid.shape[1] + 3), max(3.0, 0.55 * grid.shape[0] + 1.8)),
                  layout="constrained")
     ax = fig.subplots()
@@ -308,13 +309,8 @@ def _ordered_runs(rows: pd.DataFrame, by: list[str]) -> list[tuple[str, pd.DataF
     """``(label, rows)`` per run, sorted by the values of ``by`` (numbers as numbers)."""
     runs = [(run.iloc[0], run) for _, run in rows.groupby("run_dir", sort=False, observed=True)]
     if by:
-        runs.sort(key=lambda item: tuple(_sort_key(item[0][c]) for c in by))
+        runs.sort(key=lambda item: tuple(natural_key(item[0][c]) for c in by))
     return [(_run_label(first, by), run) for first, run in runs]
-
-
-def _sort_key(value) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
-        else (1, 0.0, str(value))
 
 
 def _colours(n: int) -> list:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hooks.errors import ConfigError
 from runner.cli.commandline import expand
 from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
+from runner.cli.summary import print_summary
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError, check_output_dir
 from runner.store.sweep_record import OK, write_sweep
@@ -66,6 +67,8 @@ class EarlyChecks(Callback):
         jobs = sweep_jobs(config)
         write_sweep(config.hydra.sweep.dir, jobs)
         failed = [job for job in jobs if job["state"] != OK]
+        if len(failed) < len(jobs):
+            print_summary(config.hydra.sweep.dir, bool(config.get("quiet")))
         if failed:
             _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
                     f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
