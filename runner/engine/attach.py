@@ -24,6 +24,7 @@ from hooks.interventions import side_by_side
 from hooks.recorder import Recorder
 from runner.cli.commandline import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
+from runner.engine.python_errors import python_remedies
 from runner.engine.steps import StepWriter
 from runner.store.outputs import STEP_METRICS, RunOutputs
 from runner.store.ranks import rank_part
@@ -125,6 +126,7 @@ def _checked(metrics: dict[str, float], method: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
+@python_remedies
 def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
            **settings) -> Iterator[AttachedRun]:
     """Attach hook entries to ``model`` for the block and record them into ``out_dir``.
