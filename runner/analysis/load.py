@@ -391,17 +391,18 @@ def abnormal(stats: pd.DataFrame) -> pd.DataFrame:
     everywhere, e.g. a ReLU whose every unit is dead).
     """
     keys = ["run_dir", "hook", "layer", "kind", "slot"]
-    found = []
     stats = stats[stats["kind"] != "clipped"]  # what a clamp removed: 0 where it clipped nothing, as it should be
-    for key, group in stats.groupby(keys, sort=False, observed=True):
-        nan, inf = int(group["nan_count"].sum()), int(group["inf_count"].sum())
-        n = len(group)
+    flags = stats[keys].assign(nan=stats["nan_count"], inf=stats["inf_count"],
+                               bad=(stats["nan_count"] > 0) | (stats["inf_count"] > 0),
+                               zero=stats["l2"] == 0, empty=stats["zero_frac"] == 1, n=1)
+    groups = flags.groupby(keys, sort=False, observed=True)[["nan", "inf", "bad", "zero", "empty", "n"]].sum()
+    found = []
+    for key, nan, inf, bad, zero, empty, n in groups.itertuples(name=None):
         if nan or inf:
-            bad = int(((group["nan_count"] > 0) | (group["inf_count"] > 0)).sum())
             found.append((*key, "non-finite", f"{nan} NaN and {inf} Inf elements in {bad} of {n} capture(s)"))
-        elif key[3] in GRADIENT_KINDS and (group["l2"] == 0).all():
+        elif key[3] in GRADIENT_KINDS and zero == n:
             found.append((*key, "zero gradient", f"exactly 0 in each of {n} capture(s)"))
-        elif key[3] not in GRADIENT_KINDS and (group["zero_frac"] == 1).all():
+        elif key[3] not in GRADIENT_KINDS and empty == n:
             found.append((*key, "all zero", f"0 everywhere in each of {n} capture(s)"))
     return pd.DataFrame(found, columns=[*keys, "problem", "detail"])
 

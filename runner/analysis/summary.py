@@ -140,12 +140,12 @@ def _problems(rows: pd.DataFrame) -> str:
 def _steps_line(steps: pd.DataFrame) -> str:
     train = steps[steps["split"] == "train"] if "split" in steps.columns else steps
     evals = steps[steps["split"] == "eval"] if "split" in steps.columns else steps.iloc[:0]
-    text = f"{len(train)} step(s), last loss {_number(_last(train, 'loss'))}"
+    text = f"{len(train)} step(s), last loss {_number(last_value(train, 'loss'))}"
     if not evals.empty:
-        text += f", last eval loss {_number(_last(evals, 'loss'))}"
+        text += f", last eval loss {_number(last_value(evals, 'loss'))}"
     if "accuracy" in steps.columns and steps["accuracy"].notna().any():
         text += f", last {'eval' if not evals.empty else 'train'} accuracy " \
-                f"{_number(_last(evals if not evals.empty else train, 'accuracy'))}"
+                f"{_number(last_value(evals if not evals.empty else train, 'accuracy'))}"
     return text
 
 
@@ -155,24 +155,25 @@ def sweep_table(path: str | Path) -> pd.DataFrame:
     ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``."""
     steps = load_steps(path, columns=["step", "split", "loss"])
     stats = load_stats(path, columns=COLUMNS)
-    swept = [c for c in override_columns(steps) if steps.drop_duplicates("run_dir")[c].astype(str).nunique() > 1]
-    train = steps[steps["split"] == "train"]
-    rows = []
-    clip = (stats["kind"] == "clipped").any()
+    stats = stats[stats["phase"] != "eval"]
+    firsts = steps.drop_duplicates("run_dir").set_index("run_dir")
+    swept = [c for c in override_columns(steps) if firsts[c].astype(str).nunique() > 1]
+    runs = [str(run) for run in run_dirs(path)]
+    table = firsts.loc[runs, swept].reset_index(drop=True)
+    by_run = steps[steps["split"] == "train"].groupby("run_dir", observed=True)["loss"].last()  # skips NaN
+    table["loss"] = by_run.reindex(runs).to_numpy()
     kinds = [k for k in NORM_KINDS if k in GRADIENT_KINDS and (stats["kind"] == k).any()]
-    for run in run_dirs(path):
-        mine = train[train["run_dir"] == str(run)]
-        first = steps[steps["run_dir"] == str(run)].iloc[0]
-        row = {column: first[column] for column in swept}
-        row["loss"] = _last(mine, "loss")
-        own = stats[(stats["run_dir"] == str(run)) & (stats["phase"] != "eval")]
-        if clip:
-            row["clipped"] = clipped(own).fraction
-        elif kinds:
-            own_norms = norms(own, kinds[0])
-            row[f"largest {kinds[0]} l2"] = own_norms.max() if len(own_norms) else float("nan")
-        rows.append(row)
-    table = pd.DataFrame(rows)
+    if (stats["kind"] == "clipped").any():
+        rows = stats[stats["kind"] == "clipped"]
+        counts = rows[["run_dir"]].assign(numel=rows["numel"], elements=np.rint(rows["numel"] * (1 - rows["zero_frac"])))
+        sums = counts.groupby("run_dir", observed=True)[["elements", "numel"]].sum().reindex(runs)
+        table["clipped"] = (sums["elements"] / sums["numel"]).to_numpy()
+    elif kinds:
+        rows = stats[stats["kind"] == kinds[0]]
+        if kinds[0] == "param_grad" and (rows["phase"] == "after_backward").any():
+            rows = rows[rows["phase"] == "after_backward"]
+        per_tensor = rows.groupby(["run_dir", "layer", "slot", "call"], observed=True)["l2"].mean()
+        table[f"largest {kinds[0]} l2"] = per_tensor.groupby(level="run_dir", observed=True).max().reindex(runs).to_numpy()
     if swept:
         table = table.sort_values(swept, key=lambda column: column.map(natural_key), kind="stable", ignore_index=True)
     return table
@@ -200,7 +201,8 @@ def _capped(names: list[str], most: int) -> str:
     return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
 
 
-def _last(frame: pd.DataFrame, column: str) -> float:
+def last_value(frame: pd.DataFrame, column: str) -> float:
+    """The last value of ``column`` that is not NaN (NaN when there is none)."""
     values = frame[column].dropna() if column in frame.columns else ()
     return float(values.iloc[-1]) if len(values) else float("nan")
 
