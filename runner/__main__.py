@@ -11,6 +11,7 @@ from runner.cli import replay
 from runner.cli.commandline import CONF_DIR, check_command_line, take_plan
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 from runner.cli.replay import is_replay
+from runner.cli.warning_lines import one_line_warnings
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -21,6 +22,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    one_line_warnings()
     if is_replay(sys.argv[1:]):  # no Hydra: the stored config is run as it is (runner.cli.replay)
         sys.exit(replay.main(sys.argv[1:]))
     problems = check_command_line(sys.argv[1:])

@@ -137,3 +137,16 @@ def test_an_uncaught_attach_mistake_prints_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr == ("error: out_dir: 'run' already holds a complete run; pass overwrite=True to replace it, "
                            "or another out_dir\n")
+
+
+def test_the_readme_s_first_error_example_is_what_the_command_line_prints(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    example = r"^\$ (python -m runner hooks=clip hooks.clip.type=clmap)\n(error: .*)$"
+    command, shown = re.search(example, TEXT, re.M).groups()
+    assert run_cli(command, monkeypatch, capsys) == (2, shown + "\n")
+
+
+def test_the_readme_lists_every_hook_preset():
+    row = next(line for line in TEXT.splitlines() if line.startswith("| `hooks` |"))
+    presets = {p.stem for p in (ROOT / "conf" / "hooks").glob("*.yaml")}
+    assert presets == set(re.findall(r"`(\w+)`", row.split("|")[2])) - {"layer4"}

@@ -111,3 +111,29 @@ def test_the_readme_shows_what_the_run_prints(tmp_path, capsys):
     shown_dir = re.search(r"^wrote (\S+)$", block, re.MULTILINE).group(1)
     cli(["model=convnet", "hooks=[clip,stats]"], tmp_path / "run")
     assert capsys.readouterr().out == block.replace(shown_dir, str(tmp_path / "run"))
+
+
+def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits_the_hooks(tmp_path):
+    def warned(*overrides):
+        done = subprocess.run([sys.executable, "-m", "runner", *overrides, "quiet=true",
+                               f"hydra.run.dir={tmp_path / str(len(list(tmp_path.iterdir())))}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.splitlines() if "NonFiniteWarning" in line or line.startswith(" ")]
+
+    with_outputs = warned("model=mlp", "hooks=stats", "loss=log_mean")
+    assert with_outputs == ["warning: NonFiniteWarning: step 0: the loss is nan while every hooked tensor was finite; "
+                            "the loss function likely made it (e.g. the log of a negative output); later steps are "
+                            "not reported (see nan_count/inf_count)"]
+    assert "hooks=stats" not in with_outputs[0]
+    gradients_only = warned("model=mlp", "hooks=clip", "loss=log_mean")
+    assert len(gradients_only) == 1 and "hook more layers (e.g. hooks=stats)" in gradients_only[0]
+
+
+def test_stats_without_a_loss_suggests_recording_the_forward_pass_only(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "runner", "model=convnet", "hooks=stats", "loss=none",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr == (
+        "error: hooks.stats: 'stats' needs a backward pass but loss=none; choose a loss (e.g. loss=sum), record the "
+        "forward pass only (hooks.stats.kinds=[output]), or drop the entry\n")
+    assert not (tmp_path / "run").exists()

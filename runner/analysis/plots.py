@@ -342,7 +342,7 @@ def run_config(run_dir: str | Path) -> DictConfig | None:
 
 
 def run_title(cfg: DictConfig | None, run_dir: str | Path) -> str:
-    """What a run is, for a picture's title: ``resnet50, hooks.stats (stats)``; its directory when it saved no config."""
+    """What a run is, for a picture's title (``resnet50, hooks stats``); its directory when it saved no config."""
     if cfg is None:
         return Path(run_dir).name
     model = (cfg.get("model") or {}).get("name") or "own model"

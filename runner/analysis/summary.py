@@ -151,7 +151,7 @@ def _steps_line(steps: pd.DataFrame) -> str:
 
 def sweep_table(path: str | Path) -> pd.DataFrame:
     """One row per job of the sweep at ``path``, in job order (by the swept values, numbers as
-    numbers): the swept overrides, ``loss`` (the last train loss) and the headline statistic,
+    numbers): the swept overrides, ``loss`` (the last train loss, when the jobs had one) and the headline statistic,
     ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``."""
     steps = load_steps(path, columns=["step", "split", "loss"])
     stats = load_stats(path, columns=COLUMNS)
@@ -161,11 +161,13 @@ def sweep_table(path: str | Path) -> pd.DataFrame:
     runs = [str(run) for run in run_dirs(path)]
     table = firsts.loc[runs, swept].reset_index(drop=True)
     by_run = steps[steps["split"] == "train"].groupby("run_dir", observed=True)["loss"].last()  # skips NaN
-    table["loss"] = by_run.reindex(runs).to_numpy()
+    if by_run.notna().any():  # loss=none: no column of NaN
+        table["loss"] = by_run.reindex(runs).to_numpy()
     kinds = [k for k in NORM_KINDS if k in GRADIENT_KINDS and (stats["kind"] == k).any()]
     if (stats["kind"] == "clipped").any():
         rows = stats[stats["kind"] == "clipped"]
-        counts = rows[["run_dir"]].assign(numel=rows["numel"], elements=np.rint(rows["numel"] * (1 - rows["zero_frac"])))
+        elements = np.rint(rows["numel"] * (1 - rows["zero_frac"]))
+        counts = rows[["run_dir"]].assign(numel=rows["numel"], elements=elements)
         sums = counts.groupby("run_dir", observed=True)[["elements", "numel"]].sum().reindex(runs)
         table["clipped"] = (sums["elements"] / sums["numel"]).to_numpy()
     elif kinds:
@@ -173,7 +175,8 @@ def sweep_table(path: str | Path) -> pd.DataFrame:
         if kinds[0] == "param_grad" and (rows["phase"] == "after_backward").any():
             rows = rows[rows["phase"] == "after_backward"]
         per_tensor = rows.groupby(["run_dir", "layer", "slot", "call"], observed=True)["l2"].mean()
-        table[f"largest {kinds[0]} l2"] = per_tensor.groupby(level="run_dir", observed=True).max().reindex(runs).to_numpy()
+        largest = per_tensor.groupby(level="run_dir", observed=True).max()
+        table[f"largest {kinds[0]} l2"] = largest.reindex(runs).to_numpy()
     if swept:
         table = table.sort_values(swept, key=lambda column: column.map(natural_key), kind="stable", ignore_index=True)
     return table
