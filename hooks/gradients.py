@@ -15,7 +15,8 @@ With ``output`` or ``input``, every tensor's gradient is changed, or only the on
 (an LSTM's ``h_n`` is output slot ``1.0``); a slot that names no tensor of the call is one line
 listing those it has, at the first call (``Tap.grad_slot``).
 
-Each hook records statistics of the gradient it produced, so a run shows what it did.
+Each hook records statistics of the gradient it produced, so a run shows what it did; ``clamp``
+also records what it removed (kind ``clipped``).
 """
 from __future__ import annotations
 
@@ -135,8 +136,10 @@ class GradTransform(Tap):
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
             new = checked(transform(grad), grad, where)
+            call = recorder.next_call((self.name, layer, slot))
             recorder.record(new, hook=self.name, layer=layer, phase="backward", kind="param_grad",
-                            slot=slot, call=recorder.next_call((self.name, layer, slot)))
+                            slot=slot, call=call)
+            self.on_grad_edit(layer, slot, call, grad, new)
             return new
 
         return on_grad
@@ -178,6 +181,12 @@ class Clamp(GradTransform):
 
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         return grad.clamp(self.spec.min, self.spec.max)
+
+    def on_grad_edit(self, layer: str, slot: str, call: int, grad: torch.Tensor, new: torch.Tensor) -> None:
+        """Record what the clamp removed (kind ``clipped``: ``grad - clamped``, 0 where nothing was
+        clipped, so ``1 - zero_frac`` is the fraction of elements clipped); one subtraction a call."""
+        self._recorder.record(grad - new, hook=self.name, layer=layer, phase="backward", kind="clipped",
+                              slot=slot, call=call)
 
 
 @dataclass

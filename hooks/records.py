@@ -77,10 +77,11 @@ TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHE
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
-#: ``patch`` entry put in (the part its ``index`` selects). A complex tensor gets two rows per
+#: ``patch`` entry put in (the part its ``index`` selects); ``clipped`` is what a ``clamp`` entry
+#: removed from a gradient (``grad - clamped``: ``1 - zero_frac`` is the fraction of elements clipped). A complex tensor gets two rows per
 #: capture, one per part, with slots ``SLOT.real`` and ``SLOT.imag`` (its dtype column stays
 #: complex; the statistics are those of the part, never of ``|z|``).
-KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched")
+KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched", "clipped")
 #: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
 #: ``sample.channels`` narrow them; parameter gradients have neither).
 BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})

@@ -142,6 +142,8 @@ class Tap(HookType):
     * ``grad_slot``: the one tensor whose gradient the gradient edits change (default: every one);
     * ``keep``: keep a copy of every recorded tensor (``capture``);
     * ``on_record``: called for every recorded tensor (``print`` prints here);
+    * ``on_grad_edit``: called with a gradient and what the gradient edit made of it (``clamp``
+      records what it removed there);
     * ``wants_forward_hook`` and ``on_forward``: a forward hook on every call even when no kind
       needs one, and what to do in it (``node`` registers its Node hooks there);
     * ``on_pre``: called in the forward pre-hook of every call, before input edits (``ablate``
@@ -192,6 +194,9 @@ class Tap(HookType):
 
     def on_record(self, layer: str, kind: str, slot: str, tensor: torch.Tensor) -> None:
         """Called for every recorded tensor (``print`` prints here)."""
+
+    def on_grad_edit(self, layer: str, slot: str, call: int, grad: torch.Tensor, new: torch.Tensor) -> None:
+        """Called after each gradient edit with the gradient and what the edit returned."""
 
     @property
     def wants_forward_hook(self) -> bool:
@@ -432,6 +437,8 @@ class Tap(HookType):
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
             new = None if edit is None else checked(edit(grad), grad, where)
+            if new is not None:
+                self.on_grad_edit(layer, slot, call, grad, new)
             if record:
                 self._record(grad if new is None else new, layer, "backward", kind, slot, call)
             return new

@@ -11,10 +11,12 @@ from runner.cli import replay
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import EXIT_CONFIG_ERROR, execute
 from runner.cli.replay import is_replay
+from runner.cli.warning_lines import one_line_warnings
 from runner.config.compose import CONF_DIR
 
 
 def main() -> None:
+    one_line_warnings()
     if is_replay(sys.argv[1:]):  # no Hydra: the stored config is run as it is (runner.cli.replay)
         sys.exit(replay.main(sys.argv[1:]))
     checked = check_command_line(sys.argv[1:])

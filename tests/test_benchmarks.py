@@ -33,6 +33,8 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     assert {r["name"] for r in by_section["parquet write"]} == {"runner (RunOutputs)", "pyarrow alone", "raw file write"}
 
     markdown = (out / "results.md").read_text()
+    assert "**missed**" not in markdown
+    assert all(r["target"].endswith("not judged (--quick)") for r in rows if r["target"])  # tiny sizes judge nothing
     for name in overhead:
         assert f"| {name} |" in markdown
     assert "Start-up" in markdown and "Peak memory" in markdown.replace("Peak RSS", "Peak memory")

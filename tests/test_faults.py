@@ -245,7 +245,7 @@ def test_complete_run_is_not_overwritten_unless_asked(capsys, tmp_path, watch):
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == (
         f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
-        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
+        f"replace it, or choose another hydra.run.dir")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert watch.forwards == 1  # the first run's only
     run(make_config("model=convnet", "hooks=stats", "overwrite=true"), out)
@@ -367,7 +367,7 @@ def test_cli_refuses_a_complete_run_before_hydra_touches_its_directory(tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         f"error: overwrite: '{out}' already holds a complete run (manifest.json); pass overwrite=true to "
-        f"replace it, or choose another directory (hydra.run.dir, hydra.sweep.dir)")
+        f"replace it, or choose another hydra.run.dir")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 

@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.analysis.frame import to_frame
+from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from hooks.records import CONFIG, ID_FIELDS, MANIFEST, STATS, STEPS, TENSORS
 from runner.store.ranks import is_part, rank_files
@@ -58,7 +59,7 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
 
 
 def run_dirs(path: str | Path) -> list[Path]:
-    """Every complete run directory at or under ``path``, sorted; an error if there is none.
+    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none.
 
     Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
     """
@@ -73,7 +74,7 @@ def run_dirs(path: str | Path) -> list[Path]:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
-    return sorted(found)
+    return natural_sorted(found)
 
 
 def failed_jobs(path: str | Path) -> pd.DataFrame:
@@ -257,7 +258,7 @@ def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
     """Per-row categorical from per-run ``values`` and each row's run index ``codes`` (None -> missing)."""
     categories = list(dict.fromkeys(v for v in values if v is not None))
     try:
-        categories.sort()  # so that groupby and legends list 0.001, 0.01, 0.1
+        categories.sort(key=natural_key)  # groupby and legends list 0.001, 0.01, 0.1, and h.2 before h.10
     except TypeError:  # values of several types: first-seen order
         pass
     index = {v: i for i, v in enumerate(categories)}
@@ -390,16 +391,18 @@ def abnormal(stats: pd.DataFrame) -> pd.DataFrame:
     everywhere, e.g. a ReLU whose every unit is dead).
     """
     keys = ["run_dir", "hook", "layer", "kind", "slot"]
+    stats = stats[stats["kind"] != "clipped"]  # what a clamp removed: 0 where it clipped nothing, as it should be
+    flags = stats[keys].assign(nan=stats["nan_count"], inf=stats["inf_count"],
+                               bad=(stats["nan_count"] > 0) | (stats["inf_count"] > 0),
+                               zero=stats["l2"] == 0, empty=stats["zero_frac"] == 1, n=1)
+    groups = flags.groupby(keys, sort=False, observed=True)[["nan", "inf", "bad", "zero", "empty", "n"]].sum()
     found = []
-    for key, group in stats.groupby(keys, sort=False, observed=True):
-        nan, inf = int(group["nan_count"].sum()), int(group["inf_count"].sum())
-        n = len(group)
+    for key, nan, inf, bad, zero, empty, n in groups.itertuples(name=None):
         if nan or inf:
-            bad = int(((group["nan_count"] > 0) | (group["inf_count"] > 0)).sum())
             found.append((*key, "non-finite", f"{nan} NaN and {inf} Inf elements in {bad} of {n} capture(s)"))
-        elif key[3] in GRADIENT_KINDS and (group["l2"] == 0).all():
+        elif key[3] in GRADIENT_KINDS and zero == n:
             found.append((*key, "zero gradient", f"exactly 0 in each of {n} capture(s)"))
-        elif key[3] not in GRADIENT_KINDS and (group["zero_frac"] == 1).all():
+        elif key[3] not in GRADIENT_KINDS and empty == n:
             found.append((*key, "all zero", f"0 everywhere in each of {n} capture(s)"))
     return pd.DataFrame(found, columns=[*keys, "problem", "detail"])
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from runner.analysis.load import load_steps
+from runner.analysis.order import natural_key
 
 #: The sweep's override columns naming what each job patched.
 LAYER, INDEX = "hooks.patch.layers", "hooks.patch.index"
@@ -33,7 +34,7 @@ def mean_metric(path: str | Path, metric: str) -> float:
 
 def patching_table(sweep: str | Path, clean: str | Path | None = None, corrupted: str | Path | None = None,
                    metric: str = "logit_diff") -> pd.DataFrame:
-    """One row per patching job: ``layer``, ``index`` (what it patched; ``"all"`` without an index),
+    """One row per patching job, in layer and index order (``h.2`` before ``h.10``): ``layer``, ``index`` (what it patched; ``"all"`` without an index),
     ``patched``, ``clean``, ``corrupted`` (the metric's means) and ``recovered``. Without ``clean``
     and ``corrupted`` runs, each job's own clean and corrupted passes (``source: clean``)."""
     if (clean is None) != (corrupted is None):
@@ -54,6 +55,7 @@ def patching_table(sweep: str | Path, clean: str | Path | None = None, corrupted
     table = (train.groupby([LAYER, "index"], observed=True, sort=False)[means].mean().reset_index()
              .rename(columns={LAYER: "layer", metric: "patched", beside[0]: "clean", beside[1]: "corrupted"}))
     table["layer"] = table["layer"].astype(str)
+    table = table.sort_values(["layer", "index"], key=lambda column: column.map(natural_key), ignore_index=True)
     if clean is not None:
         table["clean"], table["corrupted"] = mean_metric(clean, metric), mean_metric(corrupted, metric)
     if (table["clean"] == table["corrupted"]).any():

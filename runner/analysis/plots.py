@@ -25,7 +25,8 @@ from omegaconf import DictConfig
 
 from hooks.errors import ConfigError
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
-from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, per_layer
+from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
+from runner.analysis.order import natural_key
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
@@ -163,6 +164,8 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
         rows = rows.assign(panel=f"{kind}")
         x_of = rows["label"]
     rows = rows.assign(x_name=x_of.to_numpy())
+    if "model" in rows.columns and rows["model"].astype(str).nunique() > 1:  # their layers never share an axis
+        rows = rows.assign(panel=[f"model={m}: {p}" for m, p in zip(rows["model"].astype(str), rows["panel"])])
     panels = list(dict.fromkeys(rows["panel"]))
     fig = Figure(figsize=(12, 1 + 3.2 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
@@ -183,7 +186,7 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
     fig.suptitle(f"{kind} {stat} per layer, one line per run")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", fontsize="small",
-               title=", ".join(by) if by else "run", title_fontsize="small")
+               title=", ".join(by) if by else "overrides", title_fontsize="small")
     return fig
 
 
@@ -221,7 +224,7 @@ def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
     numeric order), coloured by the recovered fraction of ``runner.analysis.patching.patching_table``
     (0: patching changed nothing, 1: it restored the clean metric), each cell labelled with it."""
     grid = table.pivot(index="layer", columns="index", values="recovered")
-    grid = grid.loc[sorted(grid.index, key=_sort_key), sorted(grid.columns, key=_sort_key)]
+    grid = grid.loc[sorted(grid.index, key=natural_key), sorted(grid.columns, key=natural_key)]
     fig = Figure(figsize=(max(6.0, 0.55 * grid.shape[1] + 3), max(3.0, 0.55 * grid.shape[0] + 1.8)),
                  layout="constrained")
     ax = fig.subplots()
@@ -305,16 +308,10 @@ def _depth_ticks(ax, labels, most: int = 40) -> None:
 
 
 def _ordered_runs(rows: pd.DataFrame, by: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """``(label, rows)`` per run, sorted by the values of ``by`` (numbers as numbers)."""
+    """``(label, rows)`` per run, sorted by the values of ``by`` (numbers as numbers), then in job order."""
     runs = [(run.iloc[0], run) for _, run in rows.groupby("run_dir", sort=False, observed=True)]
-    if by:
-        runs.sort(key=lambda item: tuple(_sort_key(item[0][c]) for c in by))
+    runs.sort(key=lambda item: tuple(natural_key(item[0][c]) for c in [*by, "run_dir"]))
     return [(_run_label(first, by), run) for first, run in runs]
-
-
-def _sort_key(value) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
-        else (1, 0.0, str(value))
 
 
 def _colours(n: int) -> list:
@@ -325,7 +322,10 @@ def _colours(n: int) -> list:
 
 
 def _run_label(first: pd.Series, by: list[str]) -> str:
-    return ", ".join(f"{c}={first[c]}" for c in by) if by else Path(str(first["run_dir"])).name
+    if by:
+        return ", ".join(f"{c}={first[c]}" for c in by)
+    own = " ".join(f"{k}={v}" for k, v in overrides_of(Path(str(first["run_dir"]))).items())
+    return own or Path(str(first["run_dir"])).name
 
 
 def _varying_overrides(frame: pd.DataFrame) -> list[str]:
@@ -339,6 +339,16 @@ def run_config(run_dir: str | Path) -> DictConfig | None:
 
     path = config_path(run_dir)
     return None if path is None else OmegaConf.load(path)
+
+
+def run_title(cfg: DictConfig | None, run_dir: str | Path) -> str:
+    """What a run is, for a picture's title (``resnet50, hooks stats``); its directory when it saved no config."""
+    if cfg is None:
+        return Path(run_dir).name
+    model = (cfg.get("model") or {}).get("name") or "own model"
+    entries = [name if entry.get("type") == name else f"{name} ({entry.get('type')})"
+               for name, entry in (cfg.get("hooks") or {}).items()]
+    return f"{model}, hooks {', '.join(entries)}" if entries else f"{model}, no hooks"
 
 
 def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
@@ -355,7 +365,7 @@ def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
     if "gradient_flow" in names:
         stats = load_stats(run_dir, filters=[("phase", "!=", "eval")])
         try:
-            figures.append(("gradient_flow.png", gradient_flow(stats, title=f"{Path(run_dir).name}: "
+            figures.append(("gradient_flow.png", gradient_flow(stats, title=f"{run_title(cfg, run_dir)}: "
                                                                "per-layer statistics across depth")))
         except ValueError as exc:
             notes.append(str(exc))

@@ -1,12 +1,19 @@
-"""``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep.
+"""``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep, read top-down.
 
-The page holds the jobs and their overrides with a train/eval summary, the jobs of a sweep that
-failed, each job's resolved config, a table of every recorded layer and statistic, what looks
-abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero everywhere, dead
-units of non-negative outputs) and the pictures of ``runner.plots`` embedded as PNG data URIs: no
-file beside it and nothing fetched when it is opened. Any complete run or sweep gives a page,
-whatever it recorded: a section or picture the data cannot give is one line saying why. It is
-written to ``PATH/report.html`` (or ``--out``) and its path is printed.
+First what a reader wants first: the summary the run printed (``runner.analysis.summary``) and
+what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
+everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
+curves, a patching sweep's heatmap and table, each job's pictures); then the details, collapsed:
+the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
+recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
+as PNG data URIs: no file beside the page and nothing fetched when it is opened.
+
+The page stays the same size as a sweep grows: per-job pictures and configs are drawn for the
+first jobs only (``MOST_JOB_PICTURES``, ``MOST_CONFIGS``), one line per job in a picture only up to
+``MOST_LINES`` jobs, and a sweep of more than ``MOST_TABLE_JOBS`` jobs gets the per-layer table
+over all its jobs; a patching sweep's jobs are its heatmap. Jobs are in numeric order (2 before 10).
+Any complete run or sweep gives a page, whatever it recorded: a section or picture the data cannot
+give is one line saying why. It is written to ``PATH/report.html`` (or ``--out``) and its path is printed.
 """
 from __future__ import annotations
 
@@ -22,12 +29,20 @@ from runner.analysis import plots
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import CLEAN, LAYER, patching_table
+from runner.analysis.summary import last_value, summarize
 
 REPORT = "report.html"
-#: The sections of the page, by HTML id and heading, in order.
-SECTIONS = {"jobs": "Jobs and overrides", "failed": "Failed jobs", "config": "Resolved config",
-            "layers": "Recorded layers and statistics", "abnormal": "Abnormalities", "pictures": "Pictures",
-            "patching": "Activation patching"}
+#: The sections of the page, by HTML id and heading, in order: summary, pictures, details.
+SECTIONS = {"summary": "Summary", "abnormal": "Abnormalities", "pictures": "Pictures",
+            "patching": "Activation patching", "jobs": "Jobs and overrides", "failed": "Failed jobs",
+            "layers": "Recorded layers and statistics", "config": "Resolved config"}
+#: Jobs whose own pictures are drawn (the first, in job order), and whose configs are shown.
+MOST_JOB_PICTURES = 8
+MOST_CONFIGS = 16
+#: Jobs drawn as lines of one picture (a sweep comparison, loss curves): more are not told apart.
+MOST_LINES = 24
+#: Jobs whose per-layer rows the table keeps apart; a larger sweep's table is over all its jobs.
+MOST_TABLE_JOBS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
@@ -43,14 +58,16 @@ def render(path: str | Path, corrupted: str | Path | None = None) -> str:
     stats = load_stats(path)
     stats.insert(0, "job", stats["run_dir"].astype(str).map(job))
     steps = load_steps(path)
+    patching = LAYER in steps.columns
     body = {
-        "jobs": _jobs(runs, job, steps),
-        "failed": _failed(path),
-        "config": _configs(runs, job),
-        "layers": _layers(stats),
+        "summary": f'<pre class="summary">{html.escape(summarize(path))}</pre>',
         "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
-        "pictures": _pictures(runs, job, stats, steps),
+        "pictures": _pictures(runs, job, stats, steps, patching),
         "patching": _patching(path, steps, corrupted),
+        "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
+        "failed": _failed(path),
+        "layers": _layers(stats, many=len(runs) > MOST_TABLE_JOBS),
+        "config": _configs(runs, job),
     }
     sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS)
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -87,9 +104,8 @@ def _note(text: str) -> str:
     return f'<p class="note">{html.escape(text)}</p>'
 
 
-def _last(frame: pd.DataFrame, column: str) -> float:
-    values = frame[column].dropna() if column in frame.columns else ()
-    return float(values.iloc[-1]) if len(values) else float("nan")
+def _details(summary: str, body: str, open_: bool = False) -> str:
+    return f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary>\n{body}</details>"
 
 
 def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
@@ -98,20 +114,26 @@ def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
     and ``train wall time s``; indexed by ``run_dir``."""
     split = steps["split"].astype(str) if "split" in steps.columns else pd.Series("train", index=steps.index)
     has_eval, has_accuracy = bool((split == "eval").any()), "accuracy" in steps.columns
-    rows = []
-    for r in runs:
-        mine = steps["run_dir"].astype(str) == str(r)
-        train, evals = steps[mine & (split == "train")], steps[mine & (split == "eval")]
-        row = {"run_dir": str(r), "train steps": len(train), "last train loss": _last(train, "loss")}
+    columns = ["loss", "wall_time_s"] + (["accuracy"] if has_accuracy else [])
+    groups = steps[columns].assign(run_dir=steps["run_dir"].astype(str), split=split).groupby(["split", "run_dir"])
+    last, size, total = groups.last(), groups.size(), groups["wall_time_s"].sum()  # last skips NaN
+    names = [str(r) for r in runs]
+
+    def of(frame, which: str, column: str | None = None) -> list:
+        part = frame.xs(which, level="split") if which in frame.index.get_level_values("split") else frame.iloc[:0]
+        values = (part if column is None else part[column]).reindex(names)
+        return list(values.fillna(0) if column is None else values)
+
+    table = {"run_dir": names, "train steps": [int(n) for n in of(size, "train")],
+             "last train loss": of(last, "train", "loss")}
+    if has_eval:
+        table["last eval loss"] = of(last, "eval", "loss")
+    if has_accuracy:
+        table["last train accuracy"] = of(last, "train", "accuracy")
         if has_eval:
-            row["last eval loss"] = _last(evals, "loss")
-        if has_accuracy:
-            row["last train accuracy"] = _last(train, "accuracy")
-            if has_eval:
-                row["last eval accuracy"] = _last(evals, "accuracy")
-        row["train wall time s"] = float(train["wall_time_s"].sum())
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("run_dir")
+            table["last eval accuracy"] = of(last, "eval", "accuracy")
+    table["train wall time s"] = of(total, "train")
+    return pd.DataFrame(table).set_index("run_dir")
 
 
 def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:
@@ -135,31 +157,35 @@ def _failed(path: Path) -> str:
 
 def _configs(runs, job: dict[str, str]) -> str:
     parts = []
-    for i, r in enumerate(runs):
+    for r in runs[:MOST_CONFIGS]:
         text = config_of(r)
         shown = (f"<pre>{html.escape(text)}</pre>" if text is not None else
                  '<p class="note">not recorded: the run was not made by <code>python -m runner</code> '
                  "(no <code>config.yaml</code> or <code>.hydra/config.yaml</code>)</p>")
-        parts.append(f"<details{' open' if i == 0 else ''}><summary>{html.escape(job[str(r)])}</summary>{shown}</details>")
+        parts.append(_details(job[str(r)], shown))
+    if len(runs) > MOST_CONFIGS:
+        parts.append(_note(f"The configs of the first {MOST_CONFIGS} jobs; the other {len(runs) - MOST_CONFIGS} "
+                           f"differ from them only in their overrides (Jobs and overrides), each in its config.yaml."))
     return "\n".join(parts)
 
 
-def _layers(stats: pd.DataFrame) -> str:
+def _layers(stats: pd.DataFrame, many: bool) -> str:
     if stats.empty:
         return _note("Left out: no run recorded statistics (hooks=none, or only hooks that keep tensors); "
                      "add hooks=stats to record them.")
-    keys = ["job", "hook", "layer", "phase", "kind", "slot"]
+    keys = ["hook", "layer", "phase", "kind", "slot"] if many else ["job", "hook", "layer", "phase", "kind", "slot"]
     table = stats.groupby(keys, sort=False, observed=True).agg(
         captures=("step", "size"), steps=("step", "nunique"),
         shape=("tensor_shape", lambda s: "x".join(str(int(d)) for d in s.iloc[0])),
         mean=("mean", "mean"), std=("std", "mean"), min=("min", "min"), max=("max", "max"),
         l2=("l2", "mean"), zero_frac=("zero_frac", "mean"), nan=("nan_count", "sum"), inf=("inf_count", "sum"),
     ).reset_index()
-    if table["job"].nunique() == 1:
+    if not many and table["job"].nunique() == 1:
         table = table.drop(columns="job")
-    return ("<p>One row per hook, layer, phase, kind and slot (phase <code>eval</code>: the eval passes of a "
-            "training run); mean, std, l2 and zero_frac are averaged over calls and steps, min and max taken "
-            "over them.</p>\n" + _table(table))
+    over = f"over the {stats['job'].nunique()} jobs, " if many else ""
+    return _details(f"{len(table)} rows: one per {'job, ' if 'job' in table else ''}hook, layer, phase, kind and slot",
+                    "<p>Phase <code>eval</code>: the eval passes of a training run; mean, std, l2 and zero_frac are "
+                    f"averaged {over}over calls and steps, min and max taken over them.</p>\n" + _table(table))
 
 
 def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str:
@@ -188,7 +214,10 @@ def _img(fig, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
-def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame, jobs: int) -> list[str]:
+    if jobs > MOST_LINES:
+        return [_note(f"Sweep comparison and loss curves left out: {jobs} jobs are more lines than a picture tells "
+                      f"apart ({MOST_LINES}); the summary's table and the loaders compare them.")]
     parts = []
     kinds = [k for k in ("param_grad", "grad_output", "output") if (stats["kind"] == k).any()]
     if kinds:
@@ -201,13 +230,19 @@ def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
     return parts
 
 
-def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame) -> str:
-    parts = _sweep_pictures(stats, steps) if len(runs) > 1 else []
-    for r in runs:
+def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame, patching: bool) -> str:
+    if patching and len(runs) > 1:  # each job patches one cell: the heatmap below shows them all
+        return _note(f"The {len(runs)} patching jobs are the cells of the heatmap under Activation patching; "
+                     f"no picture per job.")
+    parts = _sweep_pictures(stats, steps, len(runs)) if len(runs) > 1 else []
+    for r in runs[:MOST_JOB_PICTURES]:
         figures, notes = plots.run_figures(r, plots.PLOTS)
         parts.append(f"<h3>{html.escape(job[str(r)])}</h3>")
         parts += [_img(fig, name) for name, fig in figures]
         parts += [_note(f"not drawn: {n}") for n in notes]
+    if len(runs) > MOST_JOB_PICTURES:
+        parts.append(_note(f"Pictures of the first {MOST_JOB_PICTURES} jobs; the other "
+                           f"{len(runs) - MOST_JOB_PICTURES}: runner.plots.run_figures(RUN_DIR, ...) or plots=[...]."))
     return "\n".join(parts)
 
 

@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hooks.errors import ConfigError
 from runner.cli.commandline import expand
 from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
-from runner.store.claim import claim_run_dir
+from runner.cli.summary import print_summary
+from runner.store.claim import CompleteRunError, claim_run_dir
 from runner.store.outputs import OutputError, check_output_dir
 from runner.store.sweep_record import OK, write_sweep
 
@@ -50,13 +51,18 @@ class EarlyChecks(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = expand(list(config.hydra.overrides.task))
-        bad, code = [], 0
+        bad, code, complete = [], 0, 0
         for num, overrides in enumerate(jobs):
             try:
                 check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
             except (ConfigError, OutputError) as exc:
                 bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
                 code = max(code, failure_code(exc))
+                complete += isinstance(exc, CompleteRunError)
+        if bad and complete == len(bad):  # the same sweep run again: one line, not one per job
+            _report([], f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({complete} of {len(jobs)} "
+                        f"job directories hold a complete run); pass overwrite=true to replace it, or choose "
+                        f"another hydra.sweep.dir", code)
         if bad:
             _report(bad, f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", code)
 
@@ -66,6 +72,8 @@ class EarlyChecks(Callback):
         jobs = sweep_jobs(config)
         write_sweep(config.hydra.sweep.dir, jobs)
         failed = [job for job in jobs if job["state"] != OK]
+        if len(failed) < len(jobs):
+            print_summary(config.hydra.sweep.dir, bool(config.get("quiet")))
         if failed:
             _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
                     f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hooks.errors import ConfigError
 from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
+from runner.cli.summary import print_summary
 from runner.engine.loop import run
 from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
@@ -34,9 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], multirun: bool = False,
-            plan: Plan | None = None) -> None:
+            plan: Plan | None = None, summary: bool = True) -> None:
     """Run the experiment (``plan``, or the plan compiled from ``cfg``); report a failure as
-    ``error: ...`` on stderr and exit non-zero.
+    ``error: ...`` on stderr and exit non-zero; print the run's summary unless ``quiet`` or not ``summary``.
 
     With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
     """
@@ -85,6 +86,8 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     if multirun:
         write_status(out_dir, overrides, None)
     print(f"wrote {out_dir}")
+    if not multirun:  # a sweep's summary comes when it ends (runner.cli.callbacks)
+        print_summary(out_dir, bool(cfg.get("quiet")) or not summary)
 
 
 _claims: dict[Path, object] = {}

@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hooks.errors import ConfigError
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
-from runner.store.claim import claim_run_dir
+from runner.store.claim import CompleteRunError, claim_run_dir
 from runner.store.commit import CONFIG, DATA_FILES, MANIFEST, TMP_MARK
 from runner.store.errors import OutputError
 from runner.store.outputs import versions
@@ -62,7 +62,11 @@ def main(argv: Sequence[str]) -> int:
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
             keep_claim(claim_run_dir(out_dir, overwrite=False))  # a complete run there is refused, never replaced
-            execute(cfg, out_dir, overrides, plan=plan)  # a failed run exits here, as any run does
+            execute(cfg, out_dir, overrides, plan=plan, summary=False)  # a failed run exits here, as any run does
+    except CompleteRunError as exc:
+        print(f"error: {OUT_KEY}: '{exc.out_dir}' already holds a complete run, which a replay never replaces; "
+              f"choose another {OUT_KEY}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -226,6 +226,7 @@ class RunConfig:
     eval_every: int = 0
     eval_steps: int = 1
     progress: bool = True
+    quiet: bool = False               #: no summary printed when a run or sweep ends
     compile: bool = False
     sample: SampleConfig = field(default_factory=SampleConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

@@ -34,6 +34,7 @@ from hooks.recorder import Recorder
 from runner.config.compose import compose_config
 from runner.config.schema import RunConfig
 from runner.engine.plan import compile_hooks, compile_settings
+from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.store.claim import RunClaim
@@ -153,6 +154,7 @@ def _checked(metrics: dict[str, float], method: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
+@python_remedies
 def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
            **settings) -> Iterator[AttachedRun]:
     """Attach hook entries to ``model`` for the block and record them into ``out_dir``.

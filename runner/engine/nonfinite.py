@@ -42,8 +42,10 @@ def describe_nonfinite(step: int, captures: StepCaptures, loss: float | None) ->
                 f"({col['phase'][i]} {col['kind'][i]}, slot {col['slot'][i]}, call {col['call'][i]}): "
                 f"{int(captures.stats['nan_count'][i])} NaN, {int(captures.stats['inf_count'][i])} Inf")
     if loss is not None and not math.isfinite(loss):
-        return (f"step {step}: the loss is {loss} while every hooked tensor was finite; "
-                f"hook more layers (e.g. hooks=stats) to see where it starts")
+        outputs = "output" in captures.columns.get("kind", ())  # outputs recorded: more hooks would not say more
+        where = ("the loss function likely made it (e.g. the log of a negative output)" if outputs
+                 else "hook more layers (e.g. hooks=stats) to see where it starts")
+        return f"step {step}: the loss is {loss} while every hooked tensor was finite; {where}"
     return None
 
 

@@ -317,8 +317,10 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
     if loss_fn is None:
         for hook in hooks:
             if hook.needs_backward:
+                forward = sorted({"input", "output"} & getattr(hook, "record_kinds", set()))
+                instead = f", record the forward pass only ({hook.key}.kinds=[{','.join(forward)}])," if forward else ""
                 raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass but loss=none; "
-                                  f"choose a loss (e.g. loss=sum) or drop the entry")
+                                  f"choose a loss (e.g. loss=sum){instead} or drop the entry")
         if optimizer.name != "none":
             raise ConfigError(f"optimizer: '{optimizer.name}' needs a loss to train on but loss=none")
     for hook in hooks if settings.eval_every else ():

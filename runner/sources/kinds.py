@@ -101,10 +101,7 @@ def _digits(data: DictConfig, model: DictConfig) -> Maker:
     """scikit-learn's digits scaled to [0, 1] as [N, 1, 8, 8]: shuffled training batches of
     ``batch_size`` (each epoch a new order from the run's seed, the last partial batch dropped),
     and the held-out part (chosen by ``split_seed``) as one batch for eval passes."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError("data=digits needs scikit-learn: pip install -e '.[digits]'") from None
+    from sklearn.datasets import load_digits  # a dependency of the project, imported when data=digits asks
     if data.get("shape") is not None:
         raise ConfigError("data.shape: data=digits is [batch_size, 1, 8, 8]; set data.batch_size instead")
     if not 0 < float(data.held_out) < 1:

@@ -72,11 +72,19 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> None:
                                         f"({free} bytes free, a run needs at least {MIN_FREE_BYTES})")
 
 
+class CompleteRunError(ConfigError):
+    """``out_dir`` holds a complete run and ``overwrite`` is false. The message names the command
+    line's remedies; ``runner.attach`` and a sweep say it in their own terms from ``out_dir``."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(f"overwrite: '{out_dir}' already holds a complete run ({MANIFEST}); pass overwrite=true "
+                         f"to replace it, or choose another hydra.run.dir")
+        self.out_dir = out_dir
+
+
 def _refuse_complete_run(out_dir: Path, overwrite: bool) -> None:
     if (out_dir / MANIFEST).exists() and not overwrite:
-        raise ConfigError(f"overwrite: '{out_dir}' already holds a complete run ({MANIFEST}); "
-                          f"pass overwrite=true to replace it, or choose another directory "
-                          f"(hydra.run.dir, hydra.sweep.dir)")
+        raise CompleteRunError(out_dir)
 
 
 class RunClaim:

@@ -1,0 +1,25 @@
+"""The few lines ``python -m runner`` prints when a run or a sweep has ended (``quiet=true``: none).
+
+The text is ``runner.analysis.summary``'s, read back from the files just committed; the run is
+complete before it is printed, so a summary that cannot be made is one warning, never a failure.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def print_summary(path: str | Path, quiet: bool) -> None:
+    """Print the summary of the complete run or sweep at ``path`` unless ``quiet``."""
+    if quiet:
+        return
+    from runner.analysis.summary import summarize  # pandas is imported only when the run has ended
+
+    try:
+        text = summarize(path)
+    except (OSError, ValueError, KeyError) as exc:  # e.g. a sweep whose every job failed
+        log.warning("no summary of '%s': %s", path, exc)
+        return
+    print(text)
