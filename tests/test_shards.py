@@ -86,8 +86,11 @@ def test_a_sharded_parameters_clip_matches_a_hand_clamped_gradient(one_rank_mesh
         want = q.grad.clamp(max=0.01)
         torch.testing.assert_close(p.grad.full_tensor(), want)
         layer, slot = name.split(".")
-        got = rows[(rows.layer == layer) & (rows.slot == slot) & (rows.phase == "backward")]
+        here = rows[(rows.layer == layer) & (rows.slot == slot) & (rows.phase == "backward")]
+        got, clipped = here[here.kind == "param_grad"], here[here.kind == "clipped"]
         assert len(got) == 1 and got["mean"].iloc[0] == pytest.approx(want.double().mean().item(), rel=1e-5, abs=1e-8)
+        removed = (q.grad - want).double()  # what the clamp took away, the whole tensor's
+        assert len(clipped) == 1 and clipped["l2"].iloc[0] == pytest.approx(removed.norm().item(), rel=1e-5, abs=1e-8)
 
 
 def test_an_edit_of_a_sharded_gradient_accumulated_over_two_backwards_is_one_line(one_rank_mesh, tmp_path):
