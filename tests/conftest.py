@@ -223,3 +223,16 @@ def readme_code(marker: str, language: str = "python") -> str:
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text.split("### Your own loop", 1)[1].split("\n## ", 1)[0]
     return section.split(marker, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def image_folder_of(root: Path, n: int, seed: int) -> str:
+    """``n`` random 32x32 PNGs in two class folders under ``root`` (``data=imagefolder``); returns ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    gen = np.random.default_rng(seed)
+    for i in range(n):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(gen.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    return str(root)

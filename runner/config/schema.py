@@ -97,6 +97,8 @@ class DataBase:
     requires_grad: bool = False         #: true makes the input a leaf with a gradient
     targets: Any = None                 #: class targets: an int, a list, or null
     seed: int = 0                       #: added to the run's seed for the data only: other batches, same model
+    shard: int = 0                      #: a whole-dataset pass (mode=eval) covers only this part ...
+    num_shards: int = 1                 #: ... of num_shards contiguous parts; sample ids stay global
 
 
 @dataclass
@@ -107,6 +109,7 @@ class SyntheticData(DataBase):
 @dataclass
 class TokenData(DataBase):
     kind: str = "tokens"
+    size: Optional[int] = None          #: null: new random ids each step; N: N fixed sequences (seeded by data.seed)
 
 
 @dataclass
@@ -227,6 +230,7 @@ class RunConfig:
     eval_steps: int = 1
     progress: bool = True
     compile: bool = False
+    stop_after: Optional[str] = None  #: end each forward after this module (auto: nn.Sequential); loss=none
     sample: SampleConfig = field(default_factory=SampleConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     model: Any = MISSING

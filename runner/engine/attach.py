@@ -25,7 +25,7 @@ from hooks.recorder import Recorder
 from runner.cli.commandline import compose_config
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.steps import StepWriter
-from runner.store.outputs import STEP_METRICS, RunOutputs
+from runner.store.outputs import STEP_METRICS, RunOutputs, write_tables
 from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
@@ -164,6 +164,7 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
             run = AttachedRun(steps)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes
+            write_tables(hooks_built, outputs)  # run totals: units.parquet, a store's last shard
 
 
 def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict):

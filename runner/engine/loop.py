@@ -23,10 +23,11 @@ from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
 from runner.engine.side_by_side import clean_and_corrupted
 from runner.engine.steps import StepWriter
+from runner.engine import early_stop, whole_pass
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
-from runner.store.outputs import RunOutputs, check_output_dir
+from runner.store.outputs import RunOutputs, check_output_dir, write_tables
 from runner.store.provenance import provenance
 from runner.store.resume import Resume, in_scheduler_job
 
@@ -47,7 +48,9 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     torch.manual_seed(s.seed)
     model = build_model(plan.model).to(device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
-    data = plan.data.batches(s.seed, device)
+    dataset_pass = whole_pass.applies(s, plan.data)
+    data = whole_pass.batches(plan.data, s.seed, device) if dataset_pass else plan.data.batches(s.seed, device)
+    gradients = not dataset_pass or whole_pass.needs_gradient(plan.optimizer.name, plan.hooks)
     clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
@@ -56,7 +59,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     for _ in range(first if clean_data is not None else 0):
         next(clean_data)
     compile_time_s = _warm_up_statistics(plan, device)
-    with HookSession(model, plan.hooks, recorder) as session, OutputMetrics(model, s.metric) as measures:
+    with HookSession(model, plan.hooks, recorder) as session, OutputMetrics(model, s.metric) as measures, \
+            early_stop.stopping(model, s.stop_after, plan.hooks):
         forward = _compiled(model) if s.compile else model
         extra = {"seed": s.seed, "compile_time_s": compile_time_s,
                  "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
@@ -69,6 +73,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
             for step in range(first, s.steps):
                 steps.begin(step)
                 batch = next(data)
+                recorder.samples = batch.samples
                 if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
                     recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
                                     slot="0", call=0, keep=True)
@@ -77,7 +82,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                     plan, clean_and_corrupted, forward, model, next(clean_data).x, batch.x,
                     side_by_side(plan.hooks), recorder, measures)
                 loss, accuracy = _explained(plan, train_step, forward, model, batch, plan.loss_fn, session,
-                                            optimizer, plan.classifies)
+                                            optimizer, plan.classifies, gradients)
                 steps.finish(step, loss, metrics={"accuracy": accuracy, **measures.take(), **beside})
                 if plan.schedule.due(step):
                     recorder.set_enabled(True)  # eval passes are rare: always recorded
@@ -88,6 +93,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                 bar.update()
                 resume.mark(step + 1, session.run_state())
             outputs.extra["lifetimes"] = session.lifetimes()  # when each entry's hooks came and went
+            write_tables(plan.hooks, outputs)
     resume.finish()
     return out_dir
 

@@ -27,6 +27,7 @@ from runner.config.schema import (DATA_SCHEMAS, MODEL_SCHEMAS, OPTIMIZER_SCHEMAS
                                   NamedModel, NoOptimizer, OutputConfig, RunConfig, SampleConfig, SGDConfig)
 from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
+from runner.engine import early_stop, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
@@ -74,12 +75,14 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
     data = DataSource(_data_config(typed.data), model)
+    whole_pass.check(settings, data)
     if settings.epochs is not None:
-        settings.steps = data.epoch_steps(settings.epochs)
+        settings.steps = whole_pass.epoch_steps(settings, data, settings.epochs)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
     hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
+    early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
     found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)

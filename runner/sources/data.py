@@ -8,7 +8,9 @@ random numbers building the model consumed: step k always gets the same batch. `
 torchvision's ``FakeData`` in order (``random_offset = seed * size``, so runs with different seeds
 see different images) and uses its labels as targets: a training run sees a new labelled batch
 each step. ``digits`` is real data shipped with scikit-learn: a training stream reshuffled each
-epoch and a held-out part for the eval passes (``batches(..., held_out=True)``).
+epoch and a held-out part for the eval passes (``batches(..., held_out=True)``). ``tokens`` with
+``data.size=N`` is a fixed set of N sequences. Kinds with a length also read their items in order
+(``item_batches``), for a pass over the whole dataset (``runner.engine.whole_pass``).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Batch:
 
     x: torch.Tensor
     targets: torch.Tensor
+    samples: torch.Tensor | None = None  #: the dataset index of each row (a whole-dataset pass), else None
 
 
 class DataSource:
@@ -61,12 +64,31 @@ class DataSource:
         gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
         make = self._make.held_out if held_out and self._make.held_out is not None else self._make.make
         for x, labels in make(gen):
-            if labels is None or self.data.get("targets") is not None:
-                labels = _targets(self.data, self.model, x.shape[0], gen)
-            x = x.to(device)
-            if self.data.get("requires_grad"):
-                x.requires_grad_(True)
-            yield Batch(x=x, targets=labels.to(device))
+            yield self._batch(x, labels, gen, device)
+
+    @property
+    def items(self) -> ItemRange | None:
+        """The items of a data kind with a length, in order (``None``: a stream without one)."""
+        return self._make.items
+
+    def item_batches(self, start: int, stop: int, seed: int, device: torch.device) -> Iterator[Batch]:
+        """Items ``start..stop-1`` in order, once, each ``Batch`` with their indices as ``samples``."""
+        gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
+        first = start
+        for x, labels in self._make.items.read(start, stop):
+            batch = self._batch(x, labels, gen, device)
+            batch.samples = torch.arange(first, first + len(x))
+            first += len(x)
+            yield batch
+
+    def _batch(self, x: torch.Tensor, labels: torch.Tensor | None, gen: torch.Generator,
+               device: torch.device) -> Batch:
+        if labels is None or self.data.get("targets") is not None:
+            labels = _targets(self.data, self.model, x.shape[0], gen)
+        x = x.to(device)
+        if self.data.get("requires_grad"):
+            x.requires_grad_(True)
+        return Batch(x=x, targets=labels.to(device))
 
     def epoch_steps(self, epochs: int) -> int:
         """The training steps of ``epochs`` passes over the data (``epochs=N`` instead of ``steps``)."""
@@ -99,6 +121,28 @@ class _Maker:
     make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
     held_out: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]] | None = None
     epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
+    #: a whole-dataset pass (``runner.engine.whole_pass``): the items, their number and the batch size
+    items: ItemRange | None = None
+
+
+@dataclass
+class ItemRange:
+    """A data kind with a length, read in order: ``read(start, stop)`` yields ``(x, labels or None)``
+    batches of ``batch_size`` over items ``start..stop-1`` (the last one may be smaller)."""
+
+    length: int
+    batch_size: int
+    read: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
+
+
+def _in_batches(x: torch.Tensor, y: torch.Tensor | None, size: int) -> ItemRange:
+    """Items held in memory (``digits``, ``tokens`` with a size), read in order."""
+    def read(start: int, stop: int):
+        for first in range(start, stop, size):
+            last = min(first + size, stop)
+            yield x[first:last].clone(), None if y is None else y[first:last]
+
+    return ItemRange(len(x), size, read)
 
 
 def _shape(data: DictConfig, model: DictConfig) -> list[int]:
@@ -146,8 +190,27 @@ def _tokens(data: DictConfig, model: DictConfig) -> _Maker:
     shape, vocab = _shape(data, model), int(model.get("num_classes") or 0)
     if vocab < 1:
         raise ConfigError("data=tokens: model.num_classes (the vocabulary size) must be set")
+    if data.get("size") is not None:
+        return _token_set(data, shape, vocab)
     return _Maker(shape, torch.long,
                   lambda gen: ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count()))
+
+
+def _token_set(data: DictConfig, shape: list[int], vocab: int) -> _Maker:
+    """``data.size`` fixed sequences (seeded by ``data.seed``, not the run's seed: every job of a
+    sweep sees the same set): a dataset with a length, cycled in order by training steps."""
+    size = int(data.size)
+    if size < 1:
+        raise ConfigError(f"data.size: {size} must be at least 1 (null: a new random batch each step)")
+    if size < shape[0]:
+        raise ConfigError(f"data.size: {size} sequences cannot fill a batch of {shape[0]}")
+    tokens = torch.randint(0, vocab, (size, *shape[1:]), generator=torch.Generator().manual_seed(int(data.seed)))
+    items = _in_batches(tokens, None, shape[0])
+
+    def make(gen: torch.Generator):  # whole batches, in order, one epoch after another
+        return (xy for _ in itertools.count() for xy in items.read(0, size - size % shape[0]))
+
+    return _Maker(shape, torch.long, make, epoch_steps=size // shape[0], items=items)
 
 
 def _targets(data: DictConfig, model: DictConfig, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -236,4 +299,5 @@ def _digits(data: DictConfig, model: DictConfig) -> _Maker:
                 yield x[index], y[index]
 
     return _Maker([size, 1, 8, 8], torch.float32, make,
-                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size)
+                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size,
+                  items=_in_batches(x, y, size))

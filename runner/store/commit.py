@@ -31,7 +31,7 @@ OLD_MARK = ".old-"
 #: The data files a run may commit; their final names are the runner's alone.
 #: The resolved config a run was made with, committed beside its data.
 CONFIG = "config.yaml"
-DATA_FILES = ("stats.parquet", "tensors.parquet", "steps.parquet", CONFIG)
+DATA_FILES = ("stats.parquet", "tensors.parquet", "steps.parquet", "units.parquet", CONFIG)
 
 
 def tmp_path(path: Path) -> Path:

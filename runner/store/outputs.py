@@ -31,6 +31,7 @@ from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, MANIFEST, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
+from runner.store.units_table import UNITS_SCHEMA, units_table
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
@@ -147,9 +148,12 @@ class RunOutputs:
         ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
     """
 
-    FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA}
+    FILES = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, "steps.parquet": STEPS_SCHEMA,
+             "units.parquet": UNITS_SCHEMA}
     #: Files left out of the run (not created, not listed) when they receive no row.
-    OPTIONAL = frozenset({"tensors.parquet"})
+    OPTIONAL = frozenset({"tensors.parquet", "units.parquet"})
+    #: Files written once, at the end of the run, from hook entries' totals (``HookType.tables``).
+    TABLES = {"units.parquet": units_table}
     #: The manifest's own keys, which ``extra`` cannot replace.
     MANIFEST_KEYS = frozenset({"complete", "schema_version", "run_id", "config_hash", "overrides", "files",
                                "replaced", "versions", "finished"})
@@ -261,6 +265,13 @@ class RunOutputs:
         """Append rows an earlier attempt of this run wrote (``runner.store.resume``) to file ``name``."""
         self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
 
+    def write_table(self, name: str, columns: dict[str, list]) -> None:
+        """Append an entry's run totals (``HookType.tables``) to file ``name`` of ``TABLES``."""
+        if name not in self.TABLES:
+            raise ValueError(f"no run-total file '{name}'; valid: {', '.join(self.TABLES)}")
+        table = self.TABLES[name](columns)
+        self._writer.submit(lambda: self._sinks[name].write(table))
+
     def flush_partial(self) -> dict[str, Path]:
         """After an interruption, before the exit: write what is queued and close the temporary
         files, readable as they are; return them by name (``runner.store.resume`` keeps their rows)."""
@@ -306,6 +317,13 @@ class RunOutputs:
              else _from_numpy(np.array([peak_memory_bytes]), pa.int64()),
              *[_from_numpy(np.array([value]), pa.float64()) for value in metrics]],
             schema=STEPS_SCHEMA))
+
+
+def write_tables(hooks, outputs: RunOutputs) -> None:
+    """Hand every entry's run totals (``HookType.tables``, e.g. ``units.parquet``) to ``outputs``."""
+    for hook in hooks:
+        for name, columns in hook.tables().items():
+            outputs.write_table(name, columns)
 
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:
