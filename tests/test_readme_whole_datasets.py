@@ -8,7 +8,6 @@ Python blocks run in the same directory, after the commands before them.
 """
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_config, run
+from test_slurm import ENV, slurm  # noqa: F401  (the one-node cluster fixture of the README's Sweeps section)
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]
@@ -53,6 +53,8 @@ def run_command(words: list[str]) -> None:
 
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
+    """A working directory like the repository root the README's commands run from: it has ``assets/``."""
+    (tmp_path / "assets").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -73,13 +75,9 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
 
 
 @pytest.mark.slurm
-def test_the_sharded_sweep_runs_as_written_on_slurm(tmp_path):
-    from test_slurm import ENV, SCRIPT  # the one-node cluster of the README's "Sweeps" section
-
-    if os.geteuid() != 0 or subprocess.run(f"{ROOT / SCRIPT}", shell=True, cwd=ROOT).returncode != 0:
-        pytest.skip("no one-node Slurm cluster here")
+def test_the_sharded_sweep_runs_as_written_on_slurm(slurm, tmp_path):
     subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), "crops"], cwd=tmp_path, check=True)
-    (sweep,) = [words for words in commands(blocks("bash")[2])]
+    (sweep,) = commands(blocks("bash")[2])
     proc = subprocess.run(shlex.join(sweep), shell=True, cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr

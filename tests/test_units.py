@@ -172,3 +172,20 @@ def test_bad_settings_fail_before_the_run_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=None) as info:
         compile_plan(make_config(*base, *overrides))
     assert message in str(info.value)
+
+
+def test_top_tokens_shows_each_top_sequence_around_its_maximum(tmp_path):
+    pytest.importorskip("transformers")
+    from runner.analysis.unit_plots import top_tokens
+
+    out = run(make_config("model=gpt2_tiny", "data=tokens", "data.size=10", "mode=eval", "epochs=1", "loss=none",
+                          "progress=false", "hooks=units", "hooks.units.layers=[lm_head]", "hooks.units.top_k=3"),
+              tmp_path / "run")
+    units = load_units(out)
+    tokens = torch.randint(0, 100, (10, 16), generator=torch.Generator().manual_seed(0))
+    fig = top_tokens(units, "lm_head", 7, tokens, lambda ids: [f"t{i}" for i in ids], context=2)
+    text = fig.axes[0].texts[0].get_text().splitlines()
+    row = units[(units.layer == "lm_head") & (units.unit == 7)].iloc[0]
+    for line, sample, position in zip(text, row.top_sample, row.top_position):
+        assert f"#{sample:<5d} pos {position:<3d}" in line
+        assert f"[t{int(tokens[sample, position])}]" in line

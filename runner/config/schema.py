@@ -97,8 +97,15 @@ class DataBase:
     requires_grad: bool = False         #: true makes the input a leaf with a gradient
     targets: Any = None                 #: class targets: an int, a list, or null
     seed: int = 0                       #: added to the run's seed for the data only: other batches, same model
-    shard: int = 0                      #: a whole-dataset pass (mode=eval) covers only this part ...
-    num_shards: int = 1                 #: ... of num_shards contiguous parts; sample ids stay global
+
+
+@dataclass
+class ShardConfig:
+    """Data kinds with a length: a whole-dataset pass (mode=eval) covers only part ``shard`` of
+    ``num_shards`` contiguous parts (``runner.engine.whole_pass``); sample ids stay the dataset's."""
+
+    shard: int = 0
+    num_shards: int = 1
 
 
 @dataclass
@@ -107,7 +114,7 @@ class SyntheticData(DataBase):
 
 
 @dataclass
-class TokenData(DataBase):
+class TokenData(ShardConfig, DataBase):
     kind: str = "tokens"
     size: Optional[int] = None          #: null: new random ids each step; N: N fixed sequences (seeded by data.seed)
 
@@ -130,7 +137,7 @@ class ImageFiles(DataBase):
 
 
 @dataclass
-class DigitsData(DataBase):
+class DigitsData(ShardConfig, DataBase):
     """scikit-learn's 1,797 labelled 8x8 digits (shipped in the package): seeded train/held-out parts."""
 
     kind: str = "digits"
@@ -140,7 +147,7 @@ class DigitsData(DataBase):
 
 
 @dataclass
-class LoaderConfig:
+class LoaderConfig(ShardConfig):
     """How a ``Dataset`` is batched (``torch.utils.data.DataLoader``) and which part is held out."""
 
     batch_size: int = 32
