@@ -69,6 +69,10 @@ class ShardWriter:
         keep = samples > self.last
         if self.complete or not bool(keep.any()):
             return
+        first = int(samples[keep][0])
+        if self.last >= 0 and first != self.last + 1:  # never a store with a hole in it
+            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came (the pass "
+                             f"resumed after them?); run the pass again from its start, the complete shards stay")
         x = x.detach()[keep].to("cpu", self.dtype)
         shape = list(x.shape[1:])
         if self.manifest["item_shape"] not in (None, shape):

@@ -88,12 +88,12 @@ class UnitStats:
         self._merge_moments(n, batch_mean, (centred * centred).sum(0))
         self.min = torch.minimum(self.min, flat.amin(0))
         self.max = torch.maximum(self.max, flat.amax(0))
-        self.above += (flat > self.threshold).sum(0)
+        self.above = self.above + (flat > self.threshold).sum(0)
         buckets = self.grid.index(flat) + torch.arange(self.units) * self.grid.size
-        self.sketch += torch.bincount(buckets.reshape(-1), minlength=self.units * self.grid.size).view(
+        self.sketch = self.sketch + torch.bincount(buckets.reshape(-1), minlength=self.units * self.grid.size).view(
             self.units, self.grid.size)
         if self.second is not None:
-            self.second += flat.T @ flat
+            self.second = self.second + flat.T @ flat
         samples = samples.to(torch.int64).view(-1, 1).expand(-1, self.units)
         top_position = x.argmax(1)
         bottom_position = x.argmin(1)
@@ -109,7 +109,8 @@ class UnitStats:
         self.count, self.mean, self.m2 = chan_merge(self.count, self.mean, self.m2, n, mean, m2)
 
     def state(self) -> dict[str, object]:
-        """Every accumulator by name (``STATE_KEYS``): what a resumed run goes on from."""
+        """Every accumulator by name (``STATE_KEYS``): what a resumed run goes on from. ``update``
+        replaces the tensors rather than changing them in place, so this is a snapshot without a copy."""
         return {key: getattr(self, key) for key in STATE_KEYS}
 
     def restore(self, state: dict[str, object]) -> None:

@@ -101,3 +101,20 @@ def test_a_store_needs_a_path_and_a_known_dtype():
         compile_plan(make_config("hooks=store"))
     with pytest.raises(ConfigError, match="hooks.store.dtype: unknown dtype 'float8'"):
         compile_plan(make_config("hooks=store", "hooks.store.path=x", "hooks.store.dtype=float8"))
+
+
+def test_the_stores_of_a_sharded_pass_read_as_one_store(tmp_path):
+    common = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=store",
+              "hooks.store.layers=[fc]", "hooks.store.shard_size=256")
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'one'}"), tmp_path / "run")
+    for shard in (2, 0, 1):  # in any order: the stores are read in the order of their sample ids
+        run(make_config(*common, f"hooks.store.path={tmp_path / str(shard)}", f"data.shard={shard}",
+                        "data.num_shards=3"), tmp_path / f"run{shard}")
+    one = ActivationStore(tmp_path / "one" / "fc")
+    merged = ActivationStore(*(tmp_path / str(shard) / "fc" for shard in (1, 2, 0)))
+    assert len(merged) == len(one) == 1797
+    assert [merged[i][1] for i in range(1797)] == list(range(1797))
+    # the shards' batches are not the one job's (599 is no multiple of 64): float32 may differ in its last bits
+    torch.testing.assert_close(torch.stack([merged[i][0] for i in range(1797)]),
+                               torch.stack([one[i][0] for i in range(1797)]), rtol=1e-6, atol=1e-6)
+    assert sorted(s for _, s in ShuffledStore(*(tmp_path / str(shard) / "fc" for shard in range(3)))) == list(range(1797))

@@ -189,3 +189,20 @@ def test_top_tokens_shows_each_top_sequence_around_its_maximum(tmp_path):
     for line, sample, position in zip(text, row.top_sample, row.top_position):
         assert f"#{sample:<5d} pos {position:<3d}" in line
         assert f"[t{int(tokens[sample, position])}]" in line
+
+
+def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_table(tmp_path, monkeypatch):
+    from runner.engine import loop
+    from test_resume import requeued_in_step
+
+    overrides = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
+                 "hooks=units", "hooks.units.layers=[conv1,fc]", "hooks.units.top_k=4", "hooks.units.second_moment=true")
+    whole = load_units(run(make_config(*overrides), tmp_path / "whole", overrides))
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    real = requeued_in_step(12, monkeypatch)
+    with pytest.raises(SystemExit):
+        run(make_config(*overrides), tmp_path / "requeued", overrides)
+    monkeypatch.setattr(loop, "train_step", real)
+    resumed = load_units(run(make_config(*overrides), tmp_path / "requeued", overrides))
+    for column in whole.columns:
+        assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column

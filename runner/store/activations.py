@@ -24,22 +24,33 @@ from hooks.shards import DTYPES, read_store_manifest, shard_name
 
 
 class ActivationStore(Dataset):
-    """A complete store as a map-style ``Dataset``: ``store[i]`` is ``(activation, sample_id)`` of row ``i``.
+    """Complete stores as one map-style ``Dataset``: ``store[i]`` is ``(activation, sample_id)`` of row ``i``.
 
-    Shards are memory-mapped (``np.load(mmap_mode="r")``): a row costs a read of its bytes only.
+    ``paths``: one store, or the stores of a sharded sweep's jobs (``data.shard``), read as one in
+    the order of their first sample id. Shards are memory-mapped (``np.load(mmap_mode="r")``): a
+    row costs a read of its bytes only.
 
     Example:
-        >>> store = ActivationStore("stores/layer3")
+        >>> store = ActivationStore("stores/crops/layer3")
         >>> x, sample = store[0]
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.manifest = read_store_manifest(self.path)
-        if self.manifest is None or not self.manifest["complete"]:
-            raise FileNotFoundError(f"no complete activation store at '{self.path}' (its pass has not finished)")
+    def __init__(self, *paths: str | Path) -> None:
+        if not paths:
+            raise ValueError("ActivationStore: give the directory of at least one store")
+        found = [(Path(path), read_store_manifest(Path(path))) for path in paths]
+        for path, manifest in found:
+            if manifest is None or not manifest["complete"]:
+                raise FileNotFoundError(f"no complete activation store at '{path}' (its pass has not finished)")
+        layouts = {(m["layer"], m["dtype"], tuple(m["item_shape"] or ())) for _, m in found}
+        if len(layouts) > 1:
+            raise ValueError(f"the stores hold different things (layer, dtype, item shape): {sorted(layouts)}")
+        found.sort(key=lambda pm: pm[1]["shards"][0]["first"] if pm[1]["shards"] else -1)
+        self.manifest = found[0][1]
         self.dtype = DTYPES[self.manifest["dtype"]]
-        self.rows = [s["rows"] for s in self.manifest["shards"]]
+        #: every shard of every store, in order: (store directory, shard index)
+        self.files = [(path, s["index"]) for path, manifest in found for s in manifest["shards"]]
+        self.rows = [s["rows"] for _, manifest in found for s in manifest["shards"]]
         self.starts = np.cumsum([0] + self.rows)
         self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -47,10 +58,11 @@ class ActivationStore(Dataset):
         return int(self.starts[-1])
 
     def shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Shard ``index``'s activations and sample ids, memory-mapped."""
+        """Shard ``index`` (of all the stores' shards) as activations and sample ids, memory-mapped."""
         if index not in self._maps:
-            self._maps[index] = (np.load(self.path / shard_name("shard", index), mmap_mode="r"),
-                                 np.load(self.path / shard_name("samples", index), mmap_mode="r"))
+            path, number = self.files[index]
+            self._maps[index] = (np.load(path / shard_name("shard", number), mmap_mode="r"),
+                                 np.load(path / shard_name("samples", number), mmap_mode="r"))
         return self._maps[index]
 
     def tensor(self, values: np.ndarray) -> torch.Tensor:
@@ -69,15 +81,15 @@ class ActivationStore(Dataset):
 
 
 class ShuffledStore(IterableDataset):
-    """Every row of a store once per epoch, shuffled across shards from ``seed`` (and the epoch).
+    """Every row of the stores at ``paths`` once per epoch, shuffled across shards from ``seed`` (and the epoch).
 
     Reads ``shards_at_once`` shards (chosen at random) into memory at a time and yields their rows
     in random order: memory stays at that many shards, reads are whole shards (disk speed).
     ``set_epoch(n)`` draws another order, as ``DistributedSampler`` does.
     """
 
-    def __init__(self, path: str | Path, seed: int = 0, shards_at_once: int = 2) -> None:
-        self.store = ActivationStore(path)
+    def __init__(self, *paths: str | Path, seed: int = 0, shards_at_once: int = 2) -> None:
+        self.store = ActivationStore(*paths)
         self.seed, self.epoch, self.shards_at_once = seed, 0, max(1, shards_at_once)
 
     def set_epoch(self, epoch: int) -> None:

@@ -274,11 +274,13 @@ class RunOutputs:
 
     def flush_partial(self) -> dict[str, Path]:
         """After an interruption, before the exit: write what is queued and close the temporary
-        files, readable as they are; return them by name (``runner.store.resume`` keeps their rows)."""
+        files, readable as they are; return the per-step ones by name (``runner.store.resume`` keeps
+        their rows; run totals such as ``units.parquet`` are written at the end, from the entries'
+        ``run_state``, which the resume point keeps)."""
         self._writer.close()
         for sink in self._sinks.values():
             sink.finish()
-        return {name: sink.tmp for name, sink in self._sinks.items()}
+        return {name: sink.tmp for name, sink in self._sinks.items() if name not in self.TABLES}
 
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
                    split: str = "train", peak_memory_bytes: int | None = None,
