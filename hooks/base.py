@@ -171,6 +171,10 @@ class HookType:
     def close(self) -> None:
         """Release what ``attach`` holds besides handles (the session calls it on exit)."""
 
+    def tables(self) -> dict[str, dict[str, list]]:
+        """Rows this entry adds at the end of the run, by file name, as columns (``units``: ``units.parquet``)."""
+        return {}
+
     def run_state(self) -> dict:
         """What this entry counted over the run that a resumed run must go on from (``custom``:
         the calls handed to ``fn``); the session keeps it with the resume point."""

@@ -129,6 +129,8 @@ class Recorder:
         self.seed = seed
         self.statistics = statistics
         self.host = HostCopies()
+        #: the dataset index of each row of the batch being run (a whole-dataset pass sets it), else None
+        self.samples: torch.Tensor | None = None
         self._channel_index: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._relabel: str | None = None
         self._in_backward = False

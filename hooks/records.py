@@ -17,6 +17,8 @@ import torch
 #: The files of a run directory: three tables, the resolved config, and the manifest written last.
 STATS, TENSORS, STEPS = "stats.parquet", "tensors.parquet", "steps.parquet"
 TABLES = (STATS, TENSORS, STEPS)
+#: The table of run totals a ``units`` entry writes once, at the end of the run.
+UNITS = "units.parquet"
 CONFIG, MANIFEST = "config.yaml", "manifest.json"
 
 #: Columns that identify one captured tensor, with their Arrow types, in output order. ``step``

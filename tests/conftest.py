@@ -245,3 +245,16 @@ def assert_same_tables(mine: Path, theirs: Path):
     pd.testing.assert_frame_equal(pd.read_parquet(Path(mine) / "steps.parquet").drop(columns=timings),
                                   pd.read_parquet(Path(theirs) / "steps.parquet").drop(columns=timings))
     return stats_mine, stats_theirs
+
+
+def image_folder_of(root: Path, n: int, seed: int) -> str:
+    """``n`` random 32x32 PNGs in two class folders under ``root`` (``data=imagefolder``); returns ``root``."""
+    import numpy as np
+    from PIL import Image
+
+    gen = np.random.default_rng(seed)
+    for i in range(n):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(gen.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    return str(root)

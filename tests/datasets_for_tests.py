@@ -34,3 +34,24 @@ class Stream(IterableDataset):
 def not_a_dataset(n: int = 3) -> list:
     """Annotated to return a list: refused without being called."""
     raise AssertionError("called")
+
+
+class ImagesFailingAt(Dataset):
+    """The images of an ``ImageFolder`` (32x32, normalised as ``data=imagefolder``) whose item ``fail_at``
+    raises: a pass killed mid-way (``fail_at=-1``: none does)."""
+
+    def __init__(self, path: str, fail_at: int = -1) -> None:
+        from torchvision import datasets, transforms
+
+        self.fail_at = fail_at
+        self.folder = datasets.ImageFolder(path, transform=transforms.Compose([
+            transforms.Resize(32), transforms.CenterCrop(32), transforms.ToTensor(),
+            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise RuntimeError(f"item {i}: the pass is killed here")
+        return self.folder[i]

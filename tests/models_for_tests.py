@@ -227,3 +227,27 @@ class Recurrent(Tracked):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, (h_n, _) = self.lstm(x)
         return self.fc(torch.cat([out[:, -1], h_n[-1]], dim=1))
+
+
+class GradProbe(nn.Module):
+    """Identity that notes, per call, whether autograd was recording (``calls``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(torch.is_grad_enabled())
+        return x
+
+
+class SequentialDigits(nn.Sequential):
+    """A model that is a sequence of modules, for digits: conv, relu, conv, relu, flatten, linear, probe."""
+
+    instances: list[nn.Module] = []
+
+    def __init__(self) -> None:
+        super().__init__(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 8 * 8, 10), GradProbe())
+        if torch.get_default_device().type != "meta":
+            type(self).instances.append(self)

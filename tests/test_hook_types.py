@@ -22,9 +22,14 @@ def test_every_hook_type_has_a_preset():
 RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"]}
 
 
+def needed(preset: str, tmp_path: Path) -> list[str]:
+    """What a preset needs that no default can give: ``store`` a directory of its own."""
+    return [f"hooks.store.path={tmp_path / 'store'}"] if preset == "store" else []
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
-    extra = list(RESNET_OVERRIDES.get(preset, []))
+    extra = list(RESNET_OVERRIDES.get(preset, [])) + needed(preset, tmp_path)
     if preset == "patch":  # its source: a run that kept layer3's output
         source = run(make_config("hooks=extract", "hooks.extract.layers=layer3", "data.shape=[2,3,32,32]"),
                      tmp_path / "source")
@@ -45,7 +50,7 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
 def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls):
     model_cls.instances.clear()
     cfg = make_config(f"hooks={preset}", "model=custom", f"model._target_=models_for_tests.{model_cls.__name__}",
-                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc")
+                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc", *needed(preset, tmp_path))
     with pytest.raises(model_cls.error):
         run(cfg, tmp_path / "out")
     (model,) = model_cls.instances

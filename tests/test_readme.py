@@ -23,8 +23,8 @@ TEXT = README.read_text(encoding="utf-8")
 
 #: The README's sections, in the order the README keeps them.
 SECTIONS = ("What it does", "The tutorials, one command line each", "Hook types", "Output schema",
-            "Sweeps and clusters", "Your own model, data and loop", "Big models", "Analysis and pictures", "Guarantees",
-            "Performance", "How it is built")
+            "Sweeps and clusters", "Your own model, data and loop", "Whole datasets", "Big models",
+            "Analysis and pictures", "Guarantees", "Performance", "How it is built")
 
 #: Resnets at the README's default input (batch 10, 224x224) take seconds each on a CPU; the rows
 #: with a resnet (named, or the default resnet18) run here at batch 1, 64x64, appended last so it

@@ -105,13 +105,23 @@ class DataBase:
 
 
 @dataclass
+class ShardConfig:
+    """Data kinds with a length: a whole-dataset pass (mode=eval) covers only part ``shard`` of
+    ``num_shards`` contiguous parts (``runner.engine.whole_pass``); sample ids stay the dataset's."""
+
+    shard: int = 0
+    num_shards: int = 1
+
+
+@dataclass
 class SyntheticData(DataBase):
     """``ones`` (the tutorials' dummy input) or ``randn`` (seeded, a new batch each step)."""
 
 
 @dataclass
-class TokenData(DataBase):
+class TokenData(ShardConfig, DataBase):
     kind: str = "tokens"
+    size: Optional[int] = None          #: null: new random ids each step; N: N fixed sequences (seeded by data.seed)
 
 
 @dataclass
@@ -132,7 +142,7 @@ class ImageFiles(DataBase):
 
 
 @dataclass
-class DigitsData(DataBase):
+class DigitsData(ShardConfig, DataBase):
     """scikit-learn's 1,797 labelled 8x8 digits (shipped in the package): seeded train/held-out parts."""
 
     kind: str = "digits"
@@ -142,7 +152,7 @@ class DigitsData(DataBase):
 
 
 @dataclass
-class LoaderConfig:
+class LoaderConfig(ShardConfig):
     """How a ``Dataset`` is batched (``torch.utils.data.DataLoader``) and which part is held out."""
 
     batch_size: int = 32
@@ -228,6 +238,7 @@ class RunConfig:
     progress: bool = True
     quiet: bool = False               #: no summary printed when a run or sweep ends
     compile: bool = False
+    stop_after: Optional[str] = None  #: end each forward after this module (auto: nn.Sequential); loss=none
     sample: SampleConfig = field(default_factory=SampleConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     model: Any = MISSING

@@ -38,7 +38,7 @@ from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.store.claim import RunClaim
-from runner.store.outputs import STEP_METRICS, RunOutputs
+from runner.store.outputs import STEP_METRICS, RunOutputs, write_tables
 from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
@@ -213,6 +213,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             run = AttachedRun(StepWriter(session, outputs, s, device), first, found)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes
+            write_tables(session.hooks, outputs)  # run totals: units.parquet, a store's last shard
 
 
 def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict):

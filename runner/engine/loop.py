@@ -20,6 +20,7 @@ from torch import nn
 from hooks.base import explanation
 from hooks.errors import ConfigError
 from hooks.session import prepare_recording
+from runner.engine import early_stop, whole_pass
 from runner.engine.attach import AttachedRun, open_run
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
@@ -50,7 +51,9 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     torch.manual_seed(s.seed)
     model = placed(build_model(plan.model), device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
-    data = plan.data.batches(s.seed, device)
+    dataset_pass = whole_pass.applies(s, plan.data)
+    data = whole_pass.batches(plan.data, s.seed, device) if dataset_pass else plan.data.batches(s.seed, device)
+    gradients = not dataset_pass or whole_pass.needs_gradient(plan.optimizer.name, plan.hooks)
     clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
     resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
@@ -64,13 +67,14 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
              **({"resumed_at_step": first} if first else {})}
     with open_run(model, plan.hooks, s, plan.config_yaml, plan.overrides, out_dir, device, claim=claim, extra=extra,
                   first=first, hooks_state=resume.hooks_state) as run, \
-            OutputMetrics(model, s.metric) as measures, resume.keeping(run.outputs), \
-            progress_bar(s.steps, s.progress) as bar:
+            early_stop.stopping(model, s.stop_after, plan.hooks), OutputMetrics(model, s.metric) as measures, \
+            resume.keeping(run.outputs), progress_bar(s.steps, s.progress) as bar:
         forward = _compiled(model) if s.compile else model
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
         for step in range(first, s.steps):
             batch = next(data)
+            recorder.samples = batch.samples
             if plan.keep_input and recorder.enabled:  # what Grad-CAM overlays, read back from the run
                 recorder.record(batch.x, hook="(input)", layer="", phase="forward", kind="model_input",
                                 slot="0", call=0, keep=True)
@@ -79,7 +83,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
                 run, clean_and_corrupted, forward, model, next(clean_data).x, batch.x, beside_entries, recorder,
                 measures)
             loss, accuracy = _explained(run, train_step, forward, model, batch, plan.loss_fn, run.session,
-                                        optimizer, plan.classifies)
+                                        optimizer, plan.classifies, gradients)
             run.end_step(loss, accuracy=accuracy, **measures.take(), **beside)
             if plan.schedule.due(step):
                 with run.evaluating() as result:

@@ -30,6 +30,7 @@ from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, i
 from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
 from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
+from runner.engine import early_stop, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer
 from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
@@ -75,12 +76,14 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     model = _model_config(typed.model)
     _check_checkpoint(model)
     data = DataSource(_data_config(typed.data), model)
+    whole_pass.check(settings, data)
     if settings.epochs is not None:
-        settings.steps = data.epoch_steps(settings.epochs)
+        settings.steps = whole_pass.epoch_steps(settings, data, settings.epochs)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
     hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
+    early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
     found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)

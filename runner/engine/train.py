@@ -18,6 +18,7 @@ from torch import nn
 from hooks import HookSession
 from hooks.errors import ConfigError
 from runner.config.registry import OPTIMIZERS
+from runner.engine.early_stop import forward_until_stop
 from runner.sources.batches import Batch
 from runner.sources.losses import LossFn, correct, first_tensor
 
@@ -74,16 +75,21 @@ Forward = Callable[[torch.Tensor], object]
 
 def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn | None,
                session: HookSession, optimizer: torch.optim.Optimizer | None,
-               classifies: bool = False) -> tuple[float | None, float | None]:
-    """One forward (and, with a loss, backward) pass; the optimizer steps after the hooks ran.
+               classifies: bool = False, gradients: bool = True) -> tuple[float | None, float | None]:
+    """One forward (and, with a loss and ``gradients``, backward) pass; the optimizer steps after the hooks ran.
 
     ``forward`` is the model or its compiled wrapper; ``model`` owns the parameters. Returns the
     loss and, when ``classifies``, the batch's accuracy before the optimizer step.
     """
     model.zero_grad(set_to_none=True)
+    if not gradients and loss_fn is not None:  # a measurement pass: the loss without its graph
+        with torch.no_grad():
+            out = first_tensor(forward(batch.x))
+            accuracy = correct(out, batch.targets) / len(batch.targets) if classifies else None
+            return float(loss_fn(out, batch.targets)), accuracy
     if loss_fn is None:
         with torch.no_grad():
-            forward(batch.x)
+            forward_until_stop(forward, batch.x)  # ``stop_after`` may end it early
         return None, None
     out = first_tensor(forward(batch.x))
     loss = loss_fn(out, batch.targets)

@@ -19,6 +19,7 @@ class Batch:
 
     x: torch.Tensor
     targets: torch.Tensor
+    samples: torch.Tensor | None = None  #: the dataset index of each row (a whole-dataset pass), else None
 
 
 @dataclass
@@ -31,6 +32,28 @@ class Maker:
     make: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
     held_out: Callable[[torch.Generator], Iterator[tuple[torch.Tensor, torch.Tensor | None]]] | None = None
     epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
+    #: a whole-dataset pass (``runner.engine.whole_pass``): the items, their number and the batch size
+    items: ItemRange | None = None
+
+
+@dataclass
+class ItemRange:
+    """A data kind with a length, read in order: ``read(start, stop)`` yields ``(x, labels or None)``
+    batches of ``batch_size`` over items ``start..stop-1`` (the last one may be smaller)."""
+
+    length: int
+    batch_size: int
+    read: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
+
+
+def in_batches(x: torch.Tensor, y: torch.Tensor | None, size: int) -> ItemRange:
+    """Items held in memory (``digits``, ``tokens`` with a size), read in order."""
+    def read(start: int, stop: int):
+        for first in range(start, stop, size):
+            last = min(first + size, stop)
+            yield x[first:last].clone(), None if y is None else y[first:last]
+
+    return ItemRange(len(x), size, read)
 
 
 def input_shape(data: DictConfig, model: DictConfig) -> list[int]:

@@ -3,7 +3,8 @@
 The kind (``runner.config.registry.DATA_KINDS``: ``runner.sources.kinds``, ``runner.sources.datasets``
 or your own module) makes the batches; this adds what every kind shares: the seeded generator,
 class targets, the device and ``requires_grad``. The shape follows the model
-(``model.input_shape``) unless ``data.shape`` is given.
+(``model.input_shape``) unless ``data.shape`` is given. Kinds with a length also read their items in order
+(``item_batches``), for a pass over the whole dataset (``runner.engine.whole_pass``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from omegaconf import DictConfig
 
 from hooks.errors import ConfigError
 from runner.config.registry import DATA_KINDS
-from runner.sources.batches import Batch
+from runner.sources.batches import Batch, ItemRange
 
 
 class DataSource:
@@ -41,12 +42,31 @@ class DataSource:
         gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
         make = self._make.held_out if held_out and self._make.held_out is not None else self._make.make
         for x, labels in make(gen):
-            if labels is None or self.data.get("targets") is not None:
-                labels = _targets(self.data, self.model, x.shape[0], gen)
-            x = x.to(device)
-            if self.data.get("requires_grad"):
-                x.requires_grad_(True)
-            yield Batch(x=x, targets=labels.to(device))
+            yield self._batch(x, labels, gen, device)
+
+    @property
+    def items(self) -> ItemRange | None:
+        """The items of a data kind with a length, in order (``None``: a stream without one)."""
+        return self._make.items
+
+    def item_batches(self, start: int, stop: int, seed: int, device: torch.device) -> Iterator[Batch]:
+        """Items ``start..stop-1`` in order, once, each ``Batch`` with their indices as ``samples``."""
+        gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
+        first = start
+        for x, labels in self._make.items.read(start, stop):
+            batch = self._batch(x, labels, gen, device)
+            batch.samples = torch.arange(first, first + len(x))
+            first += len(x)
+            yield batch
+
+    def _batch(self, x: torch.Tensor, labels: torch.Tensor | None, gen: torch.Generator,
+               device: torch.device) -> Batch:
+        if labels is None or self.data.get("targets") is not None:
+            labels = _targets(self.data, self.model, x.shape[0], gen)
+        x = x.to(device)
+        if self.data.get("requires_grad"):
+            x.requires_grad_(True)
+        return Batch(x=x, targets=labels.to(device))
 
     def epoch_steps(self, epochs: int) -> int:
         """The training steps of ``epochs`` passes over the data (``epochs=N`` instead of ``steps``)."""

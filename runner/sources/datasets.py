@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, random_split
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, default_collate, random_split
 
 from hooks.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DatasetData, ImageFolderData
-from runner.sources.batches import Maker, imagenet_transform
+from runner.sources.batches import ItemRange, Maker, imagenet_transform
 from runner.sources.targets import builds, check_arguments, locate
 
 
@@ -56,7 +56,17 @@ def loader_maker(data: DictConfig, model: DictConfig) -> Maker:
         epoch = len(train) // size if data.drop_last else -(-len(train) // size)
         if epoch == 0:
             raise ConfigError(f"data.batch_size: {size} is more than the {len(train)} training items with drop_last")
-    return Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch)
+    items = None if isinstance(dataset, IterableDataset) else ItemRange(len(dataset), size, _reader(dataset, options))
+    return Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch, items)
+
+
+def _reader(dataset: Dataset, options: dict):
+    """Items ``start..stop-1`` of the whole dataset (held-out part included), in order."""
+    def read(start: int, stop: int):
+        loader = DataLoader(Subset(dataset, range(start, stop)), shuffle=False, **options)
+        return (_input_and_labels(batch) for batch in loader)
+
+    return read
 
 
 def user_dataset(data: DictConfig) -> Dataset:

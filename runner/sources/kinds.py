@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from hooks.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DigitsData, FakeImages, ImageFiles, SyntheticData, TokenData
-from runner.sources.batches import Maker, imagenet_transform, input_shape
+from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -64,8 +64,27 @@ def _tokens(data: DictConfig, model: DictConfig) -> Maker:
     shape, vocab = input_shape(data, model), int(model.get("num_classes") or 0)
     if vocab < 1:
         raise ConfigError("data=tokens: model.num_classes (the vocabulary size) must be set")
+    if data.get("size") is not None:
+        return _token_set(data, shape, vocab)
     return Maker(shape, torch.long,
-                  lambda gen: ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count()))
+                 lambda gen: ((torch.randint(0, vocab, shape, generator=gen), None) for _ in itertools.count()))
+
+
+def _token_set(data: DictConfig, shape: list[int], vocab: int) -> Maker:
+    """``data.size`` fixed sequences (seeded by ``data.seed``, not the run's seed: every job of a
+    sweep sees the same set): a dataset with a length, cycled in order by training steps."""
+    size = int(data.size)
+    if size < 1:
+        raise ConfigError(f"data.size: {size} must be at least 1 (null: a new random batch each step)")
+    if size < shape[0]:
+        raise ConfigError(f"data.size: {size} sequences cannot fill a batch of {shape[0]}")
+    tokens = torch.randint(0, vocab, (size, *shape[1:]), generator=torch.Generator().manual_seed(int(data.seed)))
+    items = in_batches(tokens, None, shape[0])
+
+    def make(gen: torch.Generator):  # whole batches, in order, one epoch after another
+        return (xy for _ in itertools.count() for xy in items.read(0, size - size % shape[0]))
+
+    return Maker(shape, torch.long, make, epoch_steps=size // shape[0], items=items)
 
 
 @DATA_KINDS.register("image", schema=ImageFiles)
@@ -124,4 +143,5 @@ def _digits(data: DictConfig, model: DictConfig) -> Maker:
                 yield x[index], y[index]
 
     return Maker([size, 1, 8, 8], torch.float32, make,
-                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size)
+                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size,
+                 items=in_batches(x, y, size))

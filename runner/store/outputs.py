@@ -27,11 +27,12 @@ import torch
 
 from hooks import records
 from hooks.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
-                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, StepCaptures)
+                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, StepCaptures)
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
+from runner.store.units_table import UNITS_SCHEMA, units_table
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
@@ -132,9 +133,11 @@ class RunOutputs:
         ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
     """
 
-    FILES = TABLE_SCHEMAS
+    FILES = {**TABLE_SCHEMAS, UNITS: UNITS_SCHEMA}
     #: Files left out of the run (not created, not listed) when they receive no row.
-    OPTIONAL = frozenset({TENSORS})
+    OPTIONAL = frozenset({TENSORS, UNITS})
+    #: Files written once, at the end of the run, from hook entries' totals (``HookType.tables``).
+    RUN_TOTALS = {UNITS: units_table}
     #: The manifest's own keys, which ``extra`` cannot replace.
     MANIFEST_KEYS = frozenset({"complete", "schema_version", "run_id", "config_hash", "overrides", "files",
                                "replaced", "versions", "finished"})
@@ -246,13 +249,22 @@ class RunOutputs:
         """Append rows an earlier attempt of this run wrote (``runner.store.resume``) to file ``name``."""
         self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
 
+    def write_table(self, name: str, columns: dict[str, list]) -> None:
+        """Append an entry's run totals (``HookType.tables``) to file ``name`` of ``RUN_TOTALS``."""
+        if name not in self.RUN_TOTALS:
+            raise ValueError(f"no run-total file '{name}'; valid: {', '.join(self.RUN_TOTALS)}")
+        table = self.RUN_TOTALS[name](columns)
+        self._writer.submit(lambda: self._sinks[name].write(table))
+
     def flush_partial(self) -> dict[str, Path]:
         """After an interruption, before the exit: write what is queued and close the temporary
-        files, readable as they are; return them by name (``runner.store.resume`` keeps their rows)."""
+        files, readable as they are; return the per-step ones by name (``runner.store.resume`` keeps
+        their rows; run totals such as ``units.parquet`` are written at the end, from the entries'
+        ``run_state``, which the resume point keeps)."""
         self._writer.close()
         for sink in self._sinks.values():
             sink.finish()
-        return {name: sink.tmp for name, sink in self._sinks.items()}
+        return {name: sink.tmp for name, sink in self._sinks.items() if name not in self.RUN_TOTALS}
 
     def write_step(self, step: int, captures: StepCaptures, loss: float | None, wall_time_s: float,
                    split: str = "train", peak_memory_bytes: int | None = None,
@@ -291,6 +303,13 @@ class RunOutputs:
              else _from_numpy(np.array([peak_memory_bytes]), pa.int64()),
              *[_from_numpy(np.array([value]), pa.float64()) for value in metrics]],
             schema=STEPS_SCHEMA))
+
+
+def write_tables(hooks, outputs: RunOutputs) -> None:
+    """Hand every entry's run totals (``HookType.tables``, e.g. ``units.parquet``) to ``outputs``."""
+    for hook in hooks:
+        for name, columns in hook.tables().items():
+            outputs.write_table(name, columns)
 
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:

@@ -1,0 +1,66 @@
+"""``store``: the selected layers' outputs over a whole-dataset pass, written to activation stores.
+
+A forward hook on each selected module hands every call's output (``slot``) with the batch's
+sample ids to a ``hooks.shards.ShardWriter`` at ``path/LAYER``: fixed-size ``.npy`` shards of
+``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole. Memory: one shard per
+layer. Sample ids (``hooks.samples``, the dataset indices of a whole-dataset pass) are kept
+beside the rows; a pass over a store a killed pass left writes on from its first incomplete
+shard. Read back with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from hooks.errors import ConfigError, choice_error
+from hooks.registry import register
+from hooks.samples import SampleOutputs, SampleOutputsSpec
+from hooks.store_files import DTYPES, ShardWriter
+
+
+@dataclass
+class StoreSpec(SampleOutputsSpec):
+    """Keys of a ``store`` entry."""
+
+    path: Optional[str] = None   #: required: the store's directory (one subdirectory per layer)
+    shard_size: int = 1024       #: samples per shard: bounds the memory of the pass
+    dtype: str = "float32"       #: float32, float16 or bfloat16
+
+    def check(self, key: str) -> None:
+        if not self.path:
+            raise ConfigError(f"{key}.path: required, the directory of the store, e.g. {key}.path=stores/run1")
+        if self.shard_size < 1:
+            raise ConfigError(f"{key}.shard_size: {self.shard_size} must be at least 1")
+        if self.dtype not in DTYPES:
+            raise choice_error(f"{key}.dtype", self.dtype, DTYPES, "dtype")
+
+
+@register("store")
+class Store(SampleOutputs):
+    """Writes each selected layer's outputs, per sample, to its activation store; changes nothing."""
+
+    spec_class = StoreSpec
+
+    def __init__(self, name: str, spec: StoreSpec) -> None:
+        super().__init__(name, spec)
+        self.writers: dict[str, ShardWriter] = {}
+
+    @property
+    def eval_problem(self) -> str | None:
+        return "stores the run's own pass; eval passes would add other samples"
+
+    def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
+        if layer not in self.writers:
+            self.writers[layer] = ShardWriter(Path(self.spec.path) / layer, layer, self.spec.shard_size,
+                                              self.spec.dtype)
+        self.writers[layer].add(x, samples)
+
+    def tables(self) -> dict[str, dict[str, list]]:
+        """At the end of the run: the last shard of each store, which is then complete."""
+        self.report_unseen(set(self.writers))
+        for writer in self.writers.values():
+            writer.finish()
+        return {}

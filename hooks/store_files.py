@@ -1,0 +1,126 @@
+"""Writing activation stores: one layer's per-sample outputs in fixed-size ``.npy`` shards.
+
+Layout of a store directory (one per layer)::
+
+    store.json                 what the store holds and which shards are complete
+    shard-00000.npy            ``[rows, *item_shape]`` activations (bfloat16 kept as its bits, int16)
+    samples-00000.npy          ``[rows]`` int64 sample ids (the dataset indices) of those rows
+
+A shard is written whole (a temporary name, fsync, rename) and only then listed in
+``store.json`` (itself replaced by rename), so the manifest names complete shards only: a
+killed pass leaves at most an unlisted temporary file, and the next pass over the same store
+keeps the listed shards and writes on from the first incomplete one. Memory: one shard's buffer.
+Reading back: ``runner.store.activations``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MANIFEST = "store.json"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def shard_name(kind: str, index: int) -> str:
+    """``shard-00003.npy`` (activations) or ``samples-00003.npy`` (their sample ids)."""
+    return f"{kind}-{index:05d}.npy"
+
+
+def read_store_manifest(path: Path) -> dict | None:
+    """A store's ``store.json``, or ``None`` when none was written yet."""
+    try:
+        return json.loads((Path(path) / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+
+
+class ShardWriter:
+    """Streams one layer's per-sample activations into a store; resumes a store a killed pass left.
+
+    ``add(x, samples)`` takes a batch in sample order; rows whose ids the listed shards already
+    hold are skipped, so a resumed pass starts writing at the first incomplete shard (its
+    forward passes over the stored items run again: the store does not choose the data).
+    ``finish()`` writes the last (possibly smaller) shard and marks the store complete.
+    """
+
+    def __init__(self, path: Path, layer: str, shard_size: int, dtype: str) -> None:
+        self.path, self.shard_size, self.dtype = Path(path), shard_size, DTYPES[dtype]
+        self.header = {"layer": layer, "shard_size": shard_size, "dtype": dtype}
+        self.path.mkdir(parents=True, exist_ok=True)
+        found = read_store_manifest(self.path)
+        if found is not None and {k: found.get(k) for k in self.header} != self.header:
+            raise ValueError(f"store '{self.path}' holds {({k: found.get(k) for k in self.header})}, not "
+                             f"{self.header}; use another store path or delete it")
+        self.manifest = found or {**self.header, "item_shape": None, "shards": [], "complete": False}
+        shards = self.manifest["shards"]
+        self.last = shards[-1]["last"] if shards else -1  #: the last sample id taken (listed or buffered)
+        self._rows: list[torch.Tensor] = []
+        self._ids: list[torch.Tensor] = []
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest["complete"])
+
+    def add(self, x: torch.Tensor, samples: torch.Tensor) -> None:
+        keep = samples > self.last
+        if self.complete or not bool(keep.any()):
+            return
+        first = int(samples[keep][0])
+        if self.last >= 0 and first != self.last + 1:  # never a store with a hole in it
+            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came (the pass "
+                             f"resumed after them?); run the pass again from its start, the complete shards stay")
+        x = x.detach()[keep].to("cpu", self.dtype)
+        shape = list(x.shape[1:])
+        if self.manifest["item_shape"] not in (None, shape):
+            raise ValueError(f"store '{self.path}': items of shape {shape}, the store holds {self.manifest['item_shape']}")
+        self.manifest["item_shape"] = shape
+        self._rows.append(x)
+        self._ids.append(samples[keep].to(torch.int64).cpu())
+        self.last = int(self._ids[-1][-1])
+        while sum(len(i) for i in self._ids) >= self.shard_size:
+            self._write_shard(self.shard_size)
+
+    def finish(self) -> None:
+        """Write the buffered rows as the last shard and mark the store complete."""
+        if self._ids:
+            self._write_shard(sum(len(i) for i in self._ids))
+        self.manifest["complete"] = True
+        self._write_manifest()
+
+    def _write_shard(self, rows: int) -> None:
+        x, ids = torch.cat(self._rows), torch.cat(self._ids)
+        index = len(self.manifest["shards"])
+        values = x[:rows].contiguous()
+        if self.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, as int16
+            values = values.view(torch.int16)
+        _save(self.path / shard_name("shard", index), values.numpy())
+        _save(self.path / shard_name("samples", index), ids[:rows].numpy())
+        self._rows, self._ids = ([x[rows:]], [ids[rows:]]) if len(ids) > rows else ([], [])
+        self.manifest["shards"].append({"index": index, "rows": rows, "first": int(ids[0]), "last": int(ids[rows - 1])})
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        _durable(self.path / MANIFEST, lambda f: f.write((json.dumps(self.manifest, indent=1) + "\n").encode()))
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    _durable(path, lambda f: np.save(f, array))
+
+
+def _durable(path: Path, write) -> None:
+    """``write(file)`` under a hidden temporary name, fsynced, then renamed to ``path``: a listed shard is whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,137 @@
+"""Per-unit running statistics of one layer, streamed batch by batch in float64 and mergeable exactly.
+
+``UnitStats`` keeps, per unit (a channel of a conv output, a feature of a linear or transformer
+output), everything ``units.parquet`` holds: the count, Chan's ``(mean, M2)`` pair (each batch's
+own mean and M2 computed two-pass in float64, then merged with Chan et al.'s parallel update,
+so variances do not suffer the cancellation of a sum of squares), min, max, the count above a
+threshold, a relative-error quantile sketch, the top-k / bottom-k samples, and optionally the
+sum of the layer's outer products (second moment, for covariance and PCA).
+
+The quantile sketch is DDSketch's bucketing (Masson et al., VLDB 2019): bucket ``k`` holds the
+magnitudes in ``(gamma**(k-1), gamma**k]`` with ``gamma = (1 + a) / (1 - a)``; each bucket's
+representative ``2 gamma**k / (gamma + 1)`` is within relative error ``a`` of every value in
+it. Counts add, so sketches of shards merge exactly. Magnitudes below ``low`` share one zero
+bucket (estimated as 0: absolute error < ``low``) and magnitudes above ``high`` the last bucket.
+
+Top-k order: by value (descending for top, ascending for bottom), ties by the lower sample id,
+so the sets are the same whatever the batching or the sharding. A sample's value is its
+maximum (top) or minimum (bottom) over positions (pixels, tokens), with the first position
+where it is reached.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+STATE_KEYS = ("count", "mean", "m2", "min", "max", "above", "sketch", "top_value", "top_sample", "top_position",
+              "bottom_value", "bottom_sample", "bottom_position", "second")
+
+
+class SketchGrid:
+    """The bucket layout shared by every unit of a run: ``2 K + 1`` buckets, the zero bucket in the middle."""
+
+    def __init__(self, relative_error: float, low: float, high: float) -> None:
+        self.relative_error, self.low, self.high = relative_error, low, high
+        self.log_gamma = math.log((1 + relative_error) / (1 - relative_error))
+        self.first = math.floor(math.log(low) / self.log_gamma)
+        self.last = math.ceil(math.log(high) / self.log_gamma)
+        self.side = self.last - self.first + 1
+        self.size = 2 * self.side + 1
+
+    def index(self, x: torch.Tensor) -> torch.Tensor:
+        """The bucket of each value of ``x`` (float64), monotone in the value."""
+        magnitude = x.abs()
+        key = torch.ceil(torch.log(magnitude.clamp(min=self.low)) / self.log_gamma).clamp_(self.first, self.last)
+        offset = (key - self.first + 1).to(torch.int64)
+        index = torch.where(x > 0, self.side + offset, self.side - offset)
+        return torch.where(magnitude < self.low, torch.full_like(index, self.side), index)
+
+    def value(self, index: torch.Tensor) -> torch.Tensor:
+        """The representative value of each bucket index (0 for the zero bucket)."""
+        offset = (index - self.side).to(torch.float64)
+        key = offset.abs() - 1 + self.first
+        gamma = math.exp(self.log_gamma)
+        magnitude = 2 * torch.exp(key * self.log_gamma) / (gamma + 1)
+        return torch.where(offset == 0, torch.zeros_like(magnitude), torch.sign(offset) * magnitude)
+
+
+class UnitStats:
+    """The running statistics of ``units`` units; ``update(x, samples)`` with ``x`` as ``[batch, positions, units]``."""
+
+    def __init__(self, units: int, k: int, threshold: float, grid: SketchGrid, second_moment: bool,
+                 position_shape: list[int]) -> None:
+        self.units, self.k, self.threshold, self.grid = units, k, threshold, grid
+        self.position_shape = list(position_shape)
+        f64, i64 = torch.float64, torch.int64
+        self.count = 0
+        self.mean = torch.zeros(units, dtype=f64)
+        self.m2 = torch.zeros(units, dtype=f64)
+        self.min = torch.full((units,), math.inf, dtype=f64)
+        self.max = torch.full((units,), -math.inf, dtype=f64)
+        self.above = torch.zeros(units, dtype=i64)
+        self.sketch = torch.zeros(units, grid.size, dtype=i64)
+        empty_v, empty_i = torch.empty(0, units, dtype=f64), torch.empty(0, units, dtype=i64)
+        self.top_value, self.top_sample, self.top_position = empty_v, empty_i, empty_i
+        self.bottom_value, self.bottom_sample, self.bottom_position = empty_v, empty_i, empty_i
+        self.second = torch.zeros(units, units, dtype=f64) if second_moment else None
+
+    def update(self, x: torch.Tensor, samples: torch.Tensor) -> None:
+        """Fold in one batch ``x`` of shape ``[batch, positions, units]``; ``samples``: the batch's sample ids."""
+        x = x.detach().to("cpu", torch.float64)
+        flat = x.reshape(-1, self.units)
+        n = flat.shape[0]
+        if n == 0:
+            return
+        batch_mean = flat.mean(0)
+        centred = flat - batch_mean
+        self._merge_moments(n, batch_mean, (centred * centred).sum(0))
+        self.min = torch.minimum(self.min, flat.amin(0))
+        self.max = torch.maximum(self.max, flat.amax(0))
+        self.above = self.above + (flat > self.threshold).sum(0)
+        buckets = self.grid.index(flat) + torch.arange(self.units) * self.grid.size
+        self.sketch = self.sketch + torch.bincount(buckets.reshape(-1), minlength=self.units * self.grid.size).view(
+            self.units, self.grid.size)
+        if self.second is not None:
+            self.second = self.second + flat.T @ flat
+        samples = samples.to(torch.int64).view(-1, 1).expand(-1, self.units)
+        top_position = x.argmax(1)
+        bottom_position = x.argmin(1)
+        self.top_value, self.top_sample, self.top_position = best(
+            self.k, True, (self.top_value, self.top_sample, self.top_position),
+            (x.gather(1, top_position.unsqueeze(1)).squeeze(1), samples, top_position))
+        self.bottom_value, self.bottom_sample, self.bottom_position = best(
+            self.k, False, (self.bottom_value, self.bottom_sample, self.bottom_position),
+            (x.gather(1, bottom_position.unsqueeze(1)).squeeze(1), samples, bottom_position))
+
+    def _merge_moments(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
+        """Chan et al.'s parallel update of ``(count, mean, M2)`` with another part's."""
+        self.count, self.mean, self.m2 = chan_merge(self.count, self.mean, self.m2, n, mean, m2)
+
+    def state(self) -> dict[str, object]:
+        """Every accumulator by name (``STATE_KEYS``): what a resumed run goes on from. ``update``
+        replaces the tensors rather than changing them in place, so this is a snapshot without a copy."""
+        return {key: getattr(self, key) for key in STATE_KEYS}
+
+    def restore(self, state: dict[str, object]) -> None:
+        for key in STATE_KEYS:
+            setattr(self, key, state[key])
+
+
+def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
+    """``(n, mean, M2)`` of two parts together (Chan, Golub and LeVeque 1979); works on tensors and arrays."""
+    n = n_a + n_b  # both parts hold at least one value
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    return n, mean, m2
+
+
+def best(k: int, largest: bool, kept: tuple, new: tuple) -> tuple:
+    """The ``k`` best of ``kept`` and ``new`` (each ``(values, samples, positions)`` as ``[rows, units]``):
+    by value, ties by the lower sample id."""
+    values, samples, positions = (torch.cat([a, b]) for a, b in zip(kept, new))
+    by_sample = torch.sort(samples, dim=0, stable=True).indices
+    values, samples, positions = (t.gather(0, by_sample) for t in (values, samples, positions))
+    order = torch.sort(values, dim=0, descending=largest, stable=True).indices[:k]
+    return tuple(t.gather(0, order) for t in (values, samples, positions))

@@ -1,0 +1,130 @@
+"""Pictures of ``units.parquet``: a unit's top examples, and per-layer distributions of unit means and dead fractions.
+
+* ``top_images(units, layer, unit, images, maps)``: the unit's top-k images in a grid, each with
+  the unit's map (its channel of the layer's output for that image, ``unit_maps``) overlaid and
+  the value and sample id in the title; the maximum's position is marked. ``top_images_of_run``
+  draws it from a run directory alone: the model rebuilt from its config and seed, the images
+  read from its data by sample id.
+* ``top_tokens(units, layer, unit, tokens, decode)``: the unit's top-k sequences as text, the token
+  at the maximum's position bracketed, with a few tokens of context either side.
+* ``layer_histograms(units)``: per layer, a histogram of its units' means and one of their dead
+  fractions (the share of values at or below the entry's threshold).
+
+Each returns a matplotlib ``Figure`` (``runner.analysis.plots.save_png(fig, path)``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from torch import nn
+
+from runner.engine.plan import compile_plan
+from runner.sources.models import build_model
+
+
+def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
+    """The row of ``unit`` of ``layer`` (its ``call``-th call in a step) in a ``load_units`` frame."""
+    rows = units[(units.layer == layer) & (units.unit == unit) & (units.call == call)]
+    if rows.empty:
+        raise KeyError(f"no unit {unit} of layer '{layer}' (call {call}); layers: {sorted(set(units.layer))}")
+    return rows.iloc[0]
+
+
+def unit_maps(model: nn.Module, layer: str, unit: int, inputs: torch.Tensor) -> np.ndarray:
+    """Channel ``unit`` of ``layer``'s output for each of ``inputs`` (``[n, H, W]``), by a plain forward."""
+    kept = []
+    handle = dict(model.named_modules())[layer].register_forward_hook(
+        lambda module, args, output: kept.append(output[:, unit].detach().float()))
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        handle.remove()
+    return kept[0].numpy()
+
+
+def top_images_of_run(run_dir: str | Path, units: pd.DataFrame, layer: str, unit: int) -> Figure:
+    """``top_images`` of a whole-dataset run of an image model: its model rebuilt (config and seed, so
+    random weights are the run's), its top samples read from its data, the maps recomputed."""
+    plan = compile_plan(OmegaConf.load(Path(run_dir) / "config.yaml"))
+    torch.manual_seed(plan.settings.seed)
+    model = build_model(plan.model).eval()
+    row = unit_row(units, layer, unit)
+    inputs = torch.cat([next(plan.data.item_batches(int(s), int(s) + 1, plan.settings.seed, torch.device("cpu"))).x
+                        for s in row.top_sample])
+    mean = torch.tensor(list(plan.data.data.get("mean") or [0.0, 0.0, 0.0])).view(1, 3, 1, 1)
+    std = torch.tensor(list(plan.data.data.get("std") or [1.0, 1.0, 1.0])).view(1, 3, 1, 1)
+    images = (inputs * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    return top_images(units, layer, unit, images, unit_maps(model, layer, unit, inputs))
+
+
+def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, maps: np.ndarray,
+               ncols: int = 4) -> Figure:
+    """The unit's top images (``images``: ``[k, H, W, 3]`` in [0, 1], in ``top_sample`` order) with its
+    ``maps`` (``[k, h, w]``) upsampled and overlaid; the maximum's position is marked with a cross."""
+    row = unit_row(units, layer, unit)
+    k = len(images)
+    nrows = math.ceil(k / ncols)
+    fig = Figure(figsize=(2.4 * ncols, 2.6 * nrows + 0.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols)).reshape(-1)
+    top = float(np.max(maps)) or 1.0
+    for i, ax in enumerate(axes):
+        ax.set_axis_off()
+        if i >= k:
+            continue
+        height, width = images[i].shape[:2]
+        ax.imshow(images[i])
+        shown = ax.imshow(maps[i], cmap="magma", alpha=0.55, vmin=0, vmax=top, extent=(0, width, height, 0),
+                          interpolation="bilinear")
+        h, w = maps[i].shape
+        y, x = divmod(int(row.top_position[i]), w)
+        ax.plot((x + 0.5) * width / w, (y + 0.5) * height / h, "c+", markersize=12, markeredgewidth=2)
+        ax.set_title(f"sample {int(row.top_sample[i])}: {row.top_value[i]:.3g}", fontsize=9)
+    fig.colorbar(shown, ax=axes.tolist(), shrink=0.6, label=f"{layer} unit {unit}")
+    fig.suptitle(f"Top {k} samples of {layer} unit {unit} (mean {row['mean']:.3g}, max {row['max']:.3g})")
+    return fig
+
+
+def top_tokens(units: pd.DataFrame, layer: str, unit: int, tokens: torch.Tensor,
+               decode: Callable[[Sequence[int]], list[str]], context: int = 6) -> Figure:
+    """The unit's top sequences as text: ``tokens`` is the dataset (``[samples, positions]``), ``decode``
+    turns ids into strings; the maximum's token is bracketed, ``context`` tokens shown either side."""
+    row = unit_row(units, layer, unit)
+    lines = []
+    for sample, position, value in zip(row.top_sample, row.top_position, row.top_value):
+        ids = tokens[int(sample)].tolist()
+        first, last = max(0, position - context), min(len(ids), position + context + 1)
+        words = decode(ids[first:last])
+        words[position - first] = f"[{words[position - first]}]"
+        lines.append(f"{value:8.3f}  #{int(sample):<5d} pos {int(position):<3d} {' '.join(words)}")
+    fig = Figure(figsize=(11, 0.32 * len(lines) + 0.8), layout="constrained")
+    ax = fig.subplots()
+    ax.set_axis_off()
+    ax.text(0, 1, "\n".join(lines), family="monospace", fontsize=9, va="top", transform=ax.transAxes)
+    ax.set_title(f"Top {len(lines)} tokens of {layer} unit {unit} (value, sample, position, context)", loc="left")
+    return fig
+
+
+def layer_histograms(units: pd.DataFrame, bins: int = 40) -> Figure:
+    """Per layer (a row of two panels): its units' means, and their dead fractions (1 - ``fraction_above``)."""
+    layers = list(dict.fromkeys(units.layer))
+    fig = Figure(figsize=(9, 1.9 * len(layers) + 0.6), layout="constrained")
+    axes = np.array(fig.subplots(len(layers), 2, squeeze=False))
+    for (mean_ax, dead_ax), layer in zip(axes, layers):
+        rows = units[units.layer == layer]
+        dead = 1 - rows.fraction_above
+        mean_ax.hist(rows["mean"], bins=bins, color="tab:blue")
+        dead_ax.hist(dead, bins=np.linspace(0, 1, bins + 1), color="tab:red")
+        mean_ax.set_ylabel(f"{layer}\n({len(rows)} units)", fontsize=9)
+        dead_ax.set_title(f"{(dead >= 1).sum()} never above {rows.threshold.iloc[0]:g}", fontsize=8, loc="right")
+    axes[-1, 0].set_xlabel("unit mean over the dataset")
+    axes[-1, 1].set_xlabel("dead fraction (values <= threshold)")
+    fig.suptitle("Units per layer: means and dead fractions")
+    return fig

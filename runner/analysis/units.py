@@ -1,0 +1,96 @@
+"""Reading ``units.parquet`` back: one run, or every job of a sweep merged into the one-job table.
+
+``load_units(path)`` merges the rows of the same (hook, layer, call, unit) across jobs (the
+shards of ``data.shard``): counts, ``above`` and sketch buckets add, min and max are the
+extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and bottom-k candidates are
+re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
+and top-k sets come out exactly as one job writes them; means and variances to float64 rounding
+(a different order of additions, ~1e-15 relative). Derived columns: ``variance`` (population:
+M2 / count), ``std``, ``fraction_above`` (``above / count``; a unit's dead fraction is one minus it).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from hooks.records import UNITS
+from hooks.unit_stats import SketchGrid, chan_merge
+from runner.analysis.load import run_dirs
+from runner.store.commit import read_manifest
+
+KEY = ["hook", "layer", "call", "unit"]
+_TOP = ("top_value", "top_sample", "top_position")
+_BOTTOM = ("bottom_value", "bottom_sample", "bottom_position")
+
+
+def load_units(path: str | Path) -> pd.DataFrame:
+    """The unit statistics of the run at ``path``, or of every run under it merged (a sharded sweep).
+
+    Example:
+        >>> units = load_units("outputs/multirun/2026-11-26/10-00-00")
+        >>> units[units.layer == "layer3"].nlargest(5, "mean")[["unit", "mean", "top_sample"]]
+    """
+    tables = [pq.read_table(run / UNITS) for run in run_dirs(path) if UNITS in (read_manifest(run) or {}).get("files", {})]
+    if not tables:
+        raise FileNotFoundError(f"no run at or under '{path}' wrote {UNITS} (add a units entry: hooks=units)")
+    frame = pa.concat_tables(tables).to_pandas()
+    merged = frame if len(tables) == 1 else pd.DataFrame([_merge(group) for _, group in frame.groupby(KEY, sort=False)])
+    merged = merged.sort_values(KEY, ignore_index=True)
+    merged["variance"] = merged.m2 / merged["count"]
+    merged["std"] = np.sqrt(merged.variance)
+    merged["fraction_above"] = merged.above / merged["count"]
+    return merged
+
+
+def _merge(rows: pd.DataFrame) -> dict:
+    """One unit's rows of several jobs as the row one job over all their samples writes."""
+    first = rows.iloc[0]
+    out = first.to_dict()
+    n, mean, m2 = 0, 0.0, 0.0
+    for row in rows.itertuples(index=False):
+        n, mean, m2 = (row.count, row.mean, row.m2) if n == 0 else chan_merge(n, mean, m2, row.count, row.mean,
+                                                                              row.m2)
+    out.update(count=n, mean=mean, m2=m2, min=rows["min"].min(), max=rows["max"].max(), above=rows.above.sum())
+    sketch = {}
+    for index, count in zip(np.concatenate(rows.sketch_index.to_list()), np.concatenate(rows.sketch_count.to_list())):
+        sketch[index] = sketch.get(index, 0) + count
+    out["sketch_index"] = np.array(sorted(sketch), dtype=np.int32)
+    out["sketch_count"] = np.array([sketch[i] for i in out["sketch_index"]], dtype=np.int64)
+    for names, largest in ((_TOP, True), (_BOTTOM, False)):
+        values, samples, positions = (np.concatenate(rows[name].to_list()) for name in names)
+        order = np.lexsort((samples, -values if largest else values))[:int(first.top_k)]
+        out.update(zip(names, (values[order], samples[order], positions[order])))
+    if len(first.second_moment):
+        out["second_moment"] = np.sum(np.stack(rows.second_moment.to_list()), axis=0)
+    return out
+
+
+def unit_quantiles(units: pd.DataFrame, qs: list[float]) -> pd.DataFrame:
+    """Each unit's ``qs`` quantiles from its sketch: the order statistic of rank ``floor(q (count - 1))``
+    (``numpy.quantile(method="lower")``) within relative error ``relative_error`` for magnitudes in
+    ``[sketch_low, sketch_high]``, and within ``sketch_low`` absolute below it. Columns ``q0.5`` etc."""
+    out = units[KEY].copy()
+    for q in qs:
+        out[f"q{q:g}"] = [_quantile(row, q) for row in units.itertuples(index=False)]
+    return out
+
+
+def _quantile(row, q: float) -> float:
+    grid = SketchGrid(row.relative_error, row.sketch_low, row.sketch_high)
+    rank = int(np.floor(q * (row.count - 1)))
+    bucket = row.sketch_index[np.searchsorted(np.cumsum(row.sketch_count), rank, side="right")]
+    return float(np.clip(grid.value(torch.tensor([int(bucket)])).item(), row.min, row.max))
+
+
+def layer_second_moment(units: pd.DataFrame, layer: str, hook: str | None = None, call: int = 0) -> np.ndarray:
+    """The layer's ``E[x x^T]`` over all its values (units of ``second_moment: true`` entries); the covariance
+    is this minus the outer product of the means."""
+    rows = units[(units.layer == layer) & (units.call == call) & ((units.hook == hook) if hook else True)]
+    if rows.empty or not len(rows.second_moment.iloc[0]):
+        raise ValueError(f"no second moment of layer '{layer}' (the units entry needs second_moment: true)")
+    return np.stack(rows.sort_values("unit").second_moment.to_list()) / rows["count"].iloc[0]

@@ -1,0 +1,120 @@
+"""``hooks=store``: a layer's outputs over a whole dataset in ``.npy`` shards, read back as a ``Dataset``.
+
+The oracle is a plain forward of the same model over the same images (read by torchvision's
+``ImageFolder`` in index order, in batches of the run's size), its ``layer3`` output kept in memory.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import image_folder_of, make_config, run
+from datasets_for_tests import ImagesFailingAt
+from hooks.errors import ConfigError
+from runner.engine.plan import compile_plan
+from runner.sources.models import build_model
+from runner.store.activations import ActivationStore, ShuffledStore
+
+PASS = ("model=resnet18", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=store",
+        "hooks.store.shard_size=64")
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> str:
+    return image_folder_of(tmp_path_factory.mktemp("images"), 150, seed=1)
+
+
+def folder_data(path: str) -> tuple[str, ...]:
+    return ("data=imagefolder", f"data.path={path}", "data.resize=32", "data.crop=32", "data.batch_size=25")
+
+
+def layer3_outputs(path: str) -> torch.Tensor:
+    """``layer3`` of a plain forward over every image, in index order, batches of 25."""
+    plan = compile_plan(make_config(*PASS[:-2], *folder_data(path)))
+    torch.manual_seed(0)
+    model = build_model(plan.model).eval()
+    kept = []
+    handle = model.layer3.register_forward_hook(lambda m, a, out: kept.append(out.detach().clone()))
+    with torch.no_grad():
+        for x, _ in DataLoader(ImagesFailingAt(path), batch_size=25):
+            model(x)
+    handle.remove()
+    return torch.cat(kept)
+
+
+@pytest.fixture(scope="module")
+def expected(image_folder) -> torch.Tensor:
+    return layer3_outputs(image_folder)
+
+
+def test_store_of_layer3_reads_back_equal_to_a_plain_forward(tmp_path, image_folder, expected):
+    run(make_config(*PASS, *folder_data(image_folder), f"hooks.store.path={tmp_path / 'store'}"), tmp_path / "run")
+    store = ActivationStore(tmp_path / "store" / "layer3")
+    manifest = json.loads((tmp_path / "store" / "layer3" / "store.json").read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [64, 64, 22] and manifest["complete"]
+    assert len(store) == 150
+    rows = [store[i] for i in range(len(store))]
+    assert [sample for _, sample in rows] == list(range(150))
+    assert torch.equal(torch.stack([x for x, _ in rows]), expected)
+    shuffled = list(ShuffledStore(tmp_path / "store" / "layer3", seed=3))
+    order = [sample for _, sample in shuffled]
+    assert sorted(order) == list(range(150)) and order != list(range(150))
+    assert order == [sample for _, sample in ShuffledStore(tmp_path / "store" / "layer3", seed=3)]
+    assert all(torch.equal(x, expected[sample]) for x, sample in shuffled)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_store_keeps_the_dtype_asked_for(tmp_path, image_folder, expected, dtype):
+    run(make_config(*PASS, *folder_data(image_folder), f"hooks.store.path={tmp_path / 'store'}",
+                    f"hooks.store.dtype={dtype}"), tmp_path / "run")
+    store = ActivationStore(tmp_path / "store" / "layer3")
+    got = torch.stack([store[i][0] for i in range(len(store))])
+    assert got.dtype == getattr(torch, dtype)
+    assert torch.equal(got, expected.to(getattr(torch, dtype)))
+
+
+def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path, image_folder):
+    data = ("data=dataset", "data._target_=datasets_for_tests.ImagesFailingAt", f"+data.kwargs.path={image_folder}",
+            "data.batch_size=25", "data.shuffle=false", "hooks.store.shard_size=50")
+    whole = tmp_path / "whole"
+    run(make_config(*PASS, *data, f"hooks.store.path={whole}"), tmp_path / "run0")
+    killed = tmp_path / "killed"
+    with pytest.raises(RuntimeError, match="item 140: the pass is killed here"):
+        run(make_config(*PASS, *data, f"hooks.store.path={killed}", "+data.kwargs.fail_at=140"), tmp_path / "run1")
+    left = json.loads((killed / "layer3" / "store.json").read_text())
+    assert [s["rows"] for s in left["shards"]] == [50, 50] and not left["complete"]  # shard 2's 25 rows lost
+    first = (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns
+    run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
+    assert (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns == first  # kept, not written again
+    done = json.loads((killed / "layer3" / "store.json").read_text())
+    assert done == json.loads((whole / "layer3" / "store.json").read_text())
+    for name in ("shard-00000.npy", "shard-00001.npy", "shard-00002.npy", "samples-00002.npy"):
+        assert np.array_equal(np.load(killed / "layer3" / name), np.load(whole / "layer3" / name)), name
+
+
+def test_a_store_needs_a_path_and_a_known_dtype():
+    with pytest.raises(ConfigError, match="hooks.store.path: required"):
+        compile_plan(make_config("hooks=store"))
+    with pytest.raises(ConfigError, match="hooks.store.dtype: unknown dtype 'float8'"):
+        compile_plan(make_config("hooks=store", "hooks.store.path=x", "hooks.store.dtype=float8"))
+
+
+def test_the_stores_of_a_sharded_pass_read_as_one_store(tmp_path):
+    common = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=store",
+              "hooks.store.layers=[fc]", "hooks.store.shard_size=256")
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'one'}"), tmp_path / "run")
+    for shard in (2, 0, 1):  # in any order: the stores are read in the order of their sample ids
+        run(make_config(*common, f"hooks.store.path={tmp_path / str(shard)}", f"data.shard={shard}",
+                        "data.num_shards=3"), tmp_path / f"run{shard}")
+    one = ActivationStore(tmp_path / "one" / "fc")
+    merged = ActivationStore(*(tmp_path / str(shard) / "fc" for shard in (1, 2, 0)))
+    assert len(merged) == len(one) == 1797
+    assert [merged[i][1] for i in range(1797)] == list(range(1797))
+    # the shards' batches are not the one job's (599 is no multiple of 64): float32 may differ in its last bits
+    torch.testing.assert_close(torch.stack([merged[i][0] for i in range(1797)]),
+                               torch.stack([one[i][0] for i in range(1797)]), rtol=1e-6, atol=1e-6)
+    assert sorted(s for _, s in ShuffledStore(*(tmp_path / str(shard) / "fc" for shard in range(3)))) == list(range(1797))

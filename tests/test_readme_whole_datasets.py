@@ -1,0 +1,87 @@
+"""The README's section "Whole datasets": every command and code block runs as written.
+
+Each ``python -m runner ...`` line runs in-process (the config check and plan of the CLI) from a
+temporary working directory, into the directory its ``hydra.run.dir`` names; the Slurm sweep's
+overrides run here as the four jobs the basic launcher would run (``data.shard`` expanded,
+``hydra/launcher`` dropped), and as written on the one-node cluster in the ``slurm`` group. The
+Python blocks run in the same directory, after the commands before them.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_config, run
+from test_slurm import ENV, slurm  # noqa: F401  (the one-node cluster fixture of the README's Sweeps section)
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]
+
+
+def blocks(language: str) -> list[str]:
+    return [part.split("```", 1)[0] for part in SECTION.split(f"```{language}\n")[1:]]
+
+
+def commands(block: str) -> list[list[str]]:
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def run_command(words: list[str]) -> None:
+    """One README command line, in-process."""
+    if words[:2] == ["python", "assets/make_crops.py"]:
+        subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:]], check=True)
+        return
+    assert words[:3] == ["python", "-m", "runner"], words
+    overrides = words[3:]
+    if overrides[0] == "-m":  # the sweep: its jobs, as the basic launcher runs them
+        sweep = Path(next(w for w in overrides if w.startswith("hydra.sweep.dir=")).split("=", 1)[1])
+        kept = [w for w in overrides[1:] if not w.startswith(("hydra/launcher=", "hydra.launcher.", "hydra.sweep.",
+                                                                "data.shard="))]
+        assert "data.shard=range(0,4)" in overrides
+        for shard in range(4):
+            job = [*kept, f"data.shard={shard}"]
+            run(make_config(*job), sweep / str(shard), job)
+        return
+    out = Path(next(w for w in overrides if w.startswith("hydra.run.dir=")).split("=", 1)[1])
+    kept = [w for w in overrides if not w.startswith("hydra.")]
+    run(make_config(*kept), out, kept)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """A working directory like the repository root the README's commands run from: it has ``assets/``."""
+    (tmp_path / "assets").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_three_workflows_run_as_written(in_tmp, capsys):
+    bash, python = blocks("bash"), blocks("python")
+    assert len(bash) == 3 and len(python) == 3
+    for block, code in zip(bash, python):
+        for words in commands(block):
+            run_command(words)
+        exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    accuracy = float(printed.split("probe accuracy on layer3: ")[1].split()[0])
+    assert accuracy >= 0.9  # top and bottom crops of the house are linearly apart in layer3
+    assert (in_tmp / "assets" / "units_top_layer3.png").stat().st_size > 10_000
+    assert (in_tmp / "assets" / "units_layers.png").stat().st_size > 10_000
+    assert (in_tmp / "stores" / "crops" / "layer3" / "shard-00002.npy").is_file()
+
+
+@pytest.mark.slurm
+def test_the_sharded_sweep_runs_as_written_on_slurm(slurm, tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), "crops"], cwd=tmp_path, check=True)
+    (sweep,) = commands(blocks("bash")[2])
+    proc = subprocess.run(shlex.join(sweep), shell=True, cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    from runner.analysis.units import load_units
+
+    merged = load_units(tmp_path / "outputs" / "units_sweep")
+    assert (merged[merged.layer == "layer3"]["count"] == 192 * 4 * 4).all()  # 192 crops, 4x4 positions each

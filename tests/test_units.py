@@ -1,0 +1,208 @@
+"""``hooks=units`` over whole datasets equals float64 statistics of every activation held in memory.
+
+The oracle is a plain PyTorch loop in each test: the same model (same seed), the dataset read in
+index order by its own code (scikit-learn's digits, torchvision's ``ImageFolder``, the token ids),
+forward hooks keeping every output in float64; statistics by numpy over all of them at once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torchvision import datasets, transforms
+
+from conftest import image_folder_of, make_config, run
+from hooks.errors import ConfigError
+from runner.analysis.units import layer_second_moment, load_units, unit_quantiles
+from runner.engine.plan import compile_plan
+from runner.sources.models import build_model
+
+QS = [0.01, 0.1, 0.5, 0.9, 0.99]
+
+
+def activations(model_cfg, layers: dict[str, int], inputs: list[torch.Tensor], seed: int = 0) -> dict[str, np.ndarray]:
+    """Every output of ``layers`` (name -> unit axis) over ``inputs``, as float64 ``[samples, positions, units]``."""
+    torch.manual_seed(seed)
+    model = build_model(model_cfg).eval()
+    kept = {name: [] for name in layers}
+    modules = dict(model.named_modules())
+
+    def keep(name):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            out = out.detach().to(torch.float64).movedim(layers[name], -1)
+            kept[name].append(out.reshape(out.shape[0], -1, out.shape[-1]).numpy())
+        return hook
+
+    handles = [modules[name].register_forward_hook(keep(name)) for name in layers]
+    with torch.no_grad():
+        for x in inputs:
+            model(x)
+    for h in handles:
+        h.remove()
+    return {name: np.concatenate(parts) for name, parts in kept.items()}
+
+
+def ranked(values: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the k best samples of ``values`` ``[samples, units]``: by value, ties by the lower sample."""
+    samples = np.arange(len(values))
+    order = [np.lexsort((samples, -values[:, u] if largest else values[:, u]))[:k] for u in range(values.shape[1])]
+    return np.array(order), np.array([values[o, u] for u, o in enumerate(order)])
+
+
+def check_layer(units, layer: str, acts: np.ndarray, k: int, threshold: float = 0.0, sketch_low: float = 1e-6):
+    rows = units[units.layer == layer].sort_values("unit")
+    n_units = acts.shape[2]
+    assert list(rows.unit) == list(range(n_units))
+    flat = acts.reshape(-1, n_units)
+    assert (rows["count"] == len(flat)).all()
+    np.testing.assert_allclose(rows["mean"], flat.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rows.variance, flat.var(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(rows["min"], flat.min(0))
+    np.testing.assert_array_equal(rows["max"], flat.max(0))
+    np.testing.assert_array_equal(rows.above, (flat > threshold).sum(0))
+    for largest, prefix in ((True, "top"), (False, "bottom")):
+        per_sample = acts.max(1) if largest else acts.min(1)
+        where = acts.argmax(1) if largest else acts.argmin(1)
+        samples, values = ranked(per_sample, k, largest)
+        np.testing.assert_array_equal(np.stack(rows[f"{prefix}_sample"].to_list()), samples)
+        np.testing.assert_array_equal(np.stack(rows[f"{prefix}_value"].to_list()), values)
+        positions = np.array([where[s, u] for u, s in enumerate(samples)])
+        np.testing.assert_array_equal(np.stack(rows[f"{prefix}_position"].to_list()), positions)
+    estimated = unit_quantiles(rows, QS)
+    for q in QS:
+        exact = np.quantile(flat, q, axis=0, method="lower")
+        error = np.abs(estimated[f"q{q:g}"].to_numpy() - exact)
+        bound = rows.relative_error.to_numpy() * np.abs(exact) * (1 + 1e-9) + sketch_low
+        assert (error <= bound).all(), (layer, q, (error - bound).max())
+
+
+def test_digits_through_digits_cnn_every_statistic_equals_float64_over_all_activations(tmp_path):
+    out = run(make_config("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "hooks=units", "loss=none",
+                          "hooks.units.layers=[conv1,relu2,fc]", "hooks.units.top_k=5", "progress=false"),
+              tmp_path / "run")
+    units = load_units(out)
+    digits = torch.tensor(load_digits().images, dtype=torch.float32).unsqueeze(1) / 16.0
+    plan = compile_plan(make_config("model=digits_cnn", "data=digits"))
+    acts = activations(plan.model, {"conv1": 1, "relu2": 1, "fc": 1}, list(digits.split(64)))
+    for layer, a in acts.items():
+        check_layer(units, layer, a, k=5)
+    assert acts["conv1"].shape[0] == 1797  # every digit once, held-out part included
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> str:
+    return image_folder_of(tmp_path_factory.mktemp("images"), 200, seed=0)
+
+
+IMAGES = ("model=resnet18", "data=imagefolder", "data.resize=32", "data.crop=32", "data.batch_size=50",
+          "mode=eval", "epochs=1", "loss=none", "progress=false")
+RESNET_LAYERS = {"conv1": 1, "layer1.0.conv1": 1, "layer3": 1, "layer4.1.conv2": 1, "fc": 1}
+
+
+def image_inputs(path: str) -> list[torch.Tensor]:
+    tf = transforms.Compose([transforms.Resize(32), transforms.CenterCrop(32), transforms.ToTensor(),
+                             transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    folder = datasets.ImageFolder(path, transform=tf)
+    return list(torch.stack([folder[i][0] for i in range(len(folder))]).split(50))
+
+
+def test_imagefolder_through_resnet18_every_statistic_equals_float64(tmp_path, image_folder):
+    out = run(make_config(*IMAGES, f"data.path={image_folder}", "hooks=units",
+                          f"hooks.units.layers=[{','.join(RESNET_LAYERS)}]", "hooks.units.top_k=7",
+                          "hooks.units.second_moment=true"), tmp_path / "run")
+    units = load_units(out)
+    plan = compile_plan(make_config(*IMAGES, f"data.path={image_folder}"))
+    acts = activations(plan.model, RESNET_LAYERS, image_inputs(image_folder))
+    for layer, a in acts.items():
+        check_layer(units, layer, a, k=7)
+    flat = acts["layer4.1.conv2"].reshape(-1, 512)
+    np.testing.assert_allclose(layer_second_moment(units, "layer4.1.conv2"), flat.T @ flat / len(flat),
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_tokens_through_gpt2_tiny_every_statistic_equals_float64(tmp_path):
+    pytest.importorskip("transformers")
+    common = ("model=gpt2_tiny", "data=tokens", "data.size=30", "data.seed=4", "mode=eval", "epochs=1", "loss=none",
+              "progress=false")
+    layers = {"transformer.h.0.mlp": 2, "transformer.h.1": 2, "lm_head": 2}
+    out = run(make_config(*common, "hooks=units", f"hooks.units.layers=[{','.join(layers)}]",
+                          "hooks.units.threshold=0.5"), tmp_path / "run")
+    units = load_units(out)
+    tokens = torch.randint(0, 100, (30, 16), generator=torch.Generator().manual_seed(4))
+    plan = compile_plan(make_config(*common))
+    acts = activations(plan.model, layers, list(tokens.split(2)))
+    for layer, a in acts.items():
+        check_layer(units, layer, a, k=16, threshold=0.5)
+    assert list(units.position_shape.iloc[0]) == [16]  # a token's position in its sequence
+
+
+def test_four_shards_cover_the_dataset_once_and_merge_to_the_one_job_table(tmp_path):
+    pytest.importorskip("transformers")
+    common = ("model=gpt2_tiny", "data=tokens", "data.size=48", "mode=eval", "epochs=1", "loss=none", "progress=false",
+              "hooks=units", "hooks.units.layers=[transformer.h.0.mlp,transformer.h.1,lm_head]",
+              "hooks.units.second_moment=true", "hooks.units.top_k=5")
+    one = load_units(run(make_config(*common), tmp_path / "one"))
+    for shard in range(4):  # shards of 12 sequences: whole batches of 2, so the model computes the same values
+        run(make_config(*common, f"data.shard={shard}", "data.num_shards=4"), tmp_path / "sweep" / str(shard))
+    merged = load_units(tmp_path / "sweep")
+    assert len(merged) == len(one) == 2 * 32 + 100
+    assert (merged["count"] == 48 * 16).all()
+    for column in ("hook", "layer", "call", "unit", "count", "min", "max", "above", "top_k"):
+        assert (merged[column].to_numpy() == one[column].to_numpy()).all(), column
+    for column in ("sketch_index", "sketch_count", "top_value", "top_sample", "top_position", "bottom_value",
+                   "bottom_sample", "bottom_position"):
+        assert all(np.array_equal(a, b) for a, b in zip(merged[column], one[column])), column
+    assert {s for samples in merged.top_sample for s in samples} - set(range(12)), "ids of later shards stay global"
+    for column in ("mean", "variance"):
+        np.testing.assert_allclose(merged[column], one[column], rtol=1e-12, atol=1e-15)
+    for a, b in zip(merged.second_moment, one.second_moment):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("data.shard=4", "data.num_shards=4"), "data.shard: 4 must be in [0, 3] (data.num_shards=4)"),
+    (("data.num_shards=2", "mode=train"), "data.num_shards: 2 but data=digits is a training stream"),
+    (("hooks.units.relative_error=2",), "hooks.units.relative_error: 2.0 must be in (0, 1)"),
+    (("eval_every=1",), "hooks.units: 'units' sums over the run's own pass"),
+])
+def test_bad_settings_fail_before_the_run_naming_the_key(overrides, message):
+    base = ["model=digits_cnn", "data=digits", "mode=eval", "hooks=units", "loss=none"]
+    with pytest.raises(ConfigError, match=None) as info:
+        compile_plan(make_config(*base, *overrides))
+    assert message in str(info.value)
+
+
+def test_top_tokens_shows_each_top_sequence_around_its_maximum(tmp_path):
+    pytest.importorskip("transformers")
+    from runner.analysis.unit_plots import top_tokens
+
+    out = run(make_config("model=gpt2_tiny", "data=tokens", "data.size=10", "mode=eval", "epochs=1", "loss=none",
+                          "progress=false", "hooks=units", "hooks.units.layers=[lm_head]", "hooks.units.top_k=3"),
+              tmp_path / "run")
+    units = load_units(out)
+    tokens = torch.randint(0, 100, (10, 16), generator=torch.Generator().manual_seed(0))
+    fig = top_tokens(units, "lm_head", 7, tokens, lambda ids: [f"t{i}" for i in ids], context=2)
+    text = fig.axes[0].texts[0].get_text().splitlines()
+    row = units[(units.layer == "lm_head") & (units.unit == 7)].iloc[0]
+    for line, sample, position in zip(text, row.top_sample, row.top_position):
+        assert f"#{sample:<5d} pos {position:<3d}" in line
+        assert f"[t{int(tokens[sample, position])}]" in line
+
+
+def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_table(tmp_path, monkeypatch):
+    from runner.engine import loop
+    from test_resume import requeued_in_step
+
+    overrides = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
+                 "hooks=units", "hooks.units.layers=[conv1,fc]", "hooks.units.top_k=4", "hooks.units.second_moment=true")
+    whole = load_units(run(make_config(*overrides), tmp_path / "whole", overrides))
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    real = requeued_in_step(12, monkeypatch)
+    with pytest.raises(SystemExit):
+        run(make_config(*overrides), tmp_path / "requeued", overrides)
+    monkeypatch.setattr(loop, "train_step", real)
+    resumed = load_units(run(make_config(*overrides), tmp_path / "requeued", overrides))
+    for column in whole.columns:
+        assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column
