@@ -77,6 +77,24 @@ STEPS_SCHEMA = pa.schema(list(STEP_FIELDS) + [pa.field(name, pa.float64()) for n
 #: Each file's schema, by name.
 TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHEMA}
 
+
+#: ``units.parquet``: one row per (entry, layer, call, unit) of a ``units`` entry's run totals, in
+#: columns that merge exactly across jobs (counts, Chan's ``(count, mean, M2)``, min, max, sketch
+#: bucket counts, top-k candidates, sums of outer products: ``runner.analysis.load_units``).
+_F64, _I64 = pa.float64(), pa.int64()
+UNITS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
+    pa.field("count", _I64), pa.field("mean", _F64), pa.field("m2", _F64), pa.field("min", _F64),
+    pa.field("max", _F64), pa.field("threshold", _F64), pa.field("above", _I64), pa.field("top_k", _I64),
+    pa.field("relative_error", _F64), pa.field("sketch_low", _F64), pa.field("sketch_high", _F64),
+    pa.field("sketch_index", pa.list_(pa.int32())), pa.field("sketch_count", pa.list_(_I64)),
+    pa.field("top_value", pa.list_(_F64)), pa.field("top_sample", pa.list_(_I64)),
+    pa.field("top_position", pa.list_(_I64)), pa.field("bottom_value", pa.list_(_F64)),
+    pa.field("bottom_sample", pa.list_(_I64)), pa.field("bottom_position", pa.list_(_I64)),
+    pa.field("position_shape", pa.list_(_I64)), pa.field("second_moment", pa.list_(_F64)),
+])
+UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
+
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
 #: ``patch`` entry put in (the part its ``index`` selects); ``clipped`` is what a ``clamp`` entry

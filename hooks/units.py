@@ -18,17 +18,13 @@ from typing import Optional
 import torch
 
 from hooks.errors import ConfigError
-from hooks.records import UNITS
+from hooks.records import UNIT_COLUMNS, UNITS
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.unit_stats import SketchGrid, UnitStats
 
 
 #: The columns of ``units.parquet`` (types: ``runner.store.units_table.UNITS_SCHEMA``).
-UNIT_COLUMNS = ("hook", "layer", "call", "unit", "count", "mean", "m2", "min", "max", "threshold", "above", "top_k",
-                "relative_error", "sketch_low", "sketch_high", "sketch_index", "sketch_count", "top_value",
-                "top_sample", "top_position", "bottom_value", "bottom_sample", "bottom_position", "position_shape",
-                "second_moment")
 
 
 @dataclass

@@ -34,7 +34,7 @@ def test_stats_schema_and_manifest(run_with):
         assert pq.read_schema(run_dir / name).metadata[b"config_hash"].decode() == manifest["config_hash"]
     assert manifest["overrides"] == ["model=convnet", "hooks=[stats,clip]"]
     assert sorted(manifest["files"]) == ["stats.parquet", "steps.parquet"]  # no tensor kept: no tensors.parquet
-    assert set(pd.read_parquet(run_dir / "stats.parquet").kind) == {"output", "grad_output", "param_grad"}
+    assert set(pd.read_parquet(run_dir / "stats.parquet").kind) == {"output", "grad_output", "param_grad", "clipped"}
 
 
 def test_tensors_parquet_reads_with_plain_pandas(run_with):

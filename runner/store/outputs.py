@@ -27,12 +27,12 @@ import torch
 
 from hooks import records
 from hooks.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
-                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, StepCaptures)
+                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA, StepCaptures)
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
-from runner.store.units_table import UNITS_SCHEMA, units_table
+from runner.store.units_table import units_table
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
