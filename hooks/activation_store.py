@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.store_files import DTYPES, ShardWriter

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 from hooks.junction import junction_for
 from hooks.recorder import walk
 from hooks.registry import register

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from omegaconf import MISSING
 from torch import nn
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from hooks.select import select_modules
 
 if TYPE_CHECKING:

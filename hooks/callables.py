@@ -10,7 +10,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from hooks.errors import ConfigError, closest
+from common.errors import ConfigError, closest
 
 
 def resolve_callable(path: object, key: str, nargs: int, called_as: str) -> Callable:

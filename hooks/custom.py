@@ -36,9 +36,9 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
+from common.errors import ConfigError, choice_error
 from hooks.base import HookSpec, HookType
 from hooks.callables import resolve_callable
-from hooks.errors import ConfigError, choice_error
 from hooks import shards
 from hooks.gradients import select_params
 from hooks.recorder import walk

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 from hooks.registry import register
 from hooks.tap import EditSpec, SlotEditSpec, Tap
 

@@ -27,8 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from common.errors import ConfigError, choice_error
 from hooks import shards
-from hooks.errors import ConfigError, choice_error
 from hooks.junction import param_lineup
 from hooks.registry import register
 from hooks.index import narrowed

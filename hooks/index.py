@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass(frozen=True)

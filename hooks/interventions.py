@@ -14,7 +14,7 @@
   entry keeps its layers' outputs (``side_mode("capture")``), then the corrupted batch unpatched
   (``side_mode("off")``), both outside the run's records (``runner.engine.side_by_side``).
 
-Both read a stored run with ``hooks.stored`` when attached (each attach has fresh state: first in
+Both read a stored run with ``common.rundir`` when attached (each attach has fresh state: first in
 the meta-device rehearsal, before the run): a run without the layer, or a stored shape that is
 not the module's, is a one-line ``ConfigError`` naming the entry's key. On meta tensors (the
 rehearsal) they draw nothing from ``seed``'s generator, so the real run draws what it would without one.
@@ -28,9 +28,9 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 from hooks.registry import register
-from hooks.stored import StoredKey, check_run_dir, stored_steps, stored_tensors
+from common.rundir import StoredKey, check_run_dir, stored_steps, stored_tensors
 from hooks.tap import SlotEditSpec, Tap
 
 ABLATE_OPS = ("zero", "mean", "resample")

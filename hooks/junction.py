@@ -38,8 +38,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from common.errors import ConfigError
 from hooks import shards
-from hooks.errors import ConfigError
 from hooks.recorder import walk
 
 GradCallback = Callable[[torch.Tensor], Optional[torch.Tensor]]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("stats_kernel.c")
 

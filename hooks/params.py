@@ -16,8 +16,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from common.errors import ConfigError, choice_error
 from hooks.base import HookSpec, HookType
-from hooks.errors import ConfigError, choice_error
 from hooks.gradients import select_params
 from hooks.registry import register
 

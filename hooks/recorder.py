@@ -3,7 +3,7 @@
 Hook callbacks only append here (a few list appends and the device-side reductions of
 ``hooks.stats``, done once per distinct tensor value); turning a step's captures into columns
 happens once, in ``drain``. The recorder knows nothing of parquet: the run loop hands what
-``drain`` returns to the writer. The schema of a row (columns, kinds, phases) is ``hooks.records``.
+``drain`` returns to the writer. The schema of a row (columns, kinds, phases) is ``common.records``.
 """
 from __future__ import annotations
 
@@ -11,14 +11,29 @@ import contextlib
 import copy
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from common.records import BATCH_KINDS, ID_COLUMNS
 from hooks import shards
-from hooks.records import BATCH_KINDS, ID_COLUMNS, StepCaptures  # noqa: F401  (StepCaptures: re-exported)
 from hooks.stats import RAW, reduce_tensor, summarize
+
+
+@dataclass
+class StepCaptures:
+    """One step's captures as columns: identifiers, statistics and the kept tensors."""
+
+    columns: dict[str, list] = field(default_factory=dict)
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    kept_rows: list[int] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.columns.get("hook", ()))
+
 
 
 class Tally(NamedTuple):

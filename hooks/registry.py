@@ -14,8 +14,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.errors import ConfigError, choice_error
 from hooks.base import HookType
-from hooks.errors import ConfigError, choice_error
 
 HOOK_TYPES: dict[str, type[HookType]] = {}
 

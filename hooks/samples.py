@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from hooks.base import HookSpec, HookType
-from hooks.errors import ConfigError
 from hooks.recorder import walk
 
 

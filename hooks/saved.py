@@ -35,9 +35,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from common.errors import ConfigError, choice_error
 from hooks.base import HookSpec, HookType
 from hooks.callables import resolve_callable
-from hooks.errors import ConfigError, choice_error
 from hooks.registry import register
 
 MODES = ("offload_cpu", "offload_disk", "compress", "custom")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from hooks.errors import ConfigError, closest
+from common.errors import ConfigError, closest
 
 
 def _glob_to_regex(glob: str) -> re.Pattern[str]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from hooks.stats import RAW
 
 #: The module that defines ``DTensor``: until something imported it (FSDP2 does), no tensor is one,

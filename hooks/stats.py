@@ -17,8 +17,8 @@ import warnings
 import numpy as np
 import torch
 
+from common.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
 from hooks import native
-from hooks.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
 
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
 RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count", "shift")

@@ -41,8 +41,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from common.errors import ConfigError, choice_error
 from hooks.base import HookSpec, HookType
-from hooks.errors import ConfigError, choice_error
 from hooks.index import Index, narrowed, parse_index
 from hooks.junction import Junction, existing_junction, junction_for
 from hooks.recorder import replace_slot, walk

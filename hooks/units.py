@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from hooks.errors import ConfigError
-from hooks.records import UNIT_COLUMNS, UNITS
+from common.errors import ConfigError
+from common.records import UNIT_COLUMNS, UNITS
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.unit_stats import SketchGrid, UnitStats

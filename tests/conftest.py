@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_globals
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 
 import runner.analysis as analysis
 from runner.config.compose import compose_config

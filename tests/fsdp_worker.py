@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import fsdp_cases
+from common.errors import ConfigError
 import runner
-from hooks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

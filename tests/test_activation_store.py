@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from conftest import image_folder_of, make_config, run
 from datasets_for_tests import ImagesFailingAt
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 from runner.store.activations import ActivationStore, ShuffledStore

@@ -12,9 +12,9 @@ import torchvision
 from torch import nn
 
 from conftest import hook_count, seeded_batch, stats_of
+from common.errors import ConfigError
 from hooks import HookSession, build_hooks
 from hooks.backward import FullBackward
-from hooks.errors import ConfigError
 from models_for_tests import CalledTwice
 
 MECHANISMS = ["tensor", "module"]

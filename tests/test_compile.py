@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from conftest import readme_block
-from hooks.errors import ConfigError
 from runner.sources.models import gpt2_tiny
 
 IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common.errors import ConfigError
 from hooks.recorder import HostCopies, Recorder
 from conftest import make_config
-from hooks.errors import ConfigError
 from runner.engine.plan import compile_plan
 
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from conftest import make_config
-from hooks.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.engine.train import EVAL_SEED_OFFSET
 from runner.sources.models import DigitsCNN

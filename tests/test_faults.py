@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import assert_no_partial_output, make_config, run
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from hooks.recorder import Recorder
 from runner.cli.execute import execute
 from runner.sources.models import ConvNet

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 
 import runner
 from runner.cli import replay

@@ -7,9 +7,9 @@ import torch
 import torchvision
 from torch import nn
 
+from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import hook_count, make_config, run, seeded_batch, stats_of
-from hooks.errors import ConfigError
 from models_for_tests import KwargsNet, MakesModules, TrackedResNet18
 from runner.sources.models import ConvNet
 

@@ -8,10 +8,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # the `transformers` extra, part of the `test` extra
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from conftest import assert_no_partial_output, hook_count, readme_code
-from hooks.errors import ConfigError
 from runner.integrations.huggingface import HookCallback
 from runner.store.outputs import STATS_SCHEMA
 

@@ -10,10 +10,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of the `test` extra
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from conftest import assert_no_partial_output, hook_count, readme_code
-from hooks.errors import ConfigError
 from runner.integrations.lightning import HookCallback
 from runner.store.outputs import STATS_SCHEMA
 

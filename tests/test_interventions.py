@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config
 from hooks import HookSession, build_hooks
-from hooks.errors import ConfigError
 from hooks.recorder import walk
 from runner.config.schema import MetricConfig
 from runner.engine.metrics import OutputMetrics

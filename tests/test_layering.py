@@ -1,12 +1,13 @@
-"""The house's import arrows, read with ``ast`` (module-level imports of runner/ and hooks/):
-no arrow from the engine up to the command line, and no import cycle among the project's modules."""
+"""The house's import arrows, read with ``ast`` (module-level imports of common/, hooks/ and runner/):
+the bottom floor (common/) stands on nothing of the project, hooks/ on common/ alone, no arrow from
+the engine up to the command line, and no import cycle among the project's modules."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runner", "hooks")
+PACKAGES = ("common", "hooks", "runner")
 
 
 def _modules() -> dict[str, Path]:
@@ -19,7 +20,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _project_module(name: str, modules: dict[str, Path]) -> str | None:
-    """The project module ``name`` is, or is inside (``hooks.errors.ConfigError`` -> ``hooks.errors``)."""
+    """The project module ``name`` is, or is inside (``common.errors.ConfigError`` -> ``common.errors``)."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
@@ -91,7 +92,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_files():
     graph = import_graph()
     assert "runner.engine.plan" in graph["runner.cli.commandline"]
-    assert "hooks.errors" in graph["runner.engine.plan"]
+    assert "common.errors" in graph["runner.engine.plan"]
     assert "runner.config.compose" in graph["runner.engine.attach"]
 
 
@@ -107,3 +108,19 @@ def test_no_arrow_from_the_engine_up_to_the_command_line():
 
 def test_no_import_cycle_among_the_projects_modules():
     assert cycles(import_graph()) == []
+
+
+def _arrows(source: str, target: str) -> list[tuple[str, str]]:
+    return sorted((name, imported) for name, imports in import_graph().items() if name.startswith(f"{source}.")
+                  or name == source for imported in imports if imported.split(".")[0] == target)
+
+
+def test_the_bottom_floor_stands_on_nothing_of_the_project():
+    """common/ (error types, the tables' and files' schema, the run-directory reader) is what both
+    hooks/ and runner/ stand on: it imports neither."""
+    assert {"common.errors", "common.records", "common.rundir"} <= set(import_graph())
+    assert _arrows("common", "hooks") == [] and _arrows("common", "runner") == []
+
+
+def test_hooks_know_nothing_of_the_runner():
+    assert _arrows("hooks", "runner") == []

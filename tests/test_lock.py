@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 import runner.store.lock as lock
-from hooks.errors import ConfigError
 from runner.store.claim import MIN_FREE_BYTES, check_output_dir, claim_run_dir
 from runner.store.errors import OutputError
 from runner.store.lock import LOCK, STALE_AFTER_S

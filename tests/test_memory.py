@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config, run, seeded_batch
-from hooks.errors import ConfigError
 from hooks.recorder import sampled_channels
 from runner.sources.models import MLP, ConvNet
 

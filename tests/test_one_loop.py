@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from conftest import assert_no_partial_output, assert_same_tables, hook_count, hook_snapshot, make_config, run
-from hooks.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.sources.models import ConvNet
 from runner.store.outputs import STATS_SCHEMA

@@ -9,10 +9,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, random_split
 from torchvision import datasets, transforms
 
+from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config
 from datasets_for_tests import labelled
-from hooks.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.sources.models import ConvNet
 

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import make_config, stats_of
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.sources.models import ConvNet, build_model
 

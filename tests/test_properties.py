@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from omegaconf import open_dict
 
 from conftest import assert_no_partial_output, make_config, run, watching
+from common.errors import ConfigError
 from hooks import HOOK_TYPES
-from hooks.errors import ConfigError
 from runner.config.registry import MODELS
 
 SMALL_MODELS = [name for name in MODELS if name != "hf"]  #: the registered models built without files

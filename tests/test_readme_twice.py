@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 import runner.analysis as analysis
-from hooks.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text(encoding="utf-8")

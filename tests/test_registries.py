@@ -11,10 +11,10 @@ import torch
 from hydra.core.config_store import ConfigStore
 from torch import nn
 
+from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
 from hooks import HOOK_TYPES
-from hooks.errors import ConfigError
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import CONF_DIR, compose_config

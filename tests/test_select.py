@@ -5,7 +5,7 @@ import pytest
 import torchvision
 from torch import nn
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from hooks.select import select_modules
 from runner.sources.models import ConvNet
 

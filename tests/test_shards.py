@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import ConfigError
 from hooks import native, shards
-from hooks.errors import ConfigError
 from hooks.stats import reduce_tensor, summarize
 
 

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torchvision import datasets, transforms
 
+from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config, run, stats_of
-from hooks.errors import ConfigError
 from runner.sources.models import ConvNet
 from runner.engine.progress import progress_bar
 

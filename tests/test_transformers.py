@@ -67,7 +67,7 @@ def test_dict_like_model_output_is_walked_by_key(run_with):
 
 def test_tokens_model_without_token_data_is_a_one_line_error(tmp_path):
     from conftest import make_config
-    from hooks.errors import ConfigError
+    from common.errors import ConfigError
     
     with pytest.raises(ConfigError, match="this model takes token ids, not data=randn; add data=tokens"):
         run(make_config("model=gpt2_tiny"), tmp_path / "out")

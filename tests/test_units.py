@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from torchvision import datasets, transforms
 
 from conftest import image_folder_of, make_config, run
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.analysis.units import layer_second_moment, load_units, unit_quantiles
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model

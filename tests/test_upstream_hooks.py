@@ -66,7 +66,7 @@ import pytest
 import torch
 from torch import nn
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from test_backward_exact import hooked_step, hooks_in_order
 
 SCENARIOS = {}

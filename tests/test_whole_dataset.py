@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
 from conftest import make_config, run
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from models_for_tests import SequentialDigits
 from runner.analysis import load_steps
 from runner.analysis.units import load_units

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from hooks.records import TABLES
+from common.records import TABLES
 
 #: Wall time and peak memory of a step: measures of the machine and its load, never reproducible.
 NOT_COMPARED = ("wall_time_s", "peak_memory_bytes")

@@ -40,10 +40,10 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.records import CONFIG, ID_FIELDS, MANIFEST, STATS, STEPS, TENSORS
 from runner.analysis.frame import to_frame
 from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
-from hooks.records import CONFIG, ID_FIELDS, MANIFEST, STATS, STEPS, TENSORS
 from runner.store.ranks import is_part, rank_files
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.

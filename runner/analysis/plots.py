@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import natural_key

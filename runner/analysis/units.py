@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from hooks.records import UNITS
+from common.records import UNITS
 from hooks.unit_stats import SketchGrid, chan_merge
 from runner.analysis.load import run_dirs
 from runner.store.commit import read_manifest

@@ -21,7 +21,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.cli.commandline import expand
 from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
 from runner.cli.summary import print_summary

@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.compose import LauncherError, compose_job, parse_error
 from runner.engine.plan import Plan, compile_plan
 

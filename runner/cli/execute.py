@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
 from runner.cli.summary import print_summary
 from runner.engine.loop import run

@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
 from runner.store.claim import CompleteRunError, claim_run_dir

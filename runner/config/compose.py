@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 import yaml
 
+from common.errors import ConfigError, choice_error
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 import runner.config.slurm  # noqa: F401  (stores the Slurm presets' schema)
 import runner.sources  # noqa: F401  (registers the choices whose schemas presets inherit: data_schema/randn, ...)
-from hooks.errors import ConfigError, choice_error
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Launchers whose jobs run on other machines: CUDA is checked on the job's node, not here.

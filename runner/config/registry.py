@@ -18,7 +18,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 
 #: The key of a config node naming the module that registers its choice.
 MODULE_KEY = "_module_"

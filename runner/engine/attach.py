@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
+from common.errors import ConfigError, choice_error
 from hooks import HookSession
 from hooks.compiled import compiled_problem
-from hooks.errors import ConfigError, choice_error
 from hooks.base import HookType
 from hooks.recorder import Recorder
 from runner.config.compose import compose_config

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 
 
 class _StopForward(Exception):

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from hooks.base import explanation
-from hooks.errors import ConfigError
 from hooks.session import prepare_recording
 from runner.engine import early_stop, whole_pass
 from runner.engine.attach import AttachedRun, open_run

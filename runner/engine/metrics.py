@@ -14,7 +14,7 @@ import statistics
 import torch
 from torch import nn
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.schema import MetricConfig
 from runner.sources.losses import first_tensor
 

@@ -22,9 +22,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.errors import ConfigError, choice_error
 from hooks import build_hooks
 from hooks.base import HookType
-from hooks.errors import ConfigError, choice_error
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, import_named
 from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig

@@ -13,7 +13,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.store.claim import CompleteRunError
 
 

@@ -34,9 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from common.errors import ConfigError
 from hooks import HookSession
 from hooks.base import HookType, explanation
-from hooks.errors import ConfigError
 from hooks.recorder import Recorder, walk
 from hooks.shards import is_sharded
 from runner.sources.data import DataSource

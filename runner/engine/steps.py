@@ -12,8 +12,8 @@ import warnings
 
 import torch
 
+from common.errors import ConfigError
 from hooks import HookSession
-from hooks.errors import ConfigError
 from hooks.recorder import StepCaptures
 from runner.config.schema import RunConfig
 from runner.engine.memory import PeakMemory, release_freed_memory

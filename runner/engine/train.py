@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from hooks import HookSession
-from hooks.errors import ConfigError
 from runner.config.registry import OPTIMIZERS
 from runner.engine.early_stop import forward_until_stop
 from runner.sources.batches import Batch

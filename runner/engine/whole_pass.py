@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.schema import RunConfig
 from runner.sources.batches import Batch
 from runner.sources.data import DataSource

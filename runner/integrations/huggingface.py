@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
 

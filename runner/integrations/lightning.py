@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from hooks.errors import choice_error
+from common.errors import choice_error
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
 

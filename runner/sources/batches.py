@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass

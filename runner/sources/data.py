@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 from omegaconf import DictConfig
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.sources.batches import Batch, ItemRange
 

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, default_collate, random_split
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DatasetData, ImageFolderData
 from runner.sources.batches import ItemRange, Maker, imagenet_transform

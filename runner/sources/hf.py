@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 
 #: ``model.auto`` -> the ``transformers`` Auto class that loads the directory.
 AUTO_CLASSES = {"model": "AutoModel", "causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DigitsData, FakeImages, ImageFiles, SyntheticData, TokenData
 from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape

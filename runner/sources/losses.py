@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from hooks.recorder import walk
 from runner.config.registry import LOSSES
 

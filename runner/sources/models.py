@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 
 from runner.config.registry import MODELS
 from runner.config.schema import MODEL_RUN_KEYS as RUN_KEYS

@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Iterable
 
-from hooks.errors import ConfigError, choice_error
+from common.errors import ConfigError, choice_error
 
 
 def locate(path: str, key: str) -> object:

@@ -12,7 +12,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.store.commit import MANIFEST, read_manifest, recover
 from runner.store.errors import OutputError, describe, naming
 from runner.store.lock import DirLock, busy_error, live_holder

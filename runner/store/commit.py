@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from hooks.records import CONFIG, MANIFEST, TABLES, UNITS
+from common.records import CONFIG, MANIFEST, TABLES, UNITS
 from runner.store.errors import naming
 
 TMP_MARK = ".tmp-"

@@ -7,12 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-
-class OutputError(OSError):
-    """The run directory cannot be written (read-only, disk full, busy); nothing was left half-written."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+from common.errors import OutputError
 
 
 @contextlib.contextmanager

@@ -25,9 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from hooks import records
-from hooks.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
-                           STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA, StepCaptures)
+from common import records
+from common.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
+                            STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA)
+from hooks.recorder import StepCaptures
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path

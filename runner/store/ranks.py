@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hooks.errors import ConfigError
+from common.errors import ConfigError
 from runner.store.claim import claim_run_dir
 from runner.store.commit import CONFIG, commit, read_manifest, tmp_path
 from runner.store.errors import OutputError, naming

@@ -1,10 +1,10 @@
 """``units.parquet`` as a table: the columns a ``units`` entry hands over (``HookType.tables``) in
-the schema ``hooks.records.UNITS_SCHEMA`` declares."""
+the schema ``common.records.UNITS_SCHEMA`` declares."""
 from __future__ import annotations
 
 import pyarrow as pa
 
-from hooks.records import UNIT_COLUMNS, UNITS_SCHEMA
+from common.records import UNIT_COLUMNS, UNITS_SCHEMA
 
 
 def units_table(columns: dict[str, list]) -> pa.Table:

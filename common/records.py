@@ -3,16 +3,12 @@
 
 The recorder fills these columns, the writer (``runner.store.outputs``) turns them into Arrow
 with these types, the commit protocol and the readers (``runner.analysis.load``,
-``hooks.stored``) find the files by these names. A new column, kind, phase or file is added
+``common.rundir``) find the files by these names. A new column, kind, phase or file is added
 here. Imports nothing of ``hooks`` or ``runner``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
 import pyarrow as pa
-import torch
 
 #: The files of a run directory: three tables, the resolved config, and the manifest written last.
 STATS, TENSORS, STEPS = "stats.parquet", "tensors.parquet", "steps.parquet"
@@ -109,16 +105,3 @@ BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
 #: ``.grad``), in an evaluation pass, or while activation checkpointing recomputed a forward
 #: inside backward (``recompute``: the same call again, not a new one).
 PHASES = ("forward", "backward", "after_backward", "eval", "recompute")
-
-
-@dataclass
-class StepCaptures:
-    """One step's captures as columns: identifiers, statistics and the kept tensors."""
-
-    columns: dict[str, list] = field(default_factory=dict)
-    stats: dict[str, np.ndarray] = field(default_factory=dict)
-    kept_rows: list[int] = field(default_factory=list)
-    kept: list[torch.Tensor] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.columns.get("hook", ()))

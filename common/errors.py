@@ -26,3 +26,10 @@ def choice_error(key: str, bad: object, choices: Iterable[str], what: str = "val
     suffix = f"; did you mean '{hint[0]}'?" if hint else ""
     shown = ", ".join(choices[:30]) + (f", ... ({len(choices)} in all)" if len(choices) > 30 else "")
     return ConfigError(f"{key}: unknown {what} '{bad}'; valid: {shown}{suffix}")
+
+
+class OutputError(OSError):
+    """The run directory cannot be written (read-only, disk full, busy); nothing was left half-written."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)

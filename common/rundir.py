@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from hooks.errors import ConfigError
-from hooks.records import MANIFEST, TENSORS  # a complete run's manifest is written last
+from common.errors import ConfigError
+from common.records import MANIFEST, TENSORS  # a complete run's manifest is written last
 
 #: A stored tensor's identity: (step, layer, call, slot).
 StoredKey = tuple[int, str, int, str]
