@@ -130,3 +130,11 @@ def test_ci_runs_exactly_the_readmes_test_commands():
     ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()
           if line.startswith("python -m pytest")]
     assert readme == ci
+
+
+def test_the_output_schema_names_every_column_of_units_parquet():
+    from common.records import UNITS_SCHEMA
+
+    section = TEXT.split("## Output schema", 1)[1].split("\n## ", 1)[0]
+    paragraph = section.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
+    assert [name for name in UNITS_SCHEMA.names if f"`{name}`" not in paragraph] == ["hook", "layer", "call", "unit"]
