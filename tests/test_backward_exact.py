@@ -246,7 +246,8 @@ def test_clamp_on_an_inplace_relu_input_applies_like_pytorch():
     reference(x).sum().backward()
     rows = hooked_step(model, x, {"clip": {"type": "clamp", "target": "input", "layers": "layer1.0.relu",
                                            "min": 0.0, "max": None}})
-    assert [(r["kind"], r["call"]) for r in rows] == [("grad_input", 1), ("grad_input", 0)]
+    assert [(r["kind"], r["call"]) for r in rows if r["kind"] != "clipped"] == [("grad_input", 1), ("grad_input", 0)]
+    assert sorted(r["call"] for r in rows if r["kind"] == "clipped") == [0, 1]  # what the clamp removed, per call
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
     plain = inplace_off(model)
@@ -259,8 +260,10 @@ def test_clamp_on_an_inplace_relu_input_applies_like_pytorch():
 def test_clip_cli_reproduction_records_the_clamped_gradient(run_with):
     run_dir = run_with("model=resnet18", "data.shape=[2,3,32,32]", "hooks=clip", "hooks.clip.target=input",
                        "hooks.clip.layers=layer1.0.relu", "hooks.clip.min=0", "hooks.clip.max=null")
-    rows = stats_of(run_dir, hook="clip")
-    assert sorted(rows.call) == [0, 1] and (rows["min"] >= 0).all() and (rows.kind == "grad_input").all()
+    rows = stats_of(run_dir, hook="clip", kind="grad_input")
+    assert sorted(rows.call) == [0, 1] and (rows["min"] >= 0).all()
+    removed = stats_of(run_dir, hook="clip", kind="clipped")  # grad - clamped: what min=0 took away, never above 0
+    assert sorted(removed.call) == [0, 1] and (removed["max"] <= 0).all()
 
 
 class MutatesInput(nn.Module):
