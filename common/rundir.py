@@ -34,7 +34,7 @@ def check_run_dir(path: str, key: str) -> Path:
 
 def stored_steps(path: str, kind: str, key: str) -> list[int]:
     """The steps of which the run at ``path`` kept forward ``kind`` tensors (of any layer): what a
-    plan checks when no rehearsal loaded the tensors themselves."""
+    plan checks against its steps, from the spec alone (``patch``'s ``source_step``)."""
     run = check_run_dir(path, key)
     table = pq.read_table(run / TENSORS, columns=["step"], filters=[("kind", "=", kind), ("phase", "=", "forward")])
     return sorted(set(table.column("step").to_pylist()))

@@ -232,11 +232,10 @@ class Patch(Tap):
 
     def check_steps(self, steps: int) -> None:
         """Every step of a run of ``steps`` steps has its source step in the source run (read from the
-        tensors the rehearsal loaded, or from the run's step column when the model was not rehearsed)."""
+        stored run's step column: the spec's check, whether or not the model was rehearsed)."""
         if self.side_by_side:
             return
-        have = sorted({key[0] for key in self._source}) if self._source is not None else \
-            stored_steps(self.spec.source, "output", f"{self.key}.source")
+        have = stored_steps(self.spec.source, "output", f"{self.key}.source")
         wanted = [self.spec.source_step] if self.spec.source_step is not None else range(steps)
         lacking = [step for step in wanted if step not in have]
         if lacking:

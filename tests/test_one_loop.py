@@ -152,14 +152,27 @@ def test_the_rehearsal_leaves_nothing_on_the_model_and_draws_no_random_number(tm
     assert hook_count(model) == 0
 
 
+def _entry_state(plan) -> list[dict[str, str]]:
+    """What each of the plan's entry objects holds beyond its spec (``repr``s: tensors and dicts compare)."""
+    return [{key: repr(value) for key, value in vars(hook).items()} for hook in plan.hooks]
+
+
 def test_a_plan_runs_twice_the_same_its_entries_state_is_fresh_at_each_run(tmp_path):
-    overrides = ("model=convnet", "data.shape=[4,3,8,8]", "hooks=[ablate,stats]", "hooks.ablate.op=resample",
-                 "hooks.ablate.layers=conv", "hooks.stats.layers=fc", "loss=sum", "steps=2")
+    """The plan holds specs: its rehearsal and each run attach fresh copies, so neither loads the stored
+    run (``patch``) nor the samples (``ablate: resample``) into the plan's own entries."""
+    shape = ("model=convnet", "data.shape=[4,3,8,8]", "loss=sum", "steps=2")
+    source = run(make_config(*shape, "hooks=extract", "hooks.extract.layers=conv"), tmp_path / "source")
+    overrides = (*shape, "hooks=[ablate,patch,stats]", "hooks.ablate.op=resample", "hooks.ablate.layers=conv",
+                 f"hooks.patch.source={source}", "hooks.patch.layers=conv", "hooks.stats.layers=fc")
     plan = compile_plan(make_config(*overrides), overrides)
+    assert plan.rehearsal is not None  # the rehearsal attached the entries (and loaded the stored run)
+    unattached = [{key: repr(value) for key, value in vars(hook.fresh()).items()} for hook in plan.hooks]
+    assert _entry_state(plan) == unattached
     from runner.engine import loop
     first, second = loop.run(plan, tmp_path / "a"), loop.run(plan, tmp_path / "b")
+    assert _entry_state(plan) == unattached
     a, b = analysis.load_stats(first), analysis.load_stats(second)
-    assert len(a) > 0
+    assert set(a.hook) == {"ablate", "patch", "stats"}
     pd.testing.assert_frame_equal(a[STATS_SCHEMA.names], b[STATS_SCHEMA.names])
 
 

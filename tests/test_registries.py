@@ -1,8 +1,9 @@
 """A new data source, optimizer and hook type, each one Python module plus one YAML file outside the
 project (a tmp dir on ``sys.path`` and a conf dir on Hydra's search path), run through the command
-line and ``runner.attach`` against the same computation in plain PyTorch."""
+line and ``runner.attach`` against the same computation in plain PyTorch; a new picture, one module."""
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
 
@@ -18,7 +19,9 @@ from hooks import HOOK_TYPES
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import CONF_DIR, compose_config
-from runner.config.registry import DATA_KINDS, OPTIMIZERS
+import runner.analysis.plots  # noqa: F401  (the built-in pictures, registered before the fixture copies PLOTS)
+from conftest import cli
+from runner.config.registry import DATA_KINDS, OPTIMIZERS, PLOTS
 from runner.engine.plan import compile_plan
 from runner.sources.models import MLP
 
@@ -113,6 +116,23 @@ MODULES = {
                     return output
                 return scale
     ''',
+    "fixture_loss_picture": '''
+        """plots=[loss_per_step]: the run's loss per step, drawn from steps.parquet."""
+        from runner.analysis.load import load_steps
+        from runner.analysis.plots import Picture, loss_curves
+        from runner.config.registry import PLOTS
+
+
+        @PLOTS.register("loss_per_step")
+        class LossPerStep(Picture):
+            @staticmethod
+            def missing(hooks, loss_fn):
+                return None if loss_fn is not None else "a loss; use e.g. loss=sum"
+
+            @staticmethod
+            def draw(run_dir, cfg, step, notes):
+                return [("loss_per_step.png", loss_curves(load_steps(run_dir)))]
+    ''',
 }
 PRESETS = {
     "data/counting.yaml": "_module_: fixture_counting_data\nkind: counting\nshape: [2, 100]\nstart: 0.5\n",
@@ -133,7 +153,7 @@ def own_parts(tmp_path, monkeypatch):
         (conf / path).parent.mkdir(parents=True, exist_ok=True)
         (conf / path).write_text(text)
     monkeypatch.syspath_prepend(str(code))
-    for registry in (DATA_KINDS, OPTIMIZERS):
+    for registry in (DATA_KINDS, OPTIMIZERS, PLOTS):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     hook_types = dict(HOOK_TYPES)
     yield f"hydra.searchpath=[file://{conf}]"
@@ -202,3 +222,15 @@ def test_every_preset_of_a_registered_group_names_a_registered_choice_with_its_s
             name = compose_config([f"{group}={path.stem}"])[group][key]
             assert name in registry, path
             assert f"{name}.yaml" in stored[f"{group}_schema"], path
+
+
+def test_own_picture_is_drawn_and_checked_from_its_module_alone(own_parts, tmp_path, capsys):
+    importlib.import_module("fixture_loss_picture")
+    cli(["model=mlp", "loss=sum", "steps=2", "plots=[loss_per_step]"], tmp_path / "run")
+    png = (tmp_path / "run" / "loss_per_step.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    with pytest.raises(ConfigError, match=r"^plots: 'loss_per_step' needs a loss; use e\.g\. loss=sum$"):
+        compile_plan(compose_config(["model=mlp", "loss=none", "plots=[loss_per_step]"]))
+    with pytest.raises(ConfigError, match=r"^plots\[1\]: unknown plot 'loss_per_stp'; valid: feature_maps, grad_cam, "
+                                          r"gradient_flow, loss_per_step; did you mean 'loss_per_step'\?$"):
+        compile_plan(compose_config(["model=mlp", "plots=[loss_per_step,loss_per_stp]"]))

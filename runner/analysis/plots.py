@@ -27,11 +27,10 @@ from common.errors import ConfigError
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import natural_key
+from runner.config.registry import PLOTS
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
-#: Names accepted by ``plots: [...]``.
-PLOTS = ("gradient_flow", "feature_maps", "grad_cam")
 #: Panel order of ``gradient_flow``: activations first, then gradients, as the data flow.
 _KIND_ORDER = ("input", "output", "grad_input", "grad_output", "param_grad")
 
@@ -353,7 +352,7 @@ def run_title(cfg: DictConfig | None, run_dir: str | Path) -> str:
 
 def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
                 step: int = 0) -> tuple[list[tuple[str, Figure]], list[str]]:
-    """Draw the pictures ``names`` of one run: ``([(file name, figure)], [why something was not drawn])``.
+    """Draw the pictures ``names`` (of ``PLOTS``) of one run: ``([(file name, figure)], [why something was not drawn])``.
 
     Everything is read from the run directory: statistics, kept tensors, the model input the run
     stored for Grad-CAM and the config saved beside them (``cfg`` stands in only where the
@@ -362,26 +361,86 @@ def run_figures(run_dir: str | Path, names, cfg: DictConfig | None = None,
     """
     figures, notes = [], []
     cfg = run_config(run_dir) or cfg
-    if "gradient_flow" in names:
+    for name in names:
+        figures += PLOTS.get(name).build.draw(run_dir, cfg, step, notes)
+    return figures, notes
+
+
+class Picture:
+    """A picture ``plots: [NAME]`` asks for, registered with ``@PLOTS.register(NAME)``: what records it
+    needs (``missing``, asked by the plan before the run) and how it is drawn from the run's files (``draw``)."""
+
+    #: The run stores its model input for this picture (Grad-CAM's underlay).
+    keeps_input = False
+
+    @staticmethod
+    def missing(hooks, loss_fn) -> str | None:
+        """What the run's entries (``HookType``s) and loss lack to give this picture, or ``None``."""
+        return None
+
+    @staticmethod
+    def draw(run_dir: str | Path, cfg: DictConfig | None, step: int, notes: list[str]) -> list[tuple[str, Figure]]:
+        """The ``(file name, figure)``s of the run at ``run_dir``; what it cannot draw goes to ``notes``."""
+        raise NotImplementedError
+
+
+def _kept(hooks) -> list[frozenset]:
+    return [hook.expected_kinds for hook in hooks if hook.keep]
+
+
+def _step_tensors(run_dir: str | Path, step: int) -> pd.DataFrame:
+    return load_tensors(run_dir, filters=[("step", "=", step), ("call", "=", 0),
+                                          ("kind", "in", ["output", "grad_output", "model_input"])])
+
+
+@PLOTS.register("gradient_flow")
+class GradientFlowPicture(Picture):
+    @staticmethod
+    def missing(hooks, loss_fn) -> str | None:
+        return None if hooks else "recorded statistics; add hooks, e.g. hooks=stats"
+
+    @staticmethod
+    def draw(run_dir, cfg, step, notes):
         stats = load_stats(run_dir, filters=[("phase", "!=", "eval")])
         try:
-            figures.append(("gradient_flow.png", gradient_flow(stats, title=f"{run_title(cfg, run_dir)}: "
-                                                               "per-layer statistics across depth")))
+            return [("gradient_flow.png", gradient_flow(stats, title=f"{run_title(cfg, run_dir)}: "
+                                                        "per-layer statistics across depth"))]
         except ValueError as exc:
             notes.append(str(exc))
-    if "feature_maps" not in names and "grad_cam" not in names:
-        return figures, notes
-    tensors = load_tensors(run_dir, filters=[("step", "=", step), ("call", "=", 0),
-                                             ("kind", "in", ["output", "grad_output", "model_input"])])
-    if "feature_maps" in names:
+            return []
+
+
+@PLOTS.register("feature_maps")
+class FeatureMapsPicture(Picture):
+    @staticmethod
+    def missing(hooks, loss_fn) -> str | None:
+        if any("output" in kinds for kinds in _kept(hooks)):
+            return None
+        return "a kept conv output; add hooks=extract or hooks=gradcam and name a conv layer in its layers"
+
+    @staticmethod
+    def draw(run_dir, cfg, step, notes):
+        tensors = _step_tensors(run_dir, step)
         outputs = tensors[(tensors["kind"] == "output") & (tensors["tensor"].map(np.ndim) == 4)]
-        for layer, row in outputs.drop_duplicates("layer").set_index("layer").iterrows():
-            figures.append((f"feature_maps_{_file_part(layer)}.png", feature_maps(row["tensor"], title=layer)))
         if outputs.empty:
             notes.append(f"feature_maps: no kept 4-D output at step {step}")
-    if "grad_cam" in names:
-        figures += _grad_cam_figures(tensors, cfg, step, notes)
-    return figures, notes
+        return [(f"feature_maps_{_file_part(layer)}.png", feature_maps(row["tensor"], title=layer))
+                for layer, row in outputs.drop_duplicates("layer").set_index("layer").iterrows()]
+
+
+@PLOTS.register("grad_cam")
+class GradCamPicture(Picture):
+    keeps_input = True
+
+    @staticmethod
+    def missing(hooks, loss_fn) -> str | None:
+        if loss_fn is not None and any({"output", "grad_output"} <= kinds for kinds in _kept(hooks)):
+            return None
+        return "a conv layer's kept output and output gradient and a loss; use hooks=gradcam loss=class_score"
+
+    @staticmethod
+    def draw(run_dir, cfg, step, notes):
+        return _grad_cam_figures(_step_tensors(run_dir, step), cfg, step, notes)
 
 
 def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int,

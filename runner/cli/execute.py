@@ -53,7 +53,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 
-                for path in plots.write_plots(out_dir, [p.value for p in plan.settings.plots]):
+                for path in plots.write_plots(out_dir, list(plan.settings.plots)):
                     print(f"wrote {path}")
     except (ConfigError, OutputError, NonFiniteError) as exc:
         if isinstance(exc, ConfigError) and cfg.get("plan"):

@@ -27,7 +27,7 @@ import runner.sources  # noqa: F401  (registers the choices whose schemas preset
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Launchers whose jobs run on other machines: CUDA is checked on the job's node, not here.
 _REMOTE_LAUNCHERS = ("SlurmLauncher",)
-_WHAT = {"mode": "mode", "device": "device", "on_nonfinite": "policy", "on_silent": "policy", "plots": "plot"}
+_WHAT = {"mode": "mode", "device": "device", "on_nonfinite": "policy", "on_silent": "policy"}
 
 
 def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:

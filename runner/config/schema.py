@@ -44,12 +44,6 @@ class Policy(str, Enum):
     ignore = "ignore"
 
 
-class Plot(str, Enum):
-    gradient_flow = "gradient_flow"
-    feature_maps = "feature_maps"
-    grad_cam = "grad_cam"
-
-
 @dataclass
 class SampleConfig:
     """``every``: record every k-th step (from step 0); of activations, ``batch``: the first n
@@ -232,7 +226,7 @@ class RunConfig:
     on_silent: Policy = Policy.warn   #: an entry that matched but recorded or changed nothing
     overwrite: bool = False
     plan: bool = False
-    plots: list[Plot] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)  #: names in ``runner.config.registry.PLOTS``
     eval_every: int = 0
     eval_steps: int = 1
     progress: bool = True

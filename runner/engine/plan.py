@@ -26,7 +26,7 @@ from common.errors import ConfigError, choice_error
 from hooks import build_hooks
 from hooks.base import HookType
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
-from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, import_named
+from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
 from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
 from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
@@ -337,18 +337,20 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
 
 
 def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:
-    """Each picture asked for has the records it is drawn from; return whether to store the input image."""
-    names = {p.value for p in settings.plots}
-    kept = [hook.expected_kinds for hook in hooks if hook.keep]
-    if "gradient_flow" in names and not hooks:
-        raise ConfigError("plots: 'gradient_flow' needs recorded statistics; add hooks, e.g. hooks=stats")
-    if "feature_maps" in names and not any("output" in kinds for kinds in kept):
-        raise ConfigError("plots: 'feature_maps' needs a kept conv output; add hooks=extract or hooks=gradcam "
-                          "and name a conv layer in its layers")
-    if "grad_cam" in names and (not any({"output", "grad_output"} <= kinds for kinds in kept) or loss_fn is None):
-        raise ConfigError("plots: 'grad_cam' needs a conv layer's kept output and output gradient and a loss; "
-                          "use hooks=gradcam loss=class_score")
-    return "grad_cam" in names
+    """Each picture asked for is registered and has the records it is drawn from (its ``missing``);
+    return whether to store the input image."""
+    if not settings.plots:
+        return False
+    import runner.analysis.plots  # noqa: F401  (registers the pictures; matplotlib only when they are asked for)
+    pictures = []
+    for index, name in enumerate(settings.plots):
+        if name not in PLOTS:
+            raise choice_error(f"plots[{index}]", name, list(PLOTS), PLOTS.what)
+        pictures.append(PLOTS.get(name).build)
+        problem = pictures[-1].missing(hooks, loss_fn)
+        if problem:
+            raise ConfigError(f"plots: '{name}' needs {problem}")
+    return any(picture.keeps_input for picture in pictures)
 
 
 def _device(name: str, check_available: bool) -> str:

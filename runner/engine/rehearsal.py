@@ -61,7 +61,11 @@ class Rehearsal:
 
 def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
              loss_fn: LossFn | None) -> Rehearsal | None:
-    """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable."""
+    """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable.
+
+    ``hooks`` are the plan's specs: the step attaches fresh copies, so nothing it loads or counts stays in them.
+    """
+    hooks = [hook.fresh() for hook in hooks]
     if model_cfg.get("weights"):
         return None  # a weights name downloads: nothing to build on the meta device
     try:
