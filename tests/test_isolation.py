@@ -18,6 +18,7 @@ from torch import nn
 from conftest import assert_no_partial_output, make_config, run, seeded_batch
 from hooks import HookSession, build_hooks
 from hooks.recorder import Recorder
+from hooks.registry import HOOK_TYPES
 from runner.analysis import load as analysis
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
@@ -28,6 +29,8 @@ MINI_RESNET = ("model=custom", "model._target_=models_for_tests.MiniResNet", "mo
 SHAPE_KEEPING = {"residual": ("hooks.residual.layers=relu",)}
 #: ``ablate`` and ``patch`` default to ``layer3``, which the mini resnet lacks; ``patch`` also needs a source run.
 INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hooks.patch.layers=layer4",)}
+#: ``store`` defaults to ``layer3`` too, and needs a directory to write its shards to.
+STORE_PRESET = ("hooks.store.layers=layer4",)
 
 
 def _raise(error: type[BaseException]):
@@ -59,6 +62,8 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
     if preset == "patch":  # its source: a run of the same model that kept layer4's output (hooks=extract)
         extra += (f"hooks.patch.source={run(make_config('hooks=extract', *MINI_RESNET), tmp_path / 'source')}",)
         watch.models.clear()  # the source run's model is not the one under test
+    if preset == "store":
+        extra += (*STORE_PRESET, f"hooks.store.path={tmp_path / 'store'}")
     cfg = make_config(f"hooks={preset}", *MINI_RESNET, *extra)
     out = tmp_path / "out"
     if SCENARIOS[scenario] is None:
@@ -68,8 +73,9 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         error, prepare, record = SCENARIOS[scenario]
         if prepare:
             watch.prepare = prepare
-        if record:
-            monkeypatch.setattr(Recorder, "record", record)
+        if record:  # the hook's own work fails: ``units`` and ``store`` keep their totals, not the recorder
+            monkeypatch.setattr(HOOK_TYPES[preset] if preset in ("units", "store") else Recorder,
+                                "take" if preset in ("units", "store") else "record", record)
         with pytest.raises(error, match="injected fault"):
             run(cfg, out)
         assert_no_partial_output(out)

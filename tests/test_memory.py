@@ -123,7 +123,7 @@ def test_sample_batch_keeps_the_first_samples_of_activations_only(run_with):
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     stats = analysis.load_stats(run_dir)
     assert stats[stats.kind == "output"]["tensor_shape"].map(list).tolist() == [[2, 200]]
-    weight_grads = stats[stats.slot == "weight"]["tensor_shape"].map(list).tolist()
+    weight_grads = stats[(stats.slot == "weight") & (stats.kind == "param_grad")]["tensor_shape"].map(list).tolist()
     assert sorted(weight_grads) == [[5, 200], [5, 200], [200, 100], [200, 100]]  # whole: no batch dimension
 
 
