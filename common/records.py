@@ -16,6 +16,8 @@ TABLES = (STATS, TENSORS, STEPS)
 #: The table of run totals a ``units`` entry writes once, at the end of the run.
 UNITS = "units.parquet"
 CONFIG, MANIFEST = "config.yaml", "manifest.json"
+#: Manifest key: the classes ``loss=class_score`` without ``target_class`` chose for step 0's samples.
+EXPLAINED_CLASSES = "explained_classes"
 
 #: Columns that identify one captured tensor, with their Arrow types, in output order. ``step``
 #: is added by the writer; the recorder fills the others.

@@ -4,12 +4,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
 from common.errors import ConfigError
+from common.records import STEP_METRICS
 import runner
 import runner.analysis as analysis
 from conftest import make_config
@@ -77,9 +79,18 @@ def test_digits_cnn_learns_the_held_out_digits_and_steps_report_accuracy(run_wit
     assert got_eval.accuracy.iloc[-1] > 0.5  # chance is 0.1
 
 
-def test_accuracy_is_nan_for_a_loss_that_is_not_a_classification(run_with):
-    steps = analysis.load_steps(run_with("model=convnet", "loss=sum", "steps=2"))
-    assert len(steps) == 2 and steps.accuracy.isna().all()
+def test_accuracy_is_a_column_only_of_a_run_that_classifies_and_a_sweep_of_both_loads(run_with, tmp_path):
+    summed = run_with("model=convnet", "loss=sum", "steps=2")
+    classified = run_with("model=convnet", "loss=cross_entropy", "optimizer=sgd", "steps=2")
+    plain = analysis.load_steps(summed)
+    assert len(plain) == 2 and "accuracy" not in plain.columns
+    assert not [c for c in STEP_METRICS if c in pq.read_schema(summed / "steps.parquet").names]
+    assert pq.read_schema(classified / "steps.parquet").names[-1:] == ["accuracy"]
+    accuracy = analysis.load_steps(classified).accuracy
+    assert len(accuracy) == 2 and accuracy.between(0, 1).all()
+    both = analysis.load_steps(tmp_path).set_index("run_dir")  # the two runs as one sweep
+    assert both.loc[str(summed)].accuracy.isna().all()
+    np.testing.assert_array_equal(both.loc[str(classified)].accuracy.to_numpy(), accuracy.to_numpy())
 
 
 def test_a_plain_loop_reports_its_own_accuracy(tmp_path):

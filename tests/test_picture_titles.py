@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
+
+import torch
 
 import runner.analysis as analysis
 from conftest import make_config, run
 from runner.analysis import plots
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_run_s_gradient_flow_title_names_the_model_and_entries(tmp_path):
@@ -43,3 +48,15 @@ def test_layers_of_different_models_get_their_own_panels(tmp_path):
     assert set(panels) == {"model=convnet: grad_output", "model=mlp: grad_output"}
     assert panels["model=convnet: grad_output"] == ["conv", "relu", "flatten", "fc"]
     assert panels["model=mlp: grad_output"] == ["fc1", "relu", "fc2"]
+
+
+def test_a_grad_cam_title_names_the_class_the_loss_chose_when_none_was_given(tmp_path):
+    overrides = ["model=convnet", "data=image", f"data.path={ROOT / 'assets' / 'house.png'}", "data.resize=8",
+                 "data.crop=8", "loss=class_score", "hooks=gradcam", "hooks.gradcam.layers=[conv,fc]"]
+    run_dir = run(make_config(*overrides), tmp_path / "run", overrides)
+    tensors = analysis.load_tensors(run_dir)
+    logits = tensors[(tensors.layer == "fc") & (tensors.kind == "output") & (tensors.step == 0)].tensor.iloc[0]
+    top = int(torch.from_numpy(logits).argmax(dim=1)[0])  # sample 0's top-scoring class, by hand
+    (name, figure), = plots.run_figures(run_dir, ["grad_cam"])[0]
+    assert name == "grad_cam_conv.png"
+    assert figure.get_suptitle() == f"Grad-CAM of conv for class {top} (sample 0, step 0)"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def test_grad_cam_without_a_stored_input_says_so_in_the_picture(run_with):
     (name, fig), = plots.run_figures(run_dir, ["grad_cam"])[0]
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert texts == ["the run stored\nno model input"] * 2
-    assert "each sample's top-scoring class" in fig.get_suptitle()
+    assert re.fullmatch(r"Grad-CAM of conv for class [0-4] \(sample 0, step 0\)", fig.get_suptitle())
 
 
 @pytest.mark.parametrize("plot_overrides, message", [

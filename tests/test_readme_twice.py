@@ -69,12 +69,7 @@ def test_the_readme_documents_the_refusals_and_names_fixed_directories():
     assert {FIXED.search(c).group(1) for c in COMMANDS} == {"hydra.run.dir", "hydra.sweep.dir", "replay.out"}
 
 
-#: The patching sweeps' second run compiles the plans of all 64 jobs before Hydra's callback finds
-#: the directory taken (about 100 s here).
-SLOW = [pytest.param(c, marks=pytest.mark.slow) if "range(0,16)" in c else c for c in COMMANDS]
-
-
-@pytest.mark.parametrize("command", SLOW, ids=[FIXED.search(c).group(2) for c in COMMANDS])
+@pytest.mark.parametrize("command", COMMANDS, ids=[FIXED.search(c).group(2) for c in COMMANDS])
 def test_a_readme_command_run_twice_is_refused_with_the_documented_line(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for earlier in COMMANDS[:COMMANDS.index(command)]:  # what a command reads (the replayed run, the clean run)

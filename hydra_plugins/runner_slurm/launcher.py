@@ -28,8 +28,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as UpstreamSlurmLauncher
 from omegaconf import OmegaConf
 
-from runner.cli.callbacks import job_dir
 from runner.cli.execute import EXIT_CONFIG_ERROR, read_status, write_status
+from runner.cli.taken_dirs import job_dir
 from runner.cli.scheduler import (UNSCHEDULABLE, PendingWatch, parse_squeue, run_state, sbatch_error, stuck_error,
                                   trace_error)
 

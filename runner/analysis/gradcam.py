@@ -74,8 +74,11 @@ def model_input_images(tensors, cfg, step: int = 0) -> np.ndarray:
     return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
 
 
-def explained_class(cfg) -> str:
+def explained_class(cfg, chosen: int | None = None) -> str:
     """Which class score the run backpropagated, as a title: ``class 7 (goldfish)`` or the top class.
+
+    ``chosen``: the class ``loss=class_score`` took for the sample shown when no ``target_class``
+    was given (the manifest's ``explained_classes``); without it the title says "top-scoring".
 
     The class name is given where the model's pretrained weights name their classes
     (torchvision's ``weights.meta["categories"]``; nothing is downloaded to read them).
@@ -86,7 +89,9 @@ def explained_class(cfg) -> str:
     if loss.get("name") != "class_score":
         return f"loss '{loss.get('name', 'unknown')}'"
     index = loss.get("target_class")
-    if index is None:
+    if index is None and chosen is not None:
+        index = chosen
+    elif index is None:
         return "each sample's top-scoring class"
     names = _class_names(cfg.get("model") or {})
     return f"class {index}" + (f" ({names[index]})" if names and index < len(names) else "")

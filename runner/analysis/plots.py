@@ -24,10 +24,12 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from common.errors import ConfigError
+from common.records import EXPLAINED_CLASSES
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import natural_key
 from runner.config.registry import PLOTS
+from runner.store.commit import read_manifest
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100
@@ -440,11 +442,13 @@ class GradCamPicture(Picture):
 
     @staticmethod
     def draw(run_dir, cfg, step, notes):
-        return _grad_cam_figures(_step_tensors(run_dir, step), cfg, step, notes)
+        chosen = (read_manifest(Path(run_dir)) or {}).get(EXPLAINED_CLASSES) if step == 0 else None
+        return _grad_cam_figures(_step_tensors(run_dir, step), cfg, step, notes, chosen[0] if chosen else None)
 
 
-def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int,
-                      notes: list[str]) -> list[tuple[str, Figure]]:
+def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int, notes: list[str],
+                      chosen: int | None) -> list[tuple[str, Figure]]:
+    """One picture per layer; ``chosen``: the class the loss took for sample 0 (``explained_class``)."""
     layers = cam_layers(tensors)
     if not layers:
         notes.append(f"grad_cam: no layer with a kept 4-D output and output gradient at step {step}")
@@ -453,7 +457,7 @@ def _grad_cam_figures(tensors: pd.DataFrame, cfg: DictConfig | None, step: int,
         images = model_input_images(tensors, cfg, step)
     except ValueError:  # the picture says the input is missing; the map itself is all there
         images = None
-    explained = explained_class(cfg)
+    explained = explained_class(cfg, chosen)
     figures = []
     for hook, layer in layers:
         rows = tensors[(tensors["hook"] == hook) & (tensors["layer"] == layer)].set_index("kind")["tensor"]

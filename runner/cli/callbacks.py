@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from runner.cli.commandline import expand
 from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
 from runner.cli.summary import print_summary
-from runner.store.claim import CompleteRunError, claim_run_dir
-from runner.store.outputs import OutputError, check_output_dir
+from runner.cli.taken_dirs import job_dir, sweep_dir_problems
+from runner.store.claim import claim_run_dir
+from runner.store.outputs import OutputError
 from runner.store.sweep_record import OK, write_sweep
 
 
@@ -50,21 +51,9 @@ class EarlyChecks(Callback):
             _report([str(exc)], None, failure_code(exc))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        jobs = expand(list(config.hydra.overrides.task))
-        bad, code, complete = [], 0, 0
-        for num, overrides in enumerate(jobs):
-            try:
-                check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
-            except (ConfigError, OutputError) as exc:
-                bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
-                code = max(code, failure_code(exc))
-                complete += isinstance(exc, CompleteRunError)
-        if bad and complete == len(bad):  # the same sweep run again: one line, not one per job
-            _report([], f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({complete} of {len(jobs)} "
-                        f"job directories hold a complete run); pass overwrite=true to replace it, or choose "
-                        f"another hydra.sweep.dir", code)
-        if bad:
-            _report(bad, f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", code)
+        headline, bad, code = sweep_dir_problems(config, expand(list(config.hydra.overrides.task)))
+        if headline:
+            _report(bad, headline, code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):
@@ -90,11 +79,3 @@ def sweep_jobs(config: DictConfig) -> list[dict]:
                      "error": status.get("error"), "run_dir": os.path.relpath(out_dir, sweep_dir)})
     return jobs
 
-
-def job_dir(config: DictConfig, num: int) -> Path:
-    """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
-    hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
-    with open_dict(hydra):
-        hydra.job.num = hydra.job.id = num
-    root = OmegaConf.create({"hydra": hydra})
-    return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))

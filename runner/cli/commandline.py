@@ -2,7 +2,8 @@
 
 ``check_command_line`` composes every job of the command (a sweep's too) with
 ``runner.config.compose`` (Hydra's errors as the runner's one line) and compiles each job's
-plan; a bad job rejects the whole command before Hydra creates any directory. It returns the
+plan, unless the command's fixed directory already holds its run(s): that one line comes first,
+before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command before Hydra creates any directory. It returns the
 plans with the problems: ``runner.__main__`` hands each job its plan, so a run is checked,
 built and rehearsed once.
 """
@@ -17,7 +18,8 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from runner.config.compose import LauncherError, compose_job, parse_error
+from runner.config.compose import LauncherError, compose_job, compose_with_hydra, parse_error
+from runner.cli.taken_dirs import held_run_dir
 from runner.engine.plan import Plan, compile_plan
 
 #: Flags after which Hydra does something else than run jobs (help, print the config, ...).
@@ -49,6 +51,9 @@ def check_command_line(argv: Sequence[str]) -> CommandCheck:
         jobs = expand(overrides) if multirun else [overrides]
     except ConfigError as exc:
         return CommandCheck([str(exc)])
+    held = _held_dir(jobs, multirun)
+    if held:  # the same command run again: said before any of its plans is compiled
+        return CommandCheck([held])
     for num, job in enumerate(jobs):
         try:
             cfg, remote = compose_job(job)
@@ -62,6 +67,15 @@ def check_command_line(argv: Sequence[str]) -> CommandCheck:
         checked.problems.insert(0, f"sweep rejected before any job ran: {len(checked.problems)} of {len(jobs)} jobs "
                                    f"are invalid")
     return checked
+
+
+def _held_dir(jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
+    """The one line refusing a fixed directory that already holds this command's run(s), else ``None``."""
+    try:
+        config = compose_with_hydra(jobs[0])
+    except ConfigError:
+        return None  # the jobs' own checks say it
+    return held_run_dir(config, jobs, multirun)
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:

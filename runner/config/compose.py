@@ -36,20 +36,29 @@ def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:
     Raises:
         ConfigError: Hydra could not compose it; one line naming the key or the preset.
     """
+    cfg = compose_with_hydra(overrides)
+    launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
+    _check_required(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, launcher.endswith(_REMOTE_LAUNCHERS)
+
+
+def compose_with_hydra(overrides: Sequence[str]) -> DictConfig:
+    """The job's config with Hydra's own node (``hydra.run.dir``, ``hydra.sweep.dir``, ...), unchecked.
+
+    Raises:
+        ConfigError: Hydra could not compose it; one line naming the key or the preset.
+    """
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     except OverrideParseException as exc:
         raise ConfigError(parse_error(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise explain(exc, overrides) from None
     except yaml.YAMLError as exc:  # a config file that is not YAML: name the file and the line
         raise ConfigError(_yaml_error(exc)) from None
-    launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
-    _check_required(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, launcher.endswith(_REMOTE_LAUNCHERS)
 
 
 class LauncherError(ConfigError):

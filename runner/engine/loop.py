@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
+from common.records import EXPLAINED_CLASSES
 from hooks.base import explanation
 from hooks.session import prepare_recording
 from runner.engine import early_stop, whole_pass
@@ -28,6 +29,7 @@ from runner.engine.progress import progress_bar
 from runner.engine.side_by_side import clean_and_corrupted
 from runner.engine.train import EVAL_SEED_OFFSET, build_optimizer, eval_passes, train_step
 from runner.sources.hf import placed
+from runner.sources.losses import ClassScore
 from runner.sources.models import build_model
 from runner.store.claim import RunClaim
 from runner.store.outputs import check_output_dir
@@ -94,6 +96,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
             resume.mark(step + 1, run.session.run_state())
             if step + 1 < s.steps:
                 run.begin_step()
+        if first == 0 and isinstance(plan.loss_fn, ClassScore) and plan.loss_fn.chosen is not None:
+            run.outputs.extra[EXPLAINED_CLASSES] = plan.loss_fn.chosen  # what the Grad-CAM title names
     resume.finish()
     return out_dir
 

@@ -40,7 +40,7 @@ def class_score_loss(cfg: DictConfig) -> LossFn:
     return class_score(cfg.get("target_class"))
 
 
-def class_score(target_class: int | None) -> LossFn:
+def class_score(target_class: int | None) -> ClassScore:
     """``out[i, c].sum()`` over the batch: backward starts from one class score, as Grad-CAM needs.
 
     ``target_class=None`` takes each sample's top-scoring class (the prediction being explained).
@@ -48,18 +48,28 @@ def class_score(target_class: int | None) -> LossFn:
     if target_class is not None and (isinstance(target_class, bool) or not isinstance(target_class, int)
                                      or target_class < 0):
         raise ConfigError(f"loss.target_class: {target_class!r} must be a class index >= 0 or null")
+    return ClassScore(target_class)
 
-    def loss(out: torch.Tensor, _targets: torch.Tensor) -> torch.Tensor:
+
+class ClassScore:
+    """The ``class_score`` loss; ``chosen`` keeps the classes it took for the samples of its first
+    real batch (no ``target_class``: each one's top class), which the Grad-CAM picture names."""
+
+    def __init__(self, target_class: int | None) -> None:
+        self.target_class = target_class
+        self.chosen: list[int] | None = None
+
+    def __call__(self, out: torch.Tensor, _targets: torch.Tensor) -> torch.Tensor:
         _class_scores(out, "class_score")
-        if target_class is None:
+        if self.target_class is None:
             index = out.detach().argmax(dim=1, keepdim=True)
-        elif target_class >= out.shape[1]:
-            raise ConfigError(f"loss.target_class: {target_class} is out of range for {out.shape[1]} classes")
+            if self.chosen is None and out.device.type != "meta":  # the plan's rehearsal has no values
+                self.chosen = index.flatten().tolist()
+        elif self.target_class >= out.shape[1]:
+            raise ConfigError(f"loss.target_class: {self.target_class} is out of range for {out.shape[1]} classes")
         else:
-            index = torch.full((out.shape[0], 1), target_class, dtype=torch.long, device=out.device)
+            index = torch.full((out.shape[0], 1), self.target_class, dtype=torch.long, device=out.device)
         return out.gather(1, index).sum()
-
-    return loss
 
 
 def first_tensor(output: object) -> torch.Tensor:

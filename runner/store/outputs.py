@@ -8,7 +8,9 @@ file that looks complete, an interrupted overwrite leaves the earlier run as it 
 the manifest is there nothing deletes the run. The directory is claimed for the run
 (``runner.store.claim``) before anything is written. Every ``OSError`` (disk full, read-only)
 becomes an ``OutputError`` naming the path, after the temporary files are gone. The schemas come
-from the code, not from the first batch, so every file of a sweep has the same columns and types.
+from the code, not from the first batch, so every file of a sweep has the same columns and types,
+but for ``steps.parquet``'s measures (``STEP_METRICS``): only those some step of the run gave
+(``accuracy`` for a classification loss, ``clean_*`` beside a patch) are columns of the file.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -105,6 +108,19 @@ class ParquetSink:
                 os.fsync(f.fileno())
                 return os.fstat(f.fileno()).st_size
 
+    def drop_columns(self, names: Sequence[str]) -> int:
+        """After ``finish``: write the temporary file again without columns ``names``; return its size.
+
+        For a small file whose columns are known only at the end (``steps.parquet``'s measures).
+        """
+        table = pq.read_table(self.tmp).drop_columns(list(names))
+        self.schema = table.schema
+        with naming(self.path):
+            pq.write_table(table, self.tmp, **parquet_options(self.schema))
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+                return os.fstat(f.fileno()).st_size
+
     def abort(self) -> None:
         """Drop the temporary file; the final path is never created.
 
@@ -162,6 +178,8 @@ class RunOutputs:
         self._owns_claim = claim is None
         self._sinks: dict[str, ParquetSink] = {}
         self._writer: BackgroundWriter | None = None
+        #: The ``STEP_METRICS`` some step gave a value: ``steps.parquet``'s measure columns.
+        self._measured: set[str] = set()
 
     @property
     def committed(self) -> bool:
@@ -205,7 +223,10 @@ class RunOutputs:
             if sink.rows == 0 and name in self.OPTIONAL:
                 sink.abort()
                 continue
-            files[name] = {"rows": sink.rows, "bytes": sink.finish(), "schema": schema_fingerprint(sink.schema)}
+            size = sink.finish()
+            if name == STEPS:  # a measure no step gave is not a column of NaN
+                size = sink.drop_columns([m for m in STEP_METRICS if m not in self._measured])
+            files[name] = {"rows": sink.rows, "bytes": size, "schema": schema_fingerprint(sink.schema)}
             temps[name] = sink.tmp
         temps[CONFIG] = self._durable_config()
         commit(self.out_dir, temps, {
@@ -248,6 +269,8 @@ class RunOutputs:
 
     def write_rows(self, name: str, table: pa.Table) -> None:
         """Append rows an earlier attempt of this run wrote (``runner.store.resume``) to file ``name``."""
+        if name == STEPS:
+            self._measured.update(m for m in STEP_METRICS if m in table.column_names and _has_value(table[m]))
         self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
 
     def write_table(self, name: str, columns: dict[str, list]) -> None:
@@ -275,12 +298,14 @@ class RunOutputs:
         ``split`` is ``train`` for a training (or measurement) step, ``eval`` for the eval passes
         run after training step ``step``. The tables are built and written on the background
         writer thread, overlapping the next step; ``captures`` must not be changed afterwards
-        (``Recorder.drain`` hands over its lists). ``metrics`` fill ``STEP_METRICS`` columns (others: NaN).
+        (``Recorder.drain`` hands over its lists). ``metrics`` fill ``STEP_METRICS`` columns (NaN in the steps
+        without it); a measure no step gives is left out of the file.
         """
         unknown = sorted(set(metrics or {}) - set(STEP_METRICS))
         if unknown:
             raise ValueError(f"steps.parquet has no column {unknown}; the per-step measures are {list(STEP_METRICS)}")
         values = [float("nan") if (metrics or {}).get(name) is None else float(metrics[name]) for name in STEP_METRICS]
+        self._measured.update(name for name, value in (metrics or {}).items() if value is not None)
         kept_bytes = sum(t.numel() * t.element_size() for t in captures.kept)
         self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, split, peak_memory_bytes,
                                                      values), nbytes=kept_bytes)
@@ -311,6 +336,11 @@ def write_tables(hooks, outputs: RunOutputs) -> None:
     for hook in hooks:
         for name, columns in hook.tables().items():
             outputs.write_table(name, columns)
+
+
+def _has_value(column: pa.ChunkedArray) -> bool:
+    """Whether a float column holds a value that is neither null nor NaN."""
+    return bool(pc.any(pc.invert(pc.is_nan(column))).as_py())
 
 
 def _id_arrays(step: int, columns: dict[str, list], n: int) -> list[pa.Array]:

@@ -1,0 +1,69 @@
+"""The output directories of a command: where each job writes, and the one line refusing a sweep
+directory that already holds the same sweep.
+
+Shared by the command-line check (``runner.cli.commandline``), which refuses a taken fixed
+directory before it compiles any job's plan, and Hydra's callback (``runner.cli.callbacks``),
+which checks every job's directory again just before Hydra writes into it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from common.errors import ConfigError, OutputError
+from runner.cli.execute import failure_code
+from runner.store.claim import CompleteRunError, check_output_dir
+
+
+def job_dir(config: DictConfig, num: int) -> Path:
+    """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
+    hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
+    with open_dict(hydra):
+        hydra.job.num = hydra.job.id = num
+    root = OmegaConf.create({"hydra": hydra})
+    return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))
+
+
+def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]]) -> tuple[str | None, list[str], int]:
+    """Why the sweep of ``jobs`` cannot write its job directories: ``(headline, lines, exit status)``.
+
+    A directory whose every refused job holds a complete run is the same sweep run again: one
+    headline, no per-job lines. No problem: ``(None, [], 0)``.
+    """
+    bad, code, complete = [], 0, 0
+    for num, overrides in enumerate(jobs):
+        try:
+            check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
+        except (ConfigError, OutputError) as exc:
+            bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
+            code = max(code, failure_code(exc))
+            complete += isinstance(exc, CompleteRunError)
+    if bad and complete == len(bad):
+        return (f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({complete} of {len(jobs)} job "
+                f"directories hold a complete run); pass overwrite=true to replace it, or choose another "
+                f"hydra.sweep.dir"), [], code
+    if bad:
+        return f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", bad, code
+    return None, [], 0
+
+
+def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
+    """The one line refusing a command whose directory already holds its complete run(s), else ``None``.
+
+    ``config`` is the first job's, Hydra's node included. Other problems of a directory (read-only,
+    full, a live run) are left to Hydra's callback, after the configs are checked.
+    """
+    if multirun:
+        headline, lines, _ = sweep_dir_problems(config, jobs)
+        return headline if headline and not lines else None
+    if config.get("plan"):
+        return None  # a plan writes nothing
+    try:
+        check_output_dir(Path(str(config.hydra.run.dir)), bool(config.get("overwrite")))
+    except CompleteRunError as exc:
+        return str(exc)
+    except (ConfigError, OutputError):
+        return None
+    return None
