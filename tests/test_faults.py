@@ -67,7 +67,7 @@ CONFIG_ERRORS = [
                           "name, num_classes, weights")),
     (["+data.shufle=true"], "data.shufle: unknown key for data kind 'randn' 'shufle'; valid: kind, requires_grad, "
                             "seed, shape, targets"),
-    (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: name, target_class"),
+    (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: _module_, name, target_class"),
     (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: dataset, digits, fake, image, imagefolder, "
                           "ones, randn, tokens"),
     (["data.shape=[-2,3,8,8]"], "data.shape: [-2, 3, 8, 8] must be a list of positive integers"),

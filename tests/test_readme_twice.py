@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +23,11 @@ import runner.analysis as analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
-#: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound.
+#: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound, one shard
+#: on the local launcher (the second run, as written, is refused before anything is launched).
 SMALLER = {"steps=300": "steps=2", "eval_every=25": "eval_every=1",
-           "range(0,16)": "range(15,16)",
+           "range(0,16)": "range(15,16)", "data.shard=range(0,4)": "data.shard=range(3,4)",
+           "hydra/launcher=slurm_cpu hydra.launcher.partition=debug ": "",  # the first run here; Slurm's in -m slurm
            "transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3": "transformer.h.0",
            ",{min:-0.01,max:0.01},{min:-0.0001,max:0.0001}": "", "data.path=assets/": f"data.path={ROOT}/assets/"}
 FIXED = re.compile(r"\b(hydra\.run\.dir|hydra\.sweep\.dir|replay\.out)=(\S+)")
@@ -72,6 +75,8 @@ def test_the_readme_documents_the_refusals_and_names_fixed_directories():
 @pytest.mark.parametrize("command", COMMANDS, ids=[FIXED.search(c).group(2) for c in COMMANDS])
 def test_a_readme_command_run_twice_is_refused_with_the_documented_line(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    if "data.path=crops" in command:  # the README makes the folder first (python assets/make_crops.py crops)
+        subprocess.run([sys.executable, str(ROOT / "assets" / "make_crops.py"), "crops"], cwd=tmp_path, check=True)
     for earlier in COMMANDS[:COMMANDS.index(command)]:  # what a command reads (the replayed run, the clean run)
         if re.search(rf"[=\s]{re.escape(FIXED.search(earlier).group(2))}(\s|$)", command):
             first = earlier
