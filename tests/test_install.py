@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-FIRST_PARTY = ("runner", "hooks", "examples", "hydra_plugins")
+FIRST_PARTY = ("common", "runner", "hooks", "examples", "hydra_plugins")
 #: Where each optional extra's packages may be imported: the integration's own modules.
 INTEGRATIONS = {
     "transformers": {"runner/integrations/huggingface.py", "runner/sources/hf.py", "runner/sources/models.py"},

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from common.errors import ConfigError, OutputError
 from runner.cli.execute import failure_code
-from runner.store.claim import CompleteRunError, check_output_dir
+from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
 
 
 def job_dir(config: DictConfig, num: int) -> Path:
@@ -41,29 +41,41 @@ def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]]) -> tup
             code = max(code, failure_code(exc))
             complete += isinstance(exc, CompleteRunError)
     if bad and complete == len(bad):
-        return (f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({complete} of {len(jobs)} job "
-                f"directories hold a complete run); pass overwrite=true to replace it, or choose another "
-                f"hydra.sweep.dir"), [], code
+        return held_sweep_line(config, complete, len(jobs)), [], code
     if bad:
         return f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", bad, code
     return None, [], 0
 
 
+def held_sweep_line(config: DictConfig, held: int, jobs: int) -> str:
+    """The one line refusing a sweep whose ``held`` of ``jobs`` job directories hold a complete run."""
+    return (f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({held} of {jobs} job directories hold "
+            f"a complete run); pass overwrite=true to replace it, or choose another hydra.sweep.dir")
+
+
 def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
     """The one line refusing a command whose directory already holds its complete run(s), else ``None``.
 
-    ``config`` is the first job's, Hydra's node included. Other problems of a directory (read-only,
-    full, a live run) are left to Hydra's callback, after the configs are checked.
+    ``config`` is the first job's, Hydra's node included. Only a complete run is looked for here
+    (``refuse_complete_run``); the rest of a directory's check (read-only, full, a live run) is Hydra's
+    callback's, once, after the configs are checked.
     """
+    overwrite = bool(config.get("overwrite"))
     if multirun:
-        headline, lines, _ = sweep_dir_problems(config, jobs)
-        return headline if headline and not lines else None
+        held = [num for num in range(len(jobs)) if _holds_run(job_dir(config, num), overwrite)]
+        return held_sweep_line(config, len(held), len(jobs)) if held else None
     if config.get("plan"):
         return None  # a plan writes nothing
     try:
-        check_output_dir(Path(str(config.hydra.run.dir)), bool(config.get("overwrite")))
+        refuse_complete_run(Path(str(config.hydra.run.dir)), overwrite)
     except CompleteRunError as exc:
         return str(exc)
-    except (ConfigError, OutputError):
-        return None
     return None
+
+
+def _holds_run(out_dir: Path, overwrite: bool) -> bool:
+    try:
+        refuse_complete_run(out_dir, overwrite)
+    except CompleteRunError:
+        return True
+    return False

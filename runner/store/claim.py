@@ -64,7 +64,7 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> None:
     holder = live_holder(out_dir, fs_now) if existing == out_dir else None
     if holder is not None:
         raise busy_error(out_dir, holder)
-    _refuse_complete_run(out_dir, overwrite)
+    refuse_complete_run(out_dir, overwrite)
     fs_now()
     free = shutil.disk_usage(existing).free
     if free < MIN_FREE_BYTES:
@@ -82,7 +82,9 @@ class CompleteRunError(ConfigError):
         self.out_dir = out_dir
 
 
-def _refuse_complete_run(out_dir: Path, overwrite: bool) -> None:
+def refuse_complete_run(out_dir: Path, overwrite: bool) -> None:
+    """``CompleteRunError`` when ``out_dir`` holds a complete run and ``overwrite`` is false: the one part
+    of ``check_output_dir`` the command line asks before compiling (the rest waits for Hydra's callback)."""
     if (out_dir / MANIFEST).exists() and not overwrite:
         raise CompleteRunError(out_dir)
 
@@ -150,7 +152,7 @@ def claim_run_dir(out_dir: str | Path, overwrite: bool) -> RunClaim:
             with naming(out_dir):
                 for probe in out_dir.glob(f"{_PROBE_PREFIX}*"):  # left by a probe interrupted before its clean-up
                     probe.unlink(missing_ok=True)
-            _refuse_complete_run(out_dir, overwrite)  # a run may have completed there since the check
+            refuse_complete_run(out_dir, overwrite)  # a run may have completed there since the check
         except BaseException:
             lock.release()
             raise
