@@ -137,6 +137,8 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
+    if not session.hooks:
+        return found  # nothing to rehearse: the model's calls stay free of one-shot hooks (a compiled bare model)
     if any(is_sharded(p) for p in model.parameters()):
         return found  # FSDP2's pre-forward gathers the shards: a meta stand-in would break its state
     names = {id(m): name for name, m in model.named_modules()}
