@@ -8,6 +8,8 @@ here. Imports nothing of ``hooks`` or ``runner``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 #: The files of a run directory: three tables, the resolved config, and the manifest written last.
@@ -71,7 +73,17 @@ STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the he
 STEP_METRICS += ("logit", "logit_diff")  #: ``metric.target`` / ``metric.diff`` (``runner.engine.metrics``)
 #: the same of the clean and of the unpatched corrupted pass beside each step (``patch`` with ``source: clean``)
 STEP_METRICS += tuple(f"{side}_{name}" for side in ("clean", "corrupted") for name in ("logit", "logit_diff"))
-STEPS_SCHEMA = pa.schema(list(STEP_FIELDS) + [pa.field(name, pa.float64()) for name in STEP_METRICS])
+#: The columns every steps row has, which no measure may take.
+STEP_COLUMNS = tuple(field.name for field in STEP_FIELDS)
+
+
+def steps_schema(measures: Sequence[str] = STEP_METRICS) -> pa.Schema:
+    """``steps.parquet``'s schema for a run whose steps give ``measures`` (the built-in ones, then a
+    run's registered measures: ``runner.engine.metrics.step_measures``)."""
+    return pa.schema(list(STEP_FIELDS) + [pa.field(name, pa.float64()) for name in measures])
+
+
+STEPS_SCHEMA = steps_schema()
 #: Each file's schema, by name.
 TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHEMA}
 

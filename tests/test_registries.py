@@ -21,7 +21,7 @@ from runner.cli.execute import execute
 from runner.config.compose import CONF_DIR, compose_config
 import runner.analysis.plots  # noqa: F401  (the built-in pictures, registered before the fixture copies PLOTS)
 from conftest import cli
-from runner.config.registry import DATA_KINDS, OPTIMIZERS, PLOTS
+from runner.config.registry import DATA_KINDS, METRICS, OPTIMIZERS, PLOTS
 from runner.engine.plan import compile_plan
 from runner.sources.models import MLP
 
@@ -116,6 +116,17 @@ MODULES = {
                     return output
                 return scale
     ''',
+    "fixture_target_probability": '''
+        """metric.measures=[target_probability]: the batch mean of softmax(logits)[metric.target]."""
+        from runner.config.registry import METRICS
+
+
+        @METRICS.register("target_probability")
+        def target_probability(metric):
+            if metric.target is None:
+                return None
+            return lambda logits: float(logits.double().softmax(-1)[:, metric.target].mean())
+    ''',
     "fixture_loss_picture": '''
         """plots=[loss_per_step]: the run's loss per step, drawn from steps.parquet."""
         from runner.analysis.load import load_steps
@@ -153,7 +164,7 @@ def own_parts(tmp_path, monkeypatch):
         (conf / path).parent.mkdir(parents=True, exist_ok=True)
         (conf / path).write_text(text)
     monkeypatch.syspath_prepend(str(code))
-    for registry in (DATA_KINDS, OPTIMIZERS, PLOTS):
+    for registry in (DATA_KINDS, OPTIMIZERS, PLOTS, METRICS):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     hook_types = dict(HOOK_TYPES)
     yield f"hydra.searchpath=[file://{conf}]"
@@ -234,3 +245,29 @@ def test_own_picture_is_drawn_and_checked_from_its_module_alone(own_parts, tmp_p
     with pytest.raises(ConfigError, match=r"^plots\[1\]: unknown plot 'loss_per_stp'; valid: feature_maps, grad_cam, "
                                           r"gradient_flow, loss_per_step; did you mean 'loss_per_step'\?$"):
         compile_plan(compose_config(["model=mlp", "plots=[loss_per_step,loss_per_stp]"]))
+
+
+def test_own_measure_is_one_module_and_becomes_a_steps_column(own_parts, tmp_path):
+    argv = [own_parts, "model=mlp", "data=counting", "hooks=[]", "loss=sum", "steps=2", "metric.target=1",
+            "metric._module_=fixture_target_probability", "metric.measures=[logit,target_probability]"]
+    cli(argv, tmp_path / "run")
+    steps = analysis.load_steps(tmp_path / "run")
+    torch.manual_seed(0)
+    model = MLP()
+    count = torch.arange(200, dtype=torch.float64).reshape(2, 100)
+    with torch.no_grad():
+        outs = [model.double()(count + 0.5 + step) for step in range(2)]
+    assert steps.target_probability.tolist() == pytest.approx([float(o.softmax(-1)[:, 1].mean()) for o in outs],
+                                                              rel=1e-5)
+    assert steps.logit.tolist() == pytest.approx([float(o[:, 1].mean()) for o in outs], rel=1e-5)
+    assert "logit_diff" not in steps.columns  # no metric.diff: a column no step gave is left out
+
+
+def test_an_unknown_or_clashing_measure_is_one_line(own_parts):
+    base = [own_parts, "model=mlp", "metric.target=1", "metric._module_=fixture_target_probability"]
+    with pytest.raises(ConfigError, match=r"^metric\.measures: unknown per-step measure 'target_probabilty'; valid: "
+                                          r"logit, logit_diff, target_probability; did you mean 'target_probability'\?$"):
+        compile_plan(compose_config([*base, "metric.measures=[target_probabilty]"]))
+    METRICS.register("loss")(lambda metric: lambda logits: 0.0)
+    with pytest.raises(ConfigError, match=r"^metric\.measures: 'loss' is a column steps\.parquet already has"):
+        compile_plan(compose_config([*base, "metric.measures=[loss]"]))

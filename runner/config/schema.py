@@ -184,10 +184,14 @@ class LossConfig:
 class MetricConfig:
     """What interventions are judged by, per step in ``steps.parquet`` (batch means; token models
     read the last position): ``logit`` of class ``target``, ``logit_diff`` = logit of ``diff[0]``
-    minus logit of ``diff[1]`` (classes or token ids). Null: the column stays NaN."""
+    minus logit of ``diff[1]`` (classes or token ids). Null: the column stays NaN. ``measures``
+    names registered measures (``METRICS``; null: every one whose options are set), ``_module_``
+    the module registering one of your own."""
 
     target: Optional[int] = None
     diff: Optional[list[int]] = None
+    measures: Optional[list[str]] = None
+    _module_: Optional[str] = None
 
 
 @dataclass

@@ -33,12 +33,13 @@ from hooks.base import HookType
 from hooks.recorder import Recorder
 from runner.config.compose import compose_config
 from runner.config.schema import RunConfig
+from runner.engine.metrics import step_measures
 from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.store.claim import RunClaim
-from runner.store.outputs import STEP_METRICS, RunOutputs, write_tables
+from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
@@ -50,13 +51,14 @@ Hooks = Sequence[str] | Mapping[str, Mapping]
 class EvalResult:
     """What ``AttachedRun.evaluating`` yields: ``set(loss, **metrics)`` gives the eval row its values."""
 
-    def __init__(self) -> None:
+    def __init__(self, measures: Sequence[str]) -> None:
+        self.measures = measures
         self.loss: float | None = None
         self.metrics: dict[str, float] = {}
 
     def set(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
-        """The eval passes' loss (their mean, as the CLI writes it) and ``metrics`` among ``STEP_METRICS``."""
-        self.loss, self.metrics = _value(loss), _checked(metrics, "set")
+        """The eval passes' loss (their mean, as the CLI writes it) and ``metrics`` among the run's measures."""
+        self.loss, self.metrics = _value(loss), _checked(metrics, self.measures, "set")
 
 
 class AttachedRun:
@@ -93,14 +95,14 @@ class AttachedRun:
 
     def step(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """End the step: one ``steps.parquet`` row (``loss``, wall time since the previous step,
-        ``metrics`` among ``STEP_METRICS``), its captures handed to the writer; the next step begins."""
+        ``metrics`` among ``outputs.measures``), its captures handed to the writer; the next step begins."""
         self.end_step(loss, **metrics)
         self.begin_step()
 
     def end_step(self, loss: torch.Tensor | float | None = None, **metrics: float | None) -> None:
         """``step`` without beginning the next step: a loop that knows its steps (the CLI's) begins
         it with ``begin_step`` after its eval passes, so they run with the lifetimes of the step they follow."""
-        self.writer.finish(self.index, _value(loss), metrics=_checked(metrics, "step"))
+        self.writer.finish(self.index, _value(loss), metrics=_checked(metrics, self.outputs.measures, "step"))
         self.lifetimes = self.session.lifetimes()
         self.index += 1
 
@@ -128,7 +130,7 @@ class AttachedRun:
                                   f"evaluate in a run without the entry")
         recorder = self.session.recorder
         recording = recorder.enabled
-        result = EvalResult()
+        result = EvalResult(self.outputs.measures)
         self.session.flush()  # the last training step's gradients are not the eval passes'
         self.writer.start()
         recorder.set_enabled(True)
@@ -145,11 +147,11 @@ def _value(loss: torch.Tensor | float | None) -> float | None:
     return float(loss.detach()) if isinstance(loss, torch.Tensor) else None if loss is None else float(loss)
 
 
-def _checked(metrics: dict[str, float], method: str) -> dict[str, float]:
-    """``metrics`` if every name is one of ``STEP_METRICS``; else a one-line error naming it."""
-    unknown = sorted(set(metrics) - set(STEP_METRICS))
+def _checked(metrics: dict[str, float], measures: Sequence[str], method: str) -> dict[str, float]:
+    """``metrics`` if every name is one of the run's ``measures``; else a one-line error naming it."""
+    unknown = sorted(set(metrics) - set(measures))
     if unknown:
-        raise choice_error(f"{method}({unknown[0]}=...)", unknown[0], STEP_METRICS or ["(none)"], "per-step measure")
+        raise choice_error(f"{method}({unknown[0]}=...)", unknown[0], measures, "per-step measure")
     return metrics
 
 
@@ -209,7 +211,8 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             session.restore_run_state(hooks_state)
         found = rehearse_first_call(model, session) if rehearse else None
         with RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),
-                        s.overwrite, claim=claim, extra={"seed": s.seed, **(extra or {}), **rank_extra}) as outputs:
+                        s.overwrite, claim=claim, extra={"seed": s.seed, **(extra or {}), **rank_extra},
+                        measures=step_measures(s.metric)) as outputs:
             run = AttachedRun(StepWriter(session, outputs, s, device), first, found)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes

@@ -1,26 +1,32 @@
 """The measures interventions are judged by (``metric:``), taken from the model's output each step.
 
 A forward hook on the model itself, registered after the run's entries, reads the final output
-of every pass (after every edit) without changing it: ``logit`` is the batch mean of the logit
-of class ``metric.target``, ``logit_diff`` the batch mean of ``logit[diff[0]] - logit[diff[1]]``.
-For a token model (logits ``[batch, positions, vocab]``) both are read at the last position.
+of every pass (after every edit) without changing it. Measures are registered by name
+(``@METRICS.register``, one ``steps.parquet`` column each): ``logit`` is the batch mean of the logit
+of class ``metric.target``, ``logit_diff`` the batch mean of ``logit[diff[0]] - logit[diff[1]]``;
+a measure of your own is one module (``metric._module_``) registering a builder like theirs.
+For a token model (logits ``[batch, positions, vocab]``) each reads the last position.
 ``take()`` gives the mean over the passes since the last ``take`` (one per training step; the
 batches of an eval) and starts afresh.
 """
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from common.errors import ConfigError
+from common.records import STEP_COLUMNS, STEP_METRICS
+from runner.config.registry import METRICS
 from runner.config.schema import MetricConfig
 from runner.sources.losses import first_tensor
 
 
 def check_metric(metric: MetricConfig, classes: int | None) -> None:
-    """``metric.target`` and ``metric.diff`` name classes of the model (when it says how many)."""
+    """``metric.target`` and ``metric.diff`` name classes of the model (when it says how many), and
+    ``metric.measures`` registered measures whose names are not the steps table's own columns."""
     if metric.diff is not None and len(metric.diff) != 2:
         raise ConfigError(f"metric.diff: {list(metric.diff)} must be two classes (or token ids) [a, b]: "
                           f"logit_diff = logit[a] - logit[b]")
@@ -29,20 +35,53 @@ def check_metric(metric: MetricConfig, classes: int | None) -> None:
             if value is not None and (value < 0 or (classes is not None and value >= int(classes))):
                 raise ConfigError(f"{key}: {value} is not a class of a model with num_classes={classes}; "
                                   f"use integers in [0, {int(classes or 1) - 1}]")
+    for name in chosen_measures(metric):
+        if name in STEP_COLUMNS:
+            raise ConfigError(f"metric.measures: '{name}' is a column steps.parquet already has "
+                              f"({', '.join(STEP_COLUMNS)}); register the measure under another name")
 
 
-def logit_metrics(output: torch.Tensor, metric: MetricConfig) -> dict[str, float]:
-    """``logit`` and ``logit_diff`` of one output, as the module docstring defines them."""
+#: A registered measure's builder: the metric config in, the measure of one pass's logits out (or
+#: ``None`` when the config does not ask for it, e.g. ``logit`` without ``metric.target``).
+Measure = Callable[[torch.Tensor], float]
+
+
+@METRICS.register("logit")
+def logit(metric: MetricConfig) -> Measure | None:
+    """The batch mean of the logit of class (or token) ``metric.target``."""
+    if metric.target is None:
+        return None
+    return lambda logits: float(logits[:, metric.target].double().mean())
+
+
+@METRICS.register("logit_diff")
+def logit_diff(metric: MetricConfig) -> Measure | None:
+    """The batch mean of ``logit[diff[0]] - logit[diff[1]]``."""
+    if metric.diff is None:
+        return None
+    a, b = metric.diff
+    return lambda logits: float((logits[:, a].double() - logits[:, b].double()).mean())
+
+
+def chosen_measures(metric: MetricConfig) -> dict[str, Measure]:
+    """The measures a run takes: ``metric.measures`` (every registered one when null) whose
+    options are set, by name; a name not registered is the one-line error listing the choices."""
+    names = METRICS if metric.measures is None else metric.measures
+    built = {name: METRICS.get(name).build(metric) for name in names}
+    return {name: measure for name, measure in built.items() if measure is not None}
+
+
+def step_measures(metric: MetricConfig) -> tuple[str, ...]:
+    """``steps.parquet``'s measure columns for a run with ``metric``: the built-in ones, then its own
+    measures and their ``clean_``/``corrupted_`` twins (``runner.engine.side_by_side``)."""
+    own = [name for name in chosen_measures(metric) if name not in STEP_METRICS]
+    return (*STEP_METRICS, *own, *(f"{side}_{name}" for side in ("clean", "corrupted") for name in own))
+
+
+def last_position_logits(output: torch.Tensor) -> torch.Tensor:
+    """``[batch, classes]`` logits; a token model's ``[batch, positions, vocab]`` read at its last position."""
     logits = output.detach()
-    if logits.dim() == 3:  # [batch, positions, vocab]: the next-token logits of the last position
-        logits = logits[:, -1]
-    out = {}
-    if metric.target is not None:
-        out["logit"] = float(logits[:, metric.target].double().mean())
-    if metric.diff is not None:
-        a, b = metric.diff
-        out["logit_diff"] = float((logits[:, a].double() - logits[:, b].double()).mean())
-    return out
+    return logits[:, -1] if logits.dim() == 3 else logits
 
 
 class OutputMetrics:
@@ -50,7 +89,8 @@ class OutputMetrics:
 
     def __init__(self, model: nn.Module, metric: MetricConfig) -> None:
         self.model, self.metric = model, metric
-        self.wanted = metric.target is not None or metric.diff is not None
+        self.measures = chosen_measures(metric)
+        self.wanted = bool(self.measures)
         self.seen: list[dict[str, float]] = []
         self._handle = None
 
@@ -64,7 +104,8 @@ class OutputMetrics:
             self._handle.remove()
 
     def _on_output(self, module: nn.Module, args: tuple, output: object) -> None:
-        self.seen.append(logit_metrics(first_tensor(output), self.metric))
+        logits = last_position_logits(first_tensor(output))
+        self.seen.append({name: measure(logits) for name, measure in self.measures.items()})
 
     def take(self) -> dict[str, float]:
         """The mean of each measure over the passes since the last call."""

@@ -153,7 +153,7 @@ def _typed(cfg: DictConfig) -> DictConfig:
 
 def _import_modules(cfg: DictConfig) -> None:
     """Import each module a preset names (``_module_``), so the choices it registers are known."""
-    for group in ("model", "data", "loss", "optimizer"):
+    for group in ("model", "data", "loss", "optimizer", "metric"):
         import_named(cfg.get(group), group)
     for name, entry in (cfg.get("hooks") or {}).items():
         import_named(entry, f"hooks.{name}")

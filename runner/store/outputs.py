@@ -30,7 +30,8 @@ import torch
 
 from common import records
 from common.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
-                            STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA)
+                            STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA,
+                            steps_schema)
 from hooks.recorder import StepCaptures
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
@@ -161,7 +162,8 @@ class RunOutputs:
 
     def __init__(self, out_dir: Path, config_yaml: str, overrides: Sequence[str] = (),
                  row_group_bytes: int = ROW_GROUP_BYTES, overwrite: bool = False, *,
-                 claim: RunClaim | None = None, extra: dict | None = None) -> None:
+                 claim: RunClaim | None = None, extra: dict | None = None,
+                 measures: Sequence[str] = STEP_METRICS) -> None:
         self.out_dir = Path(out_dir)
         if claim is not None and claim.out_dir.resolve() != self.out_dir.resolve():
             raise ValueError(f"the claim is for '{claim.out_dir}', not '{self.out_dir}'")
@@ -178,7 +180,9 @@ class RunOutputs:
         self._owns_claim = claim is None
         self._sinks: dict[str, ParquetSink] = {}
         self._writer: BackgroundWriter | None = None
-        #: The ``STEP_METRICS`` some step gave a value: ``steps.parquet``'s measure columns.
+        #: The per-step measures a step may give (``steps.parquet``'s possible measure columns) ...
+        self.measures = tuple(dict.fromkeys([*STEP_METRICS, *measures]))
+        #: ... and those some step gave a value: the file's measure columns.
         self._measured: set[str] = set()
 
     @property
@@ -191,7 +195,7 @@ class RunOutputs:
             self.claim = claim_run_dir(self.out_dir, self.overwrite)
         meta = {"schema_version": SCHEMA_VERSION, "config_hash": self.config_hash, "run_id": self.claim.run_id}
         try:
-            for name, schema in self.FILES.items():
+            for name, schema in {**self.FILES, STEPS: steps_schema(self.measures)}.items():
                 self._sinks[name] = ParquetSink(self.out_dir / name, schema, meta, self.row_group_bytes)
             self._writer = BackgroundWriter(max_bytes=self.row_group_bytes)  # one memory budget for both
         except BaseException:
@@ -225,7 +229,7 @@ class RunOutputs:
                 continue
             size = sink.finish()
             if name == STEPS:  # a measure no step gave is not a column of NaN
-                size = sink.drop_columns([m for m in STEP_METRICS if m not in self._measured])
+                size = sink.drop_columns([m for m in self.measures if m not in self._measured])
             files[name] = {"rows": sink.rows, "bytes": size, "schema": schema_fingerprint(sink.schema)}
             temps[name] = sink.tmp
         temps[CONFIG] = self._durable_config()
@@ -270,7 +274,7 @@ class RunOutputs:
     def write_rows(self, name: str, table: pa.Table) -> None:
         """Append rows an earlier attempt of this run wrote (``runner.store.resume``) to file ``name``."""
         if name == STEPS:
-            self._measured.update(m for m in STEP_METRICS if m in table.column_names and _has_value(table[m]))
+            self._measured.update(m for m in self.measures if m in table.column_names and _has_value(table[m]))
         self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
 
     def write_table(self, name: str, columns: dict[str, list]) -> None:
@@ -301,10 +305,10 @@ class RunOutputs:
         (``Recorder.drain`` hands over its lists). ``metrics`` fill ``STEP_METRICS`` columns (NaN in the steps
         without it); a measure no step gives is left out of the file.
         """
-        unknown = sorted(set(metrics or {}) - set(STEP_METRICS))
+        unknown = sorted(set(metrics or {}) - set(self.measures))
         if unknown:
-            raise ValueError(f"steps.parquet has no column {unknown}; the per-step measures are {list(STEP_METRICS)}")
-        values = [float("nan") if (metrics or {}).get(name) is None else float(metrics[name]) for name in STEP_METRICS]
+            raise ValueError(f"steps.parquet has no column {unknown}; the per-step measures are {list(self.measures)}")
+        values = [float("nan") if (metrics or {}).get(name) is None else float(metrics[name]) for name in self.measures]
         self._measured.update(name for name, value in (metrics or {}).items() if value is not None)
         kept_bytes = sum(t.numel() * t.element_size() for t in captures.kept)
         self._writer.submit(lambda: self._write_step(step, captures, loss, wall_time_s, split, peak_memory_bytes,
@@ -328,7 +332,7 @@ class RunOutputs:
              pa.nulls(1, pa.int64()) if peak_memory_bytes is None
              else _from_numpy(np.array([peak_memory_bytes]), pa.int64()),
              *[_from_numpy(np.array([value]), pa.float64()) for value in metrics]],
-            schema=STEPS_SCHEMA))
+            schema=self._sinks[STEPS].schema))
 
 
 def write_tables(hooks, outputs: RunOutputs) -> None:
