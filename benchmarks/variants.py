@@ -60,6 +60,9 @@ def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str],
         stats_by_hand(fresh(), x),
         runner_hooks("runner stats", "the `stats` preset (every leaf, outputs + output gradients), drained per step",
                      fresh(), x, preset("stats")),
+        clip_by_hand(fresh(), x),
+        runner_hooks("runner clip", "the `clip` preset: every parameter's gradient clamped, its statistics and "
+                     "what the clamp removed (`clipped`) recorded, drained per step", fresh(), x, preset("clip")),
         extract_by_hand(fresh(), x, extract_layers),
         runner_hooks("runner extract (memory)", "the `extract` preset, tensors drained to memory per step",
                      fresh(), x, extract_preset(extract_layers)),
@@ -141,6 +144,15 @@ def stats_by_hand(model, x) -> Variant:
 
     return Variant("stats by hand", "sum + dot + aminmax of every leaf output and output gradient, one host sync",
                    model, step, lambda: [h.remove() for h in handles])
+
+
+def clip_by_hand(model, x) -> Variant:
+    """The tutorials' ``gradient_clipper``: a tensor hook on every parameter clamping its gradient to the
+    ``clip`` preset's bounds, recording nothing."""
+    bounds = preset("clip")["clip"]
+    handles = [p.register_hook(lambda grad: grad.clamp(bounds["min"], bounds["max"])) for p in model.parameters()]
+    return Variant("clip by hand", "`grad.clamp(min, max)` in a tensor hook on every parameter, nothing recorded",
+                   model, lambda: _train_step(model, x), lambda: [h.remove() for h in handles])
 
 
 def runner_hooks(name: str, what: str, model, x, entries: dict) -> Variant:

@@ -46,21 +46,25 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     assert first["hooks=stats"]["target"] and not first["hooks=none"]["target"]
 
 
-def test_every_variant_leaves_the_gradients_of_bare():
-    """The variants differ only in hooks that observe: each step leaves bare's gradients."""
+def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp():
+    """The observing variants leave bare's gradients; the runner's clip leaves those of the clamp by hand
+    (which differ from bare's: the benchmark times the same edit both ways)."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
-    variants = make_variants(torchvision.models.resnet18(), x, bench.EXTRACT_LAYERS)
+    variants = {v.name: v for v in make_variants(torchvision.models.resnet18(), x, bench.EXTRACT_LAYERS)}
     try:
-        for v in variants:
+        for v in variants.values():
             v.step()
     finally:
-        for v in variants:
+        for v in variants.values():
             v.close()
-    bare = dict(variants[0].model.named_parameters())
-    for v in variants[1:]:
-        for name, p in v.model.named_parameters():
-            torch.testing.assert_close(p.grad, bare[name].grad, msg=f"{v.name}: {name}")
+    grads = {name: dict(v.model.named_parameters()) for name, v in variants.items()}
+    clipped = {"clip by hand", "runner clip"}
+    for name in set(variants) - {"bare"}:
+        oracle = grads["clip by hand" if name in clipped else "bare"]
+        for param, p in grads[name].items():
+            torch.testing.assert_close(p.grad, oracle[param].grad, msg=f"{name}: {param}")
+    assert any(not torch.equal(p.grad, grads["bare"][param].grad) for param, p in grads["clip by hand"].items())
 
 
 def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
