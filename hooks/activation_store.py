@@ -5,7 +5,8 @@ sample ids to a ``hooks.shards.ShardWriter`` at ``path/LAYER``: fixed-size ``.np
 ``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole. Memory: one shard per
 layer. Sample ids (``hooks.samples``, the dataset indices of a whole-dataset pass) are kept
 beside the rows; a pass over a store a killed pass left writes on from its first incomplete
-shard. Read back with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
+shard. Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its
+samples: the ranks take contiguous parts of the data), and the readers read the parts as one. Read back with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional
 import torch
 
 from common.errors import ConfigError, choice_error
+from common.ranks import part_name, process_group
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.store_files import DTYPES, ShardWriter
@@ -54,9 +56,14 @@ class Store(SampleOutputs):
 
     def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
         if layer not in self.writers:
-            self.writers[layer] = ShardWriter(Path(self.spec.path) / layer, layer, self.spec.shard_size,
-                                              self.spec.dtype)
+            self.writers[layer] = ShardWriter(self.store_dir(layer), layer, self.spec.shard_size, self.spec.dtype,
+                                              process_group())
         self.writers[layer].add(x, samples)
+
+    def store_dir(self, layer: str) -> Path:
+        """Where ``layer``'s store is written: ``path/LAYER``, or this rank's part of it under ``torch.distributed``."""
+        group = process_group()
+        return Path(self.spec.path) / layer / (part_name(group[0]) if group else "")
 
     def tables(self) -> dict[str, dict[str, list]]:
         """At the end of the run: the last shard of each store, which is then complete."""

@@ -45,11 +45,15 @@ class ShardWriter:
     hold are skipped, so a resumed pass starts writing at the first incomplete shard (its
     forward passes over the stored items run again: the store does not choose the data).
     ``finish()`` writes the last (possibly smaller) shard and marks the store complete.
+    ``rank``: ``(rank, world_size)`` of the part this writer writes under ``torch.distributed``,
+    kept in its manifest so that a reader knows whether every rank's part is there.
     """
 
-    def __init__(self, path: Path, layer: str, shard_size: int, dtype: str) -> None:
+    def __init__(self, path: Path, layer: str, shard_size: int, dtype: str,
+                 rank: tuple[int, int] | None = None) -> None:
         self.path, self.shard_size, self.dtype = Path(path), shard_size, DTYPES[dtype]
-        self.header = {"layer": layer, "shard_size": shard_size, "dtype": dtype}
+        self.header = {"layer": layer, "shard_size": shard_size, "dtype": dtype,
+                       **({"rank": rank[0], "world_size": rank[1]} if rank else {})}
         self.path.mkdir(parents=True, exist_ok=True)
         found = read_store_manifest(self.path)
         if found is not None and {k: found.get(k) for k in self.header} != self.header:

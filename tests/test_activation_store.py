@@ -118,3 +118,24 @@ def test_the_stores_of_a_sharded_pass_read_as_one_store(tmp_path):
     torch.testing.assert_close(torch.stack([merged[i][0] for i in range(1797)]),
                                torch.stack([one[i][0] for i in range(1797)]), rtol=1e-6, atol=1e-6)
     assert sorted(s for _, s in ShuffledStore(*(tmp_path / str(shard) / "fc" for shard in range(3)))) == list(range(1797))
+
+
+def test_a_store_of_ranks_is_read_only_with_every_ranks_part_complete(tmp_path):
+    """What ``hooks.store`` writes under ``torch.distributed``: ``path/LAYER/rank-N``, each part a store."""
+    from hooks.store_files import ShardWriter
+
+    layer = tmp_path / "fc"
+    rows = torch.arange(12.0).view(6, 2)
+    for rank in (1, 0):
+        writer = ShardWriter(layer / f"rank-{rank}", "fc", 2, "float32", (rank, 2))
+        writer.add(rows[3 * rank:3 * rank + 3], torch.arange(3 * rank, 3 * rank + 3))
+        if rank == 1:
+            with pytest.raises(FileNotFoundError, match="no complete activation store at .*rank-1"):
+                ActivationStore(layer)
+            writer.finish()
+            with pytest.raises(FileNotFoundError, match=r"has the parts of ranks \[1\] of a run on 2 ranks"):
+                ActivationStore(layer)
+    writer.finish()
+    store = ActivationStore(layer)
+    assert [store[i][1] for i in range(6)] == list(range(6))
+    assert torch.equal(torch.stack([store[i][0] for i in range(6)]), rows)

@@ -77,6 +77,12 @@ class AttachedRun:
         self.lifetimes = self.session.lifetimes()
         self.begin_step()
 
+    def samples(self, ids: torch.Tensor | Sequence[int]) -> None:
+        """The dataset ids of the rows of the batches the model gets next (``units`` and ``store`` keep
+        them beside each row), until the next call; without them a row is numbered by its place in the
+        run, which under ``torch.distributed`` every rank would number from 0."""
+        self.session.recorder.samples = torch.as_tensor(ids, dtype=torch.int64).view(-1)
+
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as
         such, and entries that record after backward (accumulated ``.grad``) record right after it
