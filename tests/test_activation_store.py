@@ -77,7 +77,11 @@ def test_store_keeps_the_dtype_asked_for(tmp_path, image_folder, expected, dtype
     assert torch.equal(got, expected.to(getattr(torch, dtype)))
 
 
-def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path, image_folder):
+def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path, image_folder, monkeypatch):
+    """The resumed pass runs the model on the items after the complete shards only, and its store
+    ends equal to an uninterrupted pass's."""
+    from runner.engine import loop
+
     data = ("data=dataset", "data._target_=datasets_for_tests.ImagesFailingAt", f"+data.kwargs.path={image_folder}",
             "data.batch_size=25", "data.shuffle=false", "hooks.store.shard_size=50")
     whole = tmp_path / "whole"
@@ -88,12 +92,42 @@ def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path,
     left = json.loads((killed / "layer3" / "store.json").read_text())
     assert [s["rows"] for s in left["shards"]] == [50, 50] and not left["complete"]  # shard 2's 25 rows lost
     first = (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns
-    run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
+    batches, real = [], loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(args[2].samples.tolist()) or real(*args))
+    resumed = run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
+    assert batches == [list(range(100, 125)), list(range(125, 150))]  # the model never ran on the stored 100
+    assert json.loads((resumed / "manifest.json").read_text())["resumed_at_step"] == 4
     assert (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns == first  # kept, not written again
     done = json.loads((killed / "layer3" / "store.json").read_text())
     assert done == json.loads((whole / "layer3" / "store.json").read_text())
     for name in ("shard-00000.npy", "shard-00001.npy", "shard-00002.npy", "samples-00002.npy"):
         assert np.array_equal(np.load(killed / "layer3" / name), np.load(whole / "layer3" / name)), name
+
+
+def test_a_pass_holding_part_of_a_batch_runs_that_batch_whole_and_a_complete_store_one_batch(tmp_path, monkeypatch):
+    """Shards of 100 digits, batches of 64: the resumed pass begins at the batch holding sample 100 (the
+    batches of an uninterrupted pass); a store already complete runs its last batch only."""
+    from runner.engine import loop
+
+    common = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=store",
+              "hooks.store.layers=[fc]", "hooks.store.shard_size=100", "data.batch_size=64")
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'whole'}"), tmp_path / "run0")
+    store = tmp_path / "cut" / "fc"
+    store.mkdir(parents=True)
+    manifest = json.loads((tmp_path / "whole" / "fc" / "store.json").read_text())
+    (store / "store.json").write_text(json.dumps({**manifest, "shards": manifest["shards"][:1], "complete": False}))
+    for name in ("shard-00000.npy", "samples-00000.npy"):
+        (store / name).write_bytes((tmp_path / "whole" / "fc" / name).read_bytes())
+    batches, real = [], loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(int(args[2].samples[0])) or real(*args))
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run1")
+    assert batches == list(range(64, 1797, 64))
+    for name in sorted(p.name for p in (tmp_path / "whole" / "fc").glob("*.npy")):
+        assert np.array_equal(np.load(store / name), np.load(tmp_path / "whole" / "fc" / name)), name
+    batches.clear()
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run2")
+    assert batches == [1792]
+    assert json.loads((store / "store.json").read_text()) == json.loads((tmp_path / "whole" / "fc" / "store.json").read_text())
 
 
 def test_a_store_needs_a_path_and_a_known_dtype():
