@@ -5,8 +5,10 @@ sample ids to a ``hooks.shards.ShardWriter`` at ``path/LAYER``: fixed-size ``.np
 ``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole. Memory: one shard per
 layer. Sample ids (``hooks.samples``, the dataset indices of a whole-dataset pass) are kept
 beside the rows; a pass over a store a killed pass left writes on from its first incomplete
-shard, and the runner's pass skips the batches the complete shards hold (``samples_held``). Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its
-samples: the ranks take contiguous parts of the data), and the readers read the parts as one. Read back with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
+shard, and the runner's pass skips the batches the complete shards hold (``samples_held``).
+Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its samples:
+the ranks take contiguous parts of the data), and the readers read the parts as one. Read back
+with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
 """
 from __future__ import annotations
 

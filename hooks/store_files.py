@@ -10,8 +10,8 @@ A shard is written whole (a temporary name, fsync, rename) and only then listed 
 ``store.json`` (itself replaced by rename), so the manifest names complete shards only: a
 pass killed by a signal leaves at most an unlisted temporary file (removed by the next writer),
 and the next pass over the same store keeps the listed shards and writes on from the first
-incomplete one; a file of a shard not listed is never read, and is written anew. Memory: one shard's buffer.
-Reading back: ``runner.store.activations``.
+incomplete one; a file of a shard not listed is never read, and is written anew. Memory: one
+shard's buffer. Reading back: ``runner.store.activations``.
 """
 from __future__ import annotations
 
@@ -91,8 +91,10 @@ class ShardWriter:
             return
         first = int(samples[keep][0])
         if self.last >= 0 and first != self.last + 1:  # never a store with a hole in it
-            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came (the pass "
-                             f"resumed after them?); run the pass again from its start, the complete shards stay")
+            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came; a store takes "
+                             f"a contiguous part of the data in order (under torch.distributed: each rank its "
+                             f"own range, not every world_size-th sample); run the pass again from its start, "
+                             f"the complete shards stay")
         x = x.detach()[keep].to("cpu", self.dtype)
         shape = list(x.shape[1:])
         if self.manifest["item_shape"] not in (None, shape):

@@ -120,7 +120,8 @@ def test_units_and_a_store_under_torchrun_merge_to_the_one_process_run(tmp_path,
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max())
 
     assert sorted(p.name for p in (tmp_path / "stores" / "ranks" / "3").iterdir()) == ["rank-0", "rank-1"]
-    store, alone = ActivationStore(tmp_path / "stores" / "ranks" / "3"), ActivationStore(tmp_path / "stores" / "one" / "3")
+    store = ActivationStore(tmp_path / "stores" / "ranks" / "3")
+    alone = ActivationStore(tmp_path / "stores" / "one" / "3")
     assert len(store) == len(alone) == 1792
     rows = [store[i] for i in range(len(store))]
     assert [sample for _, sample in rows] == list(range(1792))

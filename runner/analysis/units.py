@@ -1,10 +1,10 @@
 """Reading ``units.parquet`` back: one run, or every job of a sweep merged into the one-job table.
 
 ``load_units(path)`` merges the rows of the same (hook, layer, call, unit) across jobs (the
-shards of ``data.shard``) and across the ranks of a run under ``torch.distributed`` (each rank's
-part, ``rank-N``, holds the table of its samples): counts, ``above`` and sketch buckets add, min and max are the
-extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and bottom-k candidates are
-re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
+shards of ``data.shard``) and across the ranks of a run under ``torch.distributed`` (each
+rank's part, ``rank-N``, holds the table of its samples): counts, ``above`` and sketch buckets
+add, min and max are the extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and
+bottom-k candidates are re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
 and top-k sets come out exactly as one job writes them; means and variances to float64 rounding
 (a different order of additions, ~1e-15 relative). Derived columns: ``variance`` (population:
 M2 / count), ``std``, ``fraction_above`` (``above / count``; a unit's dead fraction is one minus it).

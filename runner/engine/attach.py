@@ -62,8 +62,9 @@ class EvalResult:
 class AttachedRun:
     """What ``attach`` yields (and what the CLI's loop drives): ``backward(loss)`` (optional
     sugar for ``loss.backward()``), ``step(loss)`` after the step, ``evaluating()`` around eval
-    passes between steps, ``samples(ids)`` before a batch whose dataset ids ``units`` and ``store`` keep. ``session`` holds the entries' hooks, ``outputs`` the run's files,
-    ``writer`` the steps' bookkeeping; ``rehearsal`` is what the first call's meta pass showed."""
+    passes between steps, ``samples(ids)`` before batches whose dataset ids ``units`` and ``store``
+    keep. ``session`` holds the entries' hooks, ``outputs`` the run's files, ``writer`` the steps'
+    bookkeeping; ``rehearsal`` is what the first call's meta pass showed."""
 
     def __init__(self, writer: StepWriter, first: int = 0, rehearsal: Rehearsal | None = None) -> None:
         self.writer = writer

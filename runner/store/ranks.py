@@ -23,6 +23,7 @@ from runner.store.claim import claim_run_dir
 from runner.store.commit import CONFIG, commit, read_manifest, tmp_path
 from runner.store.errors import OutputError, naming
 
+
 def is_part(run_dir: Path) -> bool:
     """Whether ``run_dir`` is one rank's part of a distributed run (not a run of its own)."""
     return part_rank(run_dir) is not None
