@@ -76,6 +76,14 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
     assert (in_tmp / "assets" / "units_top_layer3.png").stat().st_size > 10_000
     assert (in_tmp / "assets" / "units_layers.png").stat().st_size > 10_000
     assert (in_tmp / "stores" / "crops" / "layer3" / "shard-00002.npy").is_file()
+    from runner.analysis import report
+
+    command = shlex.split(SECTION.split("(`python -m runner.report ", 1)[1].split("`", 1)[0])
+    assert command == ["outputs/units"]
+    report.main(command)  # what python -m runner.report runs
+    page = (in_tmp / command[0] / "report.html").read_text()
+    section = page.split('<section id="units"><h2>Unit statistics</h2>', 1)[1].split("</section>", 1)[0]
+    assert "<td>layer3</td>" in section and "<td>layer4</td>" in section
 
 
 @pytest.mark.slurm
