@@ -5,7 +5,10 @@ sample ids to a ``hooks.shards.ShardWriter`` at ``path/LAYER``: fixed-size ``.np
 ``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole. Memory: one shard per
 layer. Sample ids (``hooks.samples``, the dataset indices of a whole-dataset pass) are kept
 beside the rows; a pass over a store a killed pass left writes on from its first incomplete
-shard. Read back with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
+shard, and the runner's pass skips the batches the complete shards hold (``samples_held``).
+Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its samples:
+the ranks take contiguous parts of the data), and the readers read the parts as one. Read back
+with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
 """
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from torch import nn
 
 from common.errors import ConfigError, choice_error
+from common.ranks import part_name, process_group
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
-from hooks.store_files import DTYPES, ShardWriter
+from hooks.store_files import DTYPES, ShardWriter, store_header, stored_through
 
 
 @dataclass
@@ -52,11 +57,23 @@ class Store(SampleOutputs):
     def eval_problem(self) -> str | None:
         return "stores the run's own pass; eval passes would add other samples"
 
+    def samples_held(self, model: nn.Module, start: int) -> int:
+        """The samples from ``start`` on that every selected layer's store holds in complete shards."""
+        header = {layer: store_header(layer, self.spec.shard_size, self.spec.dtype, process_group())
+                  for layer, _ in self.targets(model)}
+        held = [stored_through(self.store_dir(layer), h) + 1 - start for layer, h in header.items()]
+        return max(0, min(held, default=0))
+
     def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
         if layer not in self.writers:
-            self.writers[layer] = ShardWriter(Path(self.spec.path) / layer, layer, self.spec.shard_size,
-                                              self.spec.dtype)
+            self.writers[layer] = ShardWriter(self.store_dir(layer), layer, self.spec.shard_size, self.spec.dtype,
+                                              process_group())
         self.writers[layer].add(x, samples)
+
+    def store_dir(self, layer: str) -> Path:
+        """Where ``layer``'s store is written: ``path/LAYER``, or this rank's part of it under ``torch.distributed``."""
+        group = process_group()
+        return Path(self.spec.path) / layer / (part_name(group[0]) if group else "")
 
     def tables(self) -> dict[str, dict[str, list]]:
         """At the end of the run: the last shard of each store, which is then complete."""

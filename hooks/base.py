@@ -125,6 +125,12 @@ class HookType:
     def needs_backward(self) -> bool:
         return False
 
+    def samples_held(self, model: nn.Module, start: int) -> int:
+        """How many samples of a dataset pass, from sample id ``start`` on, this entry holds from an
+        earlier pass and needs no more (a store's complete shards): a pass whose every entry holds
+        them runs the model from after them. 0 by default: the entry needs every sample."""
+        return 0
+
     @property
     def compile_problem(self) -> str | None:
         """Why this entry cannot run under ``compile=true``, or ``None`` when it can.

@@ -8,9 +8,10 @@ Layout of a store directory (one per layer)::
 
 A shard is written whole (a temporary name, fsync, rename) and only then listed in
 ``store.json`` (itself replaced by rename), so the manifest names complete shards only: a
-killed pass leaves at most an unlisted temporary file, and the next pass over the same store
-keeps the listed shards and writes on from the first incomplete one. Memory: one shard's buffer.
-Reading back: ``runner.store.activations``.
+pass killed by a signal leaves at most an unlisted temporary file (removed by the next writer),
+and the next pass over the same store keeps the listed shards and writes on from the first
+incomplete one; a file of a shard not listed is never read, and is written anew. Memory: one
+shard's buffer. Reading back: ``runner.store.activations``.
 """
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ def shard_name(kind: str, index: int) -> str:
     return f"{kind}-{index:05d}.npy"
 
 
+def store_header(layer: str, shard_size: int, dtype: str, rank: tuple[int, int] | None = None) -> dict:
+    """What a store holds: a pass writes on in a store only when its header is this one."""
+    return {"layer": layer, "shard_size": shard_size, "dtype": dtype,
+            **({"rank": rank[0], "world_size": rank[1]} if rank else {})}
+
+
+def stored_through(path: Path, header: dict) -> int:
+    """The last sample id in the complete shards of the store at ``path`` (-1: none, or a store of another header)."""
+    found = read_store_manifest(path)
+    if found is None or not found["shards"] or {k: found.get(k) for k in header} != header:
+        return -1
+    return int(found["shards"][-1]["last"])
+
+
 def read_store_manifest(path: Path) -> dict | None:
     """A store's ``store.json``, or ``None`` when none was written yet."""
     try:
@@ -42,20 +57,25 @@ class ShardWriter:
     """Streams one layer's per-sample activations into a store; resumes a store a killed pass left.
 
     ``add(x, samples)`` takes a batch in sample order; rows whose ids the listed shards already
-    hold are skipped, so a resumed pass starts writing at the first incomplete shard (its
-    forward passes over the stored items run again: the store does not choose the data).
+    hold are skipped, so a resumed pass starts writing at the first incomplete shard (the
+    runner's pass does not run the model on the stored items: ``Store.samples_held``).
     ``finish()`` writes the last (possibly smaller) shard and marks the store complete.
+    ``rank``: ``(rank, world_size)`` of the part this writer writes under ``torch.distributed``,
+    kept in its manifest so that a reader knows whether every rank's part is there.
     """
 
-    def __init__(self, path: Path, layer: str, shard_size: int, dtype: str) -> None:
+    def __init__(self, path: Path, layer: str, shard_size: int, dtype: str,
+                 rank: tuple[int, int] | None = None) -> None:
         self.path, self.shard_size, self.dtype = Path(path), shard_size, DTYPES[dtype]
-        self.header = {"layer": layer, "shard_size": shard_size, "dtype": dtype}
+        self.header = store_header(layer, shard_size, dtype, rank)
         self.path.mkdir(parents=True, exist_ok=True)
         found = read_store_manifest(self.path)
         if found is not None and {k: found.get(k) for k in self.header} != self.header:
             raise ValueError(f"store '{self.path}' holds {({k: found.get(k) for k in self.header})}, not "
                              f"{self.header}; use another store path or delete it")
         self.manifest = found or {**self.header, "item_shape": None, "shards": [], "complete": False}
+        for left in self.path.glob(".*.tmp-*"):  # what a killed writer was writing (a store has one writer)
+            left.unlink(missing_ok=True)
         shards = self.manifest["shards"]
         self.last = shards[-1]["last"] if shards else -1  #: the last sample id taken (listed or buffered)
         self._rows: list[torch.Tensor] = []
@@ -71,8 +91,10 @@ class ShardWriter:
             return
         first = int(samples[keep][0])
         if self.last >= 0 and first != self.last + 1:  # never a store with a hole in it
-            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came (the pass "
-                             f"resumed after them?); run the pass again from its start, the complete shards stay")
+            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came; a store takes "
+                             f"a contiguous part of the data in order (under torch.distributed: each rank its "
+                             f"own range, not every world_size-th sample); run the pass again from its start, "
+                             f"the complete shards stay")
         x = x.detach()[keep].to("cpu", self.dtype)
         shape = list(x.shape[1:])
         if self.manifest["item_shape"] not in (None, shape):

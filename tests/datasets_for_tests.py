@@ -55,3 +55,28 @@ class ImagesFailingAt(Dataset):
         if i == self.fail_at:
             raise RuntimeError(f"item {i}: the pass is killed here")
         return self.folder[i]
+
+
+class DigitsPausingAt(Dataset):
+    """scikit-learn's digits as [1, 8, 8] images (``digits_cnn``'s input) with their labels; reading item
+    ``pause_at`` creates the file ``flag`` and then waits: a pass a test kills there with a signal."""
+
+    def __init__(self, pause_at: int = -1, flag: str = "") -> None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        self.x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16
+        self.y = torch.tensor(digits.target)
+        self.pause_at, self.flag = pause_at, flag
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if i == self.pause_at:
+            import time
+            from pathlib import Path
+
+            Path(self.flag).touch()
+            time.sleep(600)
+        return self.x[i], self.y[i]

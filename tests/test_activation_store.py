@@ -77,7 +77,11 @@ def test_store_keeps_the_dtype_asked_for(tmp_path, image_folder, expected, dtype
     assert torch.equal(got, expected.to(getattr(torch, dtype)))
 
 
-def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path, image_folder):
+def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path, image_folder, monkeypatch):
+    """The resumed pass runs the model on the items after the complete shards only, and its store
+    ends equal to an uninterrupted pass's."""
+    from runner.engine import loop
+
     data = ("data=dataset", "data._target_=datasets_for_tests.ImagesFailingAt", f"+data.kwargs.path={image_folder}",
             "data.batch_size=25", "data.shuffle=false", "hooks.store.shard_size=50")
     whole = tmp_path / "whole"
@@ -88,12 +92,43 @@ def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path,
     left = json.loads((killed / "layer3" / "store.json").read_text())
     assert [s["rows"] for s in left["shards"]] == [50, 50] and not left["complete"]  # shard 2's 25 rows lost
     first = (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns
-    run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
+    batches, real = [], loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(args[2].samples.tolist()) or real(*args))
+    resumed = run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
+    assert batches == [list(range(100, 125)), list(range(125, 150))]  # the model never ran on the stored 100
+    assert json.loads((resumed / "manifest.json").read_text())["resumed_at_step"] == 4
     assert (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns == first  # kept, not written again
     done = json.loads((killed / "layer3" / "store.json").read_text())
     assert done == json.loads((whole / "layer3" / "store.json").read_text())
     for name in ("shard-00000.npy", "shard-00001.npy", "shard-00002.npy", "samples-00002.npy"):
         assert np.array_equal(np.load(killed / "layer3" / name), np.load(whole / "layer3" / name)), name
+
+
+def test_a_pass_holding_part_of_a_batch_runs_that_batch_whole_and_a_complete_store_one_batch(tmp_path, monkeypatch):
+    """Shards of 100 digits, batches of 64: the resumed pass begins at the batch holding sample 100 (the
+    batches of an uninterrupted pass); a store already complete runs its last batch only."""
+    from runner.engine import loop
+
+    common = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=store",
+              "hooks.store.layers=[fc]", "hooks.store.shard_size=100", "data.batch_size=64")
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'whole'}"), tmp_path / "run0")
+    store = tmp_path / "cut" / "fc"
+    store.mkdir(parents=True)
+    manifest = json.loads((tmp_path / "whole" / "fc" / "store.json").read_text())
+    (store / "store.json").write_text(json.dumps({**manifest, "shards": manifest["shards"][:1], "complete": False}))
+    for name in ("shard-00000.npy", "samples-00000.npy"):
+        (store / name).write_bytes((tmp_path / "whole" / "fc" / name).read_bytes())
+    batches, real = [], loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(int(args[2].samples[0])) or real(*args))
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run1")
+    assert batches == list(range(64, 1797, 64))
+    for name in sorted(p.name for p in (tmp_path / "whole" / "fc").glob("*.npy")):
+        assert np.array_equal(np.load(store / name), np.load(tmp_path / "whole" / "fc" / name)), name
+    batches.clear()
+    run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run2")
+    assert batches == [1792]
+    whole = json.loads((tmp_path / "whole" / "fc" / "store.json").read_text())
+    assert json.loads((store / "store.json").read_text()) == whole
 
 
 def test_a_store_needs_a_path_and_a_known_dtype():
@@ -118,3 +153,24 @@ def test_the_stores_of_a_sharded_pass_read_as_one_store(tmp_path):
     torch.testing.assert_close(torch.stack([merged[i][0] for i in range(1797)]),
                                torch.stack([one[i][0] for i in range(1797)]), rtol=1e-6, atol=1e-6)
     assert sorted(s for _, s in ShuffledStore(*(tmp_path / str(shard) / "fc" for shard in range(3)))) == list(range(1797))
+
+
+def test_a_store_of_ranks_is_read_only_with_every_ranks_part_complete(tmp_path):
+    """What ``hooks.store`` writes under ``torch.distributed``: ``path/LAYER/rank-N``, each part a store."""
+    from hooks.store_files import ShardWriter
+
+    layer = tmp_path / "fc"
+    rows = torch.arange(12.0).view(6, 2)
+    for rank in (1, 0):
+        writer = ShardWriter(layer / f"rank-{rank}", "fc", 2, "float32", (rank, 2))
+        writer.add(rows[3 * rank:3 * rank + 3], torch.arange(3 * rank, 3 * rank + 3))
+        if rank == 1:
+            with pytest.raises(FileNotFoundError, match="no complete activation store at .*rank-1"):
+                ActivationStore(layer)
+            writer.finish()
+            with pytest.raises(FileNotFoundError, match=r"has the parts of ranks \[1\] of a run on 2 ranks"):
+                ActivationStore(layer)
+    writer.finish()
+    store = ActivationStore(layer)
+    assert [store[i][1] for i in range(6)] == list(range(6))
+    assert torch.equal(torch.stack([store[i][0] for i in range(6)]), rows)

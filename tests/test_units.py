@@ -206,3 +206,27 @@ def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_tabl
     resumed = load_units(run(make_config(*overrides), tmp_path / "requeued", overrides))
     for column in whole.columns:
         assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column
+
+
+def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
+    import re
+
+    from runner.analysis import report
+
+    overrides = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
+                 "hooks=units", "hooks.units.layers=[relu2,fc]", "hooks.units.top_k=2", "hooks.units.threshold=0.5")
+    out = run(make_config(*overrides), tmp_path / "run", overrides)
+    units = load_units(out)
+    section = report.render(out).split('<section id="units"><h2>Unit statistics</h2>', 1)[1].split("</section>", 1)[0]
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>\s*(<td>.*?)</tr>", section, re.S)]
+    assert [c[1] for c in cells] == list(dict.fromkeys(units.layer)) == ["fc", "relu2"]
+    for (hook, layer, call, n, values, mean, above, dead), (name, rows) in zip(cells, units.groupby("layer", sort=False)):
+        assert (layer, int(n), int(values)) == (name, len(rows), int(rows["count"].iloc[0]))
+        assert float(mean) == pytest.approx(rows["mean"].mean(), rel=1e-3)  # the table shows 4 digits
+        assert float(above) == pytest.approx(rows.fraction_above.mean(), rel=1e-3)
+        assert int(dead) == int((rows.above == 0).sum())
+    assert int(cells[1][7]) > 0  # relu2 has units never above 0.5 over the digits
+    assert section.count("data:image/png;base64,") == 1
+    empty = run(make_config("model=digits_cnn", "data=digits", "steps=1", "hooks=stats", "progress=false"),
+                tmp_path / "plain")
+    assert "Left out: no run here has a units entry" in report.render(empty)

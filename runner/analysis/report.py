@@ -3,7 +3,8 @@
 First what a reader wants first: the summary the run printed (``runner.analysis.summary``) and
 what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
 everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
-curves, a patching sweep's heatmap and table, each job's pictures); then the details, collapsed:
+curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
+whole-dataset passes (``units.parquet``); then the details, collapsed:
 the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
 recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
 as PNG data URIs: no file beside the page and nothing fetched when it is opened.
@@ -30,11 +31,13 @@ from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, 
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import CLEAN, LAYER, patching_table
 from runner.analysis.summary import last_value, summarize
+from runner.analysis.unit_plots import layer_histograms
+from runner.analysis.units import load_units
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order: summary, pictures, details.
 SECTIONS = {"summary": "Summary", "abnormal": "Abnormalities", "pictures": "Pictures",
-            "patching": "Activation patching", "jobs": "Jobs and overrides", "failed": "Failed jobs",
+            "units": "Unit statistics", "patching": "Activation patching", "jobs": "Jobs and overrides", "failed": "Failed jobs",
             "layers": "Recorded layers and statistics", "config": "Resolved config"}
 #: Jobs whose own pictures are drawn (the first, in job order), and whose configs are shown.
 MOST_JOB_PICTURES = 8
@@ -63,6 +66,7 @@ def render(path: str | Path, corrupted: str | Path | None = None) -> str:
         "summary": f'<pre class="summary">{html.escape(summarize(path))}</pre>',
         "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
         "pictures": _pictures(runs, job, stats, steps, patching),
+        "units": _units(path),
         "patching": _patching(path, steps, corrupted),
         "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
         "failed": _failed(path),
@@ -207,6 +211,23 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
         parts.append("<h3>Dead units</h3>" + _table(dead.assign(run_dir=dead["run_dir"].astype(str).map(job))
                                                     .rename(columns={"run_dir": "job"})))
     return "\n".join(parts) + f'<p class="note">{checked}</p>'
+
+
+def _units(path: Path) -> str:
+    """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
+    layer: its units, the values each unit saw, the mean of the unit means, the units never above
+    the threshold (dead); then the layers' histograms of unit means and dead fractions."""
+    try:
+        units = load_units(path)
+    except FileNotFoundError:
+        return _note("Left out: no run here has a units entry (hooks=units over a whole dataset).")
+    table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
+        units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
+        mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()
+    return ("<p>Per layer: <code>values</code> each unit saw (samples x positions), <code>never_above</code> the "
+            "units never above their entry's threshold (dead). Every unit's numbers and top samples: "
+            f"<code>load_units({html.escape(repr(str(path)))})</code>.</p>\n" + _table(table)
+            + _img(layer_histograms(units), "unit means and dead fractions per layer"))
 
 
 def _img(fig, alt: str) -> str:

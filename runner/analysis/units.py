@@ -1,9 +1,10 @@
 """Reading ``units.parquet`` back: one run, or every job of a sweep merged into the one-job table.
 
 ``load_units(path)`` merges the rows of the same (hook, layer, call, unit) across jobs (the
-shards of ``data.shard``): counts, ``above`` and sketch buckets add, min and max are the
-extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and bottom-k candidates are
-re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
+shards of ``data.shard``) and across the ranks of a run under ``torch.distributed`` (each
+rank's part, ``rank-N``, holds the table of its samples): counts, ``above`` and sketch buckets
+add, min and max are the extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and
+bottom-k candidates are re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
 and top-k sets come out exactly as one job writes them; means and variances to float64 rounding
 (a different order of additions, ~1e-15 relative). Derived columns: ``variance`` (population:
 M2 / count), ``std``, ``fraction_above`` (``above / count``; a unit's dead fraction is one minus it).
@@ -21,7 +22,7 @@ import torch
 from common.records import UNITS
 from hooks.unit_stats import SketchGrid, chan_merge
 from runner.analysis.load import run_dirs
-from runner.store.commit import read_manifest
+from runner.store.ranks import rank_files
 
 KEY = ["hook", "layer", "call", "unit"]
 _TOP = ("top_value", "top_sample", "top_position")
@@ -29,13 +30,14 @@ _BOTTOM = ("bottom_value", "bottom_sample", "bottom_position")
 
 
 def load_units(path: str | Path) -> pd.DataFrame:
-    """The unit statistics of the run at ``path``, or of every run under it merged (a sharded sweep).
+    """The unit statistics of the run at ``path``, or of every run under it merged (a sharded sweep),
+    each run's ranks merged too.
 
     Example:
         >>> units = load_units("outputs/multirun/2026-11-26/10-00-00")
         >>> units[units.layer == "layer3"].nlargest(5, "mean")[["unit", "mean", "top_sample"]]
     """
-    tables = [pq.read_table(run / UNITS) for run in run_dirs(path) if UNITS in (read_manifest(run) or {}).get("files", {})]
+    tables = [pq.read_table(file) for run in run_dirs(path) for _, file in rank_files(run, UNITS)]
     if not tables:
         raise FileNotFoundError(f"no run at or under '{path}' wrote {UNITS} (add a units entry: hooks=units)")
     frame = pa.concat_tables(tables).to_pandas()

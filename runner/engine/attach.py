@@ -64,8 +64,9 @@ class EvalResult:
 class AttachedRun:
     """What ``attach`` yields (and what the CLI's loop drives): ``backward(loss)`` (optional
     sugar for ``loss.backward()``), ``step(loss)`` after the step, ``evaluating()`` around eval
-    passes between steps. ``session`` holds the entries' hooks, ``outputs`` the run's files,
-    ``writer`` the steps' bookkeeping; ``rehearsal`` is what the first call's meta pass showed."""
+    passes between steps, ``samples(ids)`` before batches whose dataset ids ``units`` and ``store``
+    keep. ``session`` holds the entries' hooks, ``outputs`` the run's files, ``writer`` the steps'
+    bookkeeping; ``rehearsal`` is what the first call's meta pass showed."""
 
     def __init__(self, writer: StepWriter, first: int = 0, rehearsal: Rehearsal | None = None) -> None:
         self.writer = writer
@@ -78,6 +79,12 @@ class AttachedRun:
         #: the end of each step, before the next one is begun for a loop that may not run it.
         self.lifetimes = self.session.lifetimes()
         self.begin_step()
+
+    def samples(self, ids: torch.Tensor | Sequence[int]) -> None:
+        """The dataset ids of the rows of the batches the model gets next (``units`` and ``store`` keep
+        them beside each row), until the next call; without them a row is numbered by its place in the
+        run, which under ``torch.distributed`` every rank would number from 0."""
+        self.session.recorder.samples = torch.as_tensor(ids, dtype=torch.int64).view(-1)
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as

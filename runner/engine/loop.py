@@ -5,7 +5,8 @@ optimizer from the checked plan, opens the run with ``open_run`` (the session, o
 ``StepWriter`` every loop uses) and drives it step by step as a user's loop drives
 ``runner.attach``: ``run.step(loss, ...)``, ``run.evaluating()``. What only this loop does: the
 passes beside each step that entries ask for (``HookType.side_data``), keeping the input image
-for Grad-CAM, resuming a requeued job, ``torch.compile``. Everything was checked when the plan
+for Grad-CAM, resuming a requeued job, starting a dataset pass after the batches its stores hold
+already (``whole_pass.held_steps``), ``torch.compile``. Everything was checked when the plan
 was compiled. Plain code, no Hydra globals: tests compile a config from Hydra's compose API and
 run it, the CLI (``runner.cli``) runs the plan its checks compiled in the Hydra run directory.
 """
@@ -54,12 +55,14 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     model = placed(build_model(plan.model), device).train(s.mode.value == "train")
     optimizer = build_optimizer(plan.optimizer, model)
     dataset_pass = whole_pass.applies(s, plan.data)
-    data = whole_pass.batches(plan.data, s.seed, device) if dataset_pass else plan.data.batches(s.seed, device)
+    resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
+    held = whole_pass.held_steps(plan.data, plan.hooks, model) if dataset_pass and not resume.found else 0
+    data = (whole_pass.batches(plan.data, s.seed, device, held) if dataset_pass
+            else plan.data.batches(s.seed, device))
     gradients = not dataset_pass or whole_pass.needs_gradient(plan.optimizer.name, plan.hooks)
     clean_data = plan.clean_data.batches(s.seed, device) if plan.clean_data is not None else None
     held_out = plan.schedule.held_out(plan.data.batches(s.seed + EVAL_SEED_OFFSET, device, held_out=True))
-    resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
-    first = resume.restore(data)  # a requeued job's run goes on from its last complete step
+    first = resume.restore(data) or held  # a requeued job's run goes on from its last complete step
     for _ in range(first if clean_data is not None else 0):
         next(clean_data)
     start = time.perf_counter()

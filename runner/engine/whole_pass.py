@@ -58,10 +58,27 @@ def epoch_steps(settings: RunConfig, data: DataSource, epochs: int) -> int:
     return epochs * -(-(stop - start) // data.items.batch_size)
 
 
-def batches(data: DataSource, seed: int, device: torch.device) -> Iterator[Batch]:
-    """This shard's items in order, epoch after epoch, each batch with its ``samples``."""
+def batches(data: DataSource, seed: int, device: torch.device, skip: int = 0) -> Iterator[Batch]:
+    """This shard's items in order, epoch after epoch, each batch with its ``samples``; the first
+    epoch without its first ``skip`` batches (``held_steps``), which are not read."""
     start, stop = shard_range(data)
-    return itertools.chain.from_iterable(data.item_batches(start, stop, seed, device) for _ in itertools.count())
+    first = data.item_batches(start + skip * data.items.batch_size, stop, seed, device)
+    return itertools.chain(first, itertools.chain.from_iterable(
+        data.item_batches(start, stop, seed, device) for _ in itertools.count()))
+
+
+def held_steps(data: DataSource, hooks, model: torch.nn.Module) -> int:
+    """The first batches of the pass that every entry holds already (``HookType.samples_held``: the
+    complete shards of the stores a killed pass left), which a resumed pass need not run.
+
+    Whole batches only, so that the batches the pass runs are the ones an uninterrupted pass
+    runs (the same float32 activations), and never the last one, so that every entry still
+    sees a call and ends its run (a store already complete costs one batch)."""
+    if not hooks:
+        return 0
+    start, stop = shard_range(data)
+    held = min(min(hook.samples_held(model, start) for hook in hooks), stop - start - 1)
+    return held // data.items.batch_size
 
 
 def needs_gradient(optimizer_name: str, hooks) -> bool:

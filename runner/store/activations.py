@@ -20,15 +20,34 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from common.ranks import part_rank
 from hooks.store_files import DTYPES, read_store_manifest, shard_name
+
+
+def store_parts(path: Path) -> list[tuple[Path, dict]]:
+    """The complete store at ``path`` as ``(directory, manifest)`` pairs: itself, or the ``rank-N``
+    parts the ranks of a run under ``torch.distributed`` wrote (every one of them, each complete)."""
+    manifest = read_store_manifest(path)
+    parts = [] if manifest is not None else sorted(p for p in path.glob("rank-*") if part_rank(p) is not None)
+    found = [(part, read_store_manifest(part)) for part in parts] or [(path, manifest)]
+    for part, manifest in found:
+        if manifest is None or not manifest["complete"]:
+            raise FileNotFoundError(f"no complete activation store at '{part}' (its pass has not finished)")
+    worlds = sorted({manifest.get("world_size", 1) for _, manifest in found})
+    ranks = sorted(manifest.get("rank", 0) for _, manifest in found)
+    if parts and ranks != list(range(worlds[-1])):
+        raise FileNotFoundError(f"the store at '{path}' has the parts of ranks {ranks} of a run on "
+                                f"{worlds[-1]} ranks: not every rank's part is there")
+    return found
 
 
 class ActivationStore(Dataset):
     """Complete stores as one map-style ``Dataset``: ``store[i]`` is ``(activation, sample_id)`` of row ``i``.
 
     ``paths``: one store, or the stores of a sharded sweep's jobs (``data.shard``), read as one in
-    the order of their first sample id. Shards are memory-mapped (``np.load(mmap_mode="r")``): a
-    row costs a read of its bytes only.
+    the order of their first sample id; a store written under ``torch.distributed`` is read with
+    its ranks' parts (``path/rank-N``) in the same order. Shards are memory-mapped
+    (``np.load(mmap_mode="r")``): a row costs a read of its bytes only.
 
     Example:
         >>> store = ActivationStore("stores/crops/layer3")
@@ -38,10 +57,7 @@ class ActivationStore(Dataset):
     def __init__(self, *paths: str | Path) -> None:
         if not paths:
             raise ValueError("ActivationStore: give the directory of at least one store")
-        found = [(Path(path), read_store_manifest(Path(path))) for path in paths]
-        for path, manifest in found:
-            if manifest is None or not manifest["complete"]:
-                raise FileNotFoundError(f"no complete activation store at '{path}' (its pass has not finished)")
+        found = [part for path in paths for part in store_parts(Path(path))]
         layouts = {(m["layer"], m["dtype"], tuple(m["item_shape"] or ())) for _, m in found}
         if len(layouts) > 1:
             raise ValueError(f"the stores hold different things (layer, dtype, item shape): {sorted(layouts)}")

@@ -13,43 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.ranks import part_name, part_rank, process_group
 from runner.store.claim import claim_run_dir
 from runner.store.commit import CONFIG, commit, read_manifest, tmp_path
 from runner.store.errors import OutputError, naming
 
-_PART = re.compile(r"rank-(\d+)")
-
-
-def process_group() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when ``torch.distributed`` is initialized, else ``None``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-def part_name(rank: int) -> str:
-    return f"rank-{rank}"
-
 
 def is_part(run_dir: Path) -> bool:
     """Whether ``run_dir`` is one rank's part of a distributed run (not a run of its own)."""
-    return _PART.fullmatch(run_dir.name) is not None
+    return part_rank(run_dir) is not None
 
 
 def rank_files(run_dir: Path, name: str) -> list[tuple[int, Path]]:
     """The file ``name`` of a run as ``(rank, path)`` pairs: its own (rank 0, or the rank of a part
     read on its own), or those of its ranks' parts."""
     if (run_dir / name).is_file():
-        part = _PART.fullmatch(run_dir.name)
-        return [(int(part.group(1)) if part else 0, run_dir / name)]
+        return [(part_rank(run_dir) or 0, run_dir / name)]
     ranks = (read_manifest(run_dir) or {}).get("ranks", {})
     found = [(int(rank), run_dir / part / name) for rank, part in ranks.items()]
     return sorted((rank, path) for rank, path in found if path.is_file())

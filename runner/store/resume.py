@@ -53,6 +53,11 @@ class Resume:
         self._point: tuple[int, dict] | None = None
         self.hooks_state: dict | None = None  #: the hook session's ``run_state()`` at the resume point
 
+    @property
+    def found(self) -> bool:
+        """Whether a resume point is there (``restore`` checks that it is this config's)."""
+        return (self.dir / _STATE).exists()
+
     def restore(self, data: Iterator) -> int:
         """Load the resume point, if one of this config is there: the state, the data stream advanced
         past its steps, the rows to keep. Return the first step to run (0 without a point)."""
