@@ -31,18 +31,32 @@ def check_metric(metric: MetricConfig, classes: int | None) -> None:
                                   f"use integers in [0, {int(classes or 1) - 1}]")
 
 
-def logit_metrics(output: torch.Tensor, metric: MetricConfig) -> dict[str, float]:
-    """``logit`` and ``logit_diff`` of one output, as the module docstring defines them."""
-    logits = output.detach()
-    if logits.dim() == 3:  # [batch, positions, vocab]: the next-token logits of the last position
-        logits = logits[:, -1]
-    out = {}
-    if metric.target is not None:
-        out["logit"] = float(logits[:, metric.target].double().mean())
-    if metric.diff is not None:
+def metric_value(output: torch.Tensor, metric: MetricConfig, name: str) -> torch.Tensor:
+    """``logit`` or ``logit_diff`` of one output as a scalar tensor in its graph (what
+    ``attribution`` differentiates), as the module docstring defines them."""
+    logits = output[:, -1] if output.dim() == 3 else output  # [batch, positions, vocab]: the last position
+    if name == "logit" and metric.target is not None:
+        return logits[:, metric.target].mean()
+    if name == "logit_diff" and metric.diff is not None:
         a, b = metric.diff
-        out["logit_diff"] = float((logits[:, a].double() - logits[:, b].double()).mean())
-    return out
+        return (logits[:, a] - logits[:, b]).mean()
+    raise ConfigError(missing_metric(metric, name) or f"{name} is not a metric: choose logit or logit_diff")
+
+
+def missing_metric(metric: MetricConfig, name: str) -> str | None:
+    """What ``metric`` lacks to give the metric ``name`` (``logit``, ``logit_diff``), in one line; ``None`` if nothing."""
+    if name == "logit" and metric.target is None:
+        return "logit needs metric.target=C (the class or token whose logit it is)"
+    if name == "logit_diff" and metric.diff is None:
+        return "logit_diff needs 'metric.diff=[A,B]' (logit of A minus logit of B)"
+    return None
+
+
+def logit_metrics(output: torch.Tensor, metric: MetricConfig) -> dict[str, float]:
+    """``logit`` and ``logit_diff`` of one output, as the module docstring defines them (in float64)."""
+    logits = output.detach().double()
+    names = ["logit"] * (metric.target is not None) + ["logit_diff"] * (metric.diff is not None)
+    return {name: float(metric_value(logits, metric, name)) for name in names}
 
 
 class OutputMetrics:
