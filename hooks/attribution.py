@@ -15,17 +15,15 @@ as rows of method ``attribution`` beside real patching's.
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from common.errors import ConfigError, choice_error
-from hooks.interventions import check_clean, clean_data_keys
+from hooks.interventions import BesideStep, check_clean, clean_data_keys
 from hooks.registry import register
-from hooks.tap import SlotEditSpec, Tap
+from hooks.tap import SlotEditSpec
 
 METRICS = ("logit_diff", "logit")
 
@@ -51,18 +49,16 @@ def estimate(clean: torch.Tensor, corrupted: torch.Tensor, grad: torch.Tensor) -
 
 
 @register("attribution")
-class Attribution(Tap):
+class Attribution(BesideStep):
     """Forward hook keeping the clean and corrupted outputs beside each step; the step records the estimate."""
 
     spec_class = AttributionSpec
 
     def __init__(self, name: str, spec: AttributionSpec) -> None:
         super().__init__(name, spec)
-        self._mode = "step"  # or, in the passes beside the step: "capture" (clean), "off" (corrupted)
         self._clean: dict[tuple[str, int, str], torch.Tensor] = {}
         self._corrupted: dict[tuple[str, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._estimates: dict[tuple[str, int, str], torch.Tensor] = {}
-        self._at: tuple[str, int] = ("", 0)
 
     @property
     def expected_kinds(self) -> set[str]:
@@ -89,21 +85,11 @@ class Attribution(Tap):
     def compile_problem(self) -> str:
         return "differentiates the metric in a pass beside each step, which was not checked under compilation"
 
-    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
-        self._at = (layer, call)
-
     def edit_output(self):
         return lambda out, args: self._seen(out)
 
-    @contextlib.contextmanager
-    def side_mode(self, mode: str) -> Iterator[None]:
-        before, self._mode = self._mode, mode
-        if mode == "capture":
-            self._clean, self._estimates = {}, {}
-        try:
-            yield
-        finally:
-            self._mode = before
+    def start_capture(self) -> None:
+        self._clean, self._estimates = {}, {}
 
     def _seen(self, out: torch.Tensor) -> torch.Tensor:
         key = (*self._at, self.edited_slot)

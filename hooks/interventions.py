@@ -150,6 +150,33 @@ class Ablate(Tap):
 CLEAN = "clean"
 
 
+class BesideStep(Tap):
+    """A Tap acting in the clean and corrupted passes the runner's loop runs beside each step
+    (``side_mode``: ``capture``, ``off``; ``step`` in the step proper), its output edit knowing
+    the layer and call it is at (``_at``); ``start_capture`` forgets the last clean pass."""
+
+    def __init__(self, name: str, spec) -> None:
+        super().__init__(name, spec)
+        self._at: tuple[str, int] = ("", 0)
+        self._mode = "step"
+
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        self._at = (layer, call)
+
+    def start_capture(self) -> None:
+        """A clean pass begins: forget what the last one kept."""
+
+    @contextlib.contextmanager
+    def side_mode(self, mode: str) -> Iterator[None]:
+        before, self._mode = self._mode, mode
+        if mode == "capture":
+            self.start_capture()
+        try:
+            yield
+        finally:
+            self._mode = before
+
+
 def check_clean(clean: Any, key: str) -> None:
     """``clean`` (the data keys of a clean pass beside each step) is a mapping, or ``None``."""
     if clean is not None and not isinstance(clean, dict):
@@ -192,7 +219,7 @@ class PatchSpec(SlotEditSpec):
 
 
 @register("patch")
-class Patch(Tap):
+class Patch(BesideStep):
     """Forward hook returning the output the same module produced in the ``source`` run (or its indexed part)."""
 
     spec_class = PatchSpec
@@ -200,8 +227,6 @@ class Patch(Tap):
     def __init__(self, name: str, spec: PatchSpec) -> None:
         super().__init__(name, spec)
         self._source: dict[StoredKey, torch.Tensor] | None = None
-        self._at: tuple[str, int] = ("", 0)
-        self._mode = "patch"  # or, in a clean pass's side passes: "capture", "off"
         self._sent: dict[str, tuple[int, torch.Tensor]] = {}  # with a receiver: per sender, (step, clean - corrupted)
 
     @property
@@ -256,7 +281,7 @@ class Patch(Tap):
         """Forward pre-hook of the receiver: its first input plus what each sender's clean output adds to
         its corrupted one, in this step's pass (``_sent``)."""
         def on_pre(module, args, kwargs):
-            if self._mode != "patch":
+            if self._mode != "step":
                 return None
             step = self._session.step
             sent = [delta for at, delta in self._sent.values() if at == step]
@@ -295,23 +320,13 @@ class Patch(Tap):
             raise ConfigError(f"{self.key}.source_step: run '{self.spec.source}' has no step {lacking[0]} (it kept "
                               f"steps {have}); set {self.key}.source_step or run fewer steps")
 
-    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
-        self._at = (layer, call)
-
     def edit_output(self):
         return lambda out, args: self._patched(out)
 
-    @contextlib.contextmanager
-    def side_mode(self, mode: str) -> Iterator[None]:
-        """``capture``: keep this pass's outputs as the values to patch in (a clean pass), and leave
-        them; ``off``: leave the outputs (the corrupted baseline); else patch."""
-        before, self._mode = self._mode, mode
-        if mode == "capture":
-            self._source = {}
-        try:
-            yield
-        finally:
-            self._mode = before
+    def start_capture(self) -> None:
+        """The clean pass's outputs become the values to patch in (``off``: the corrupted baseline,
+        left as it is; ``step``: patched)."""
+        self._source = {}
 
     def _patched(self, out: torch.Tensor) -> torch.Tensor:
         layer, call = self._at

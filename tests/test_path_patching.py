@@ -14,14 +14,15 @@ from test_interventions import GPT, kept, tokens
 THREE = (*GPT, "model.n_layer=3")
 
 
-def hand_path_patched(sender: int, receiver: int, position: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits of gpt2_tiny (3 blocks) on the corrupted tokens with what block ``sender`` sends block
+def hand_path_patched(sender: int, receiver: int, position: int | None,
+                      n_layer: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of gpt2_tiny (``n_layer`` blocks) on the corrupted tokens with what block ``sender`` sends block
     ``receiver`` patched, by a plain two-pass loop: the clean pass keeps the sender's output; in the
     corrupted pass the sender's output stays as it is, and the receiver's input (the residual stream)
     gets ``clean - corrupted`` sender output added (at ``position``, or everywhere). Also the plain
     corrupted logits."""
     torch.manual_seed(0)
-    model = gpt2_tiny(n_layer=3).eval()
+    model = gpt2_tiny(n_layer=n_layer).eval()
     blocks = model.transformer.h
     kept_out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
