@@ -1,4 +1,4 @@
-"""``python -m benchmarks.attribution``: one attribution run against the patching sweep it estimates, as a ratio in one run.
+"""``python -m benchmarks.attribution``: one attribution run against the patching sweep it estimates, as a ratio.
 
 The sweep is the README's: ``gpt2_tiny`` with 4 blocks, each block at each of 16 positions patched
 from each job's own clean pass (``hooks.patch.source=clean``), 64 jobs; the attribution run is

@@ -13,6 +13,10 @@
   the run loop feeds the clean batch (the run's data with ``clean``'s keys over it) while the
   entry keeps its layers' outputs (``side_mode("capture")``), then the corrupted batch unpatched
   (``side_mode("off")``), both outside the run's records (``runner.engine.side_by_side``).
+  With a ``receiver`` (path patching) the senders (``layers``) keep their output and the receiver's
+  first input gets ``clean - corrupted`` sender output added (at ``index``): what patching the
+  senders would have sent that module, and no other reader. On a residual stream that is the direct
+  path (block B's input is the residual), through none of the modules between them.
 
 Both read a stored run with ``common.rundir`` when attached (each attach has fresh state: first in
 the meta-device rehearsal, before the run): a run without the layer, or a stored shape that is
@@ -270,8 +274,9 @@ class Patch(BesideStep):
         """The one module ``receiver`` names, not one of the senders."""
         found = select_modules(model, self.spec.receiver, f"{self.key}.receiver")
         if len(found) != 1:
+            names = ", ".join(name for name, _ in found[:4]) + ", ..." * (len(found) > 4)
             raise ConfigError(f"{self.key}.receiver: '{self.spec.receiver}' matches {len(found)} modules "
-                              f"({', '.join(name for name, _ in found[:4])}{', ...' * (len(found) > 4)}); a path has one receiver")
+                              f"({names}); a path has one receiver")
         if found[0][0] in {name for name, _ in self.targets(model)}:
             raise ConfigError(f"{self.key}.receiver: '{found[0][0]}' is also a sender (layers); a path runs from "
                               f"the senders to a later module")

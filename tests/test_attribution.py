@@ -116,7 +116,8 @@ def test_attribution_rows_join_real_patching_and_path_rows_in_one_table(run_with
     estimates = stored_estimates(attributed)
     step = analysis.load_steps(attributed).iloc[0]
     for row in table[table.method == "attribution"].itertuples():
-        assert row.patched == pytest.approx(step.corrupted_logit_diff + float(estimates[row.layer][row.index]), abs=1e-7)
+        estimate = float(estimates[row.layer][row.index])
+        assert row.patched == pytest.approx(step.corrupted_logit_diff + estimate, abs=1e-7)
         assert (row.clean, row.corrupted) == (step.clean_logit_diff, step.corrupted_logit_diff)
     path = table[table.method == "path"].iloc[0]
     assert (path.layer, path.receiver, path["index"]) == ("transformer.h.0", "transformer.h.1", 15)

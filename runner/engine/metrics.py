@@ -44,7 +44,7 @@ def metric_value(output: torch.Tensor, metric: MetricConfig, name: str) -> torch
 
 
 def missing_metric(metric: MetricConfig, name: str) -> str | None:
-    """What ``metric`` lacks to give the metric ``name`` (``logit``, ``logit_diff``), in one line; ``None`` if nothing."""
+    """What ``metric`` lacks to give ``name`` (``logit``, ``logit_diff``), in one line; ``None`` if nothing."""
     if name == "logit" and metric.target is None:
         return "logit needs metric.target=C (the class or token whose logit it is)"
     if name == "logit_diff" and metric.diff is None:
