@@ -118,10 +118,11 @@ class Report:
         self.rows.append({"section": section, "config": config, "name": name, "value": value, "unit": unit,
                           "ratio": ratio, "cpu_ratio": cpu_ratio, "target": target})
 
-    def write(self, out_dir: Path) -> None:
+    def write(self, out_dir: Path, name: str = "results") -> None:
+        """``NAME.md`` (the text) and ``NAME.parquet`` (the rows) in ``out_dir``."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.md").write_text("\n".join(self.lines) + "\n")
-        pq.write_table(pa.Table.from_pylist(self.rows), out_dir / "results.parquet")
+        (out_dir / f"{name}.md").write_text("\n".join(self.lines) + "\n")
+        pq.write_table(pa.Table.from_pylist(self.rows), out_dir / f"{name}.parquet")
 
 
 def synchronizer(device: torch.device):

@@ -108,10 +108,11 @@ UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
 #: ``patch`` entry put in (the part its ``index`` selects); ``clipped`` is what a ``clamp`` entry
-#: removed from a gradient (``grad - clamped``: ``1 - zero_frac`` is the fraction of elements clipped). A complex tensor gets two rows per
+#: removed from a gradient (``grad - clamped``: ``1 - zero_frac`` is the fraction of elements clipped);
+#: ``attribution`` is an ``attribution`` entry's estimate per index of dim 1 (``hooks.attribution``). A complex tensor gets two rows per
 #: capture, one per part, with slots ``SLOT.real`` and ``SLOT.imag`` (its dtype column stays
 #: complex; the statistics are those of the part, never of ``|z|``).
-KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched", "clipped")
+KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched", "clipped", "attribution")
 #: Kinds whose first dimension is the batch and second the channels (``sample.batch`` and
 #: ``sample.channels`` narrow them; parameter gradients have neither).
 BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
@@ -119,3 +120,12 @@ BATCH_KINDS = frozenset({"input", "output", "grad_input", "grad_output"})
 #: ``.grad``), in an evaluation pass, or while activation checkpointing recomputed a forward
 #: inside backward (``recompute``: the same call again, not a new one).
 PHASES = ("forward", "backward", "after_backward", "eval", "recompute")
+
+#: The patching table (``runner.analysis.patching.patching_table``): one row per method, layer
+#: (with ``path``: sender and ``receiver``) and index. ``method`` says how ``patched`` was found:
+#: ``patch`` (a job that patched the output), ``path`` (a job that patched what a sender sends one
+#: receiver), ``attribution`` (the first-order estimate of one attribution run), ``steer``; rows of
+#: runs stored before the column existed are ``patch``.
+METHOD = "method"
+METHODS = ("patch", "attribution", "path", "steer")
+PATCHING_COLUMNS = (METHOD, "layer", "receiver", "index", "patched", "clean", "corrupted", "recovered")

@@ -79,7 +79,8 @@ class HookType:
     An entry declares what it needs from the loop around it, and the runner supplies it without
     knowing the type (as zennit's composites supply what each rule asks for): ``keep`` (its
     records keep their values, which pictures are drawn from), ``side_data`` and ``side_mode``
-    (a pass on other data beside each step, which the runner's loop runs), ``stored_runs`` (the
+    (a pass on other data beside each step, which the runner's loop runs), ``side_metric`` and
+    ``side_backward`` (the gradient of a metric in the corrupted pass beside it), ``stored_runs`` (the
     run directories it reads), ``own_loop_problem`` (why a user's own loop cannot serve it).
     """
 
@@ -109,6 +110,17 @@ class HookType:
     def side_mode(self, mode: str) -> Iterator[None]:
         """What the entry does in a pass beside the step (see ``side_data``); nothing by default."""
         yield
+
+    @property
+    def side_metric(self) -> str | None:
+        """The step metric (``logit``, ``logit_diff``) whose gradient this entry takes in the
+        corrupted pass beside each step, or ``None``: with one, that pass runs with gradients and
+        ``side_backward`` gets the metric of its output (``attribution``)."""
+        return None
+
+    def side_backward(self, value) -> None:
+        """Take what the entry needs from ``value``, the ``side_metric`` of the corrupted pass beside
+        the step, a scalar tensor in that pass's graph (``torch.autograd.grad``)."""
 
     @property
     def own_loop_problem(self) -> str | None:

@@ -13,6 +13,10 @@
   the run loop feeds the clean batch (the run's data with ``clean``'s keys over it) while the
   entry keeps its layers' outputs (``side_mode("capture")``), then the corrupted batch unpatched
   (``side_mode("off")``), both outside the run's records (``runner.engine.side_by_side``).
+  With a ``receiver`` (path patching) the senders (``layers``) keep their output and the receiver's
+  first input gets ``clean - corrupted`` sender output added (at ``index``): what patching the
+  senders would have sent that module, and no other reader. On a residual stream that is the direct
+  path (block B's input is the residual), through none of the modules between them.
 
 Both read a stored run with ``common.rundir`` when attached (each attach has fresh state: first in
 the meta-device rehearsal, before the run): a run without the layer, or a stored shape that is
@@ -30,6 +34,7 @@ import torch
 
 from common.errors import ConfigError, choice_error
 from hooks.registry import register
+from hooks.select import select_modules
 from common.rundir import StoredKey, check_run_dir, stored_steps, stored_tensors
 from hooks.tap import SlotEditSpec, Tap
 
@@ -149,14 +154,55 @@ class Ablate(Tap):
 CLEAN = "clean"
 
 
+class BesideStep(Tap):
+    """A Tap acting in the clean and corrupted passes the runner's loop runs beside each step
+    (``side_mode``: ``capture``, ``off``; ``step`` in the step proper), its output edit knowing
+    the layer and call it is at (``_at``); ``start_capture`` forgets the last clean pass."""
+
+    def __init__(self, name: str, spec) -> None:
+        super().__init__(name, spec)
+        self._at: tuple[str, int] = ("", 0)
+        self._mode = "step"
+
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        self._at = (layer, call)
+
+    def start_capture(self) -> None:
+        """A clean pass begins: forget what the last one kept."""
+
+    @contextlib.contextmanager
+    def side_mode(self, mode: str) -> Iterator[None]:
+        before, self._mode = self._mode, mode
+        if mode == "capture":
+            self.start_capture()
+        try:
+            yield
+        finally:
+            self._mode = before
+
+
+def check_clean(clean: Any, key: str) -> None:
+    """``clean`` (the data keys of a clean pass beside each step) is a mapping, or ``None``."""
+    if clean is not None and not isinstance(clean, dict):
+        raise ConfigError(f"{key}: {clean!r} must be a mapping of data keys, e.g. {{seed: 0}}")
+
+
+def clean_data_keys(clean: dict | None) -> dict:
+    """The data keys of the clean batch over the run's ``data``: ``clean``, default ``{seed: 0}``."""
+    return dict(clean) if clean is not None else {"seed": 0}
+
+
 @dataclass
 class PatchSpec(SlotEditSpec):
     source: str = ""
     source_step: Optional[int] = None
     clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
+    receiver: Optional[str] = None  #: a later module: patch only what ``layers`` send it (path patching)
 
     def check(self, key: str) -> None:
         super().check(key)
+        if self.receiver is not None and self.scope == "global":
+            raise ConfigError(f"{key}.receiver: a path runs from the modules layers names; use scope=module")
         if not self.source:
             raise ConfigError(f"{key}.source: required: the directory of a complete run that kept these "
                               f"layers' outputs (hooks=extract or capture), e.g. {key}.source=runs/clean, "
@@ -165,8 +211,7 @@ class PatchSpec(SlotEditSpec):
             if self.source_step is not None:
                 raise ConfigError(f"{key}.source_step: a clean pass runs before every step of this run; "
                                   f"source_step is for a stored source run")
-            if self.clean is not None and not isinstance(self.clean, dict):
-                raise ConfigError(f"{key}.clean: {self.clean!r} must be a mapping of data keys, e.g. {{seed: 0}}")
+            check_clean(self.clean, f"{key}.clean")
             return
         if self.clean is not None:
             raise ConfigError(f"{key}.clean: only meaningful with {key}.source=clean (the source is the run "
@@ -178,7 +223,7 @@ class PatchSpec(SlotEditSpec):
 
 
 @register("patch")
-class Patch(Tap):
+class Patch(BesideStep):
     """Forward hook returning the output the same module produced in the ``source`` run (or its indexed part)."""
 
     spec_class = PatchSpec
@@ -186,8 +231,7 @@ class Patch(Tap):
     def __init__(self, name: str, spec: PatchSpec) -> None:
         super().__init__(name, spec)
         self._source: dict[StoredKey, torch.Tensor] | None = None
-        self._at: tuple[str, int] = ("", 0)
-        self._mode = "patch"  # or, in a clean pass's side passes: "capture", "off"
+        self._sent: dict[str, tuple[int, torch.Tensor]] = {}  # with a receiver: per sender, (step, clean - corrupted)
 
     @property
     def expected_kinds(self) -> set[str]:
@@ -201,9 +245,7 @@ class Patch(Tap):
     @property
     def side_data(self) -> dict | None:
         """With ``source: clean``: the data keys of the clean batch, over the run's ``data``."""
-        if not self.side_by_side:
-            return None
-        return dict(self.spec.clean) if self.spec.clean is not None else {"seed": 0}
+        return clean_data_keys(self.spec.clean) if self.side_by_side else None
 
     @property
     def own_loop_problem(self) -> str | None:
@@ -224,6 +266,47 @@ class Patch(Tap):
                                           "output", f"{self.key}.source")
         self._session = session
         super().attach(model, session)
+        if self.spec.receiver is not None:
+            receiver = self.receiver_module(model)
+            session.add(receiver[1].register_forward_pre_hook(self._receive(receiver[0]), with_kwargs=True))
+
+    def receiver_module(self, model) -> tuple[str, torch.nn.Module]:
+        """The one module ``receiver`` names, not one of the senders."""
+        found = select_modules(model, self.spec.receiver, f"{self.key}.receiver")
+        if len(found) != 1:
+            names = ", ".join(name for name, _ in found[:4]) + ", ..." * (len(found) > 4)
+            raise ConfigError(f"{self.key}.receiver: '{self.spec.receiver}' matches {len(found)} modules "
+                              f"({names}); a path has one receiver")
+        if found[0][0] in {name for name, _ in self.targets(model)}:
+            raise ConfigError(f"{self.key}.receiver: '{found[0][0]}' is also a sender (layers); a path runs from "
+                              f"the senders to a later module")
+        return found[0]
+
+    def _receive(self, receiver: str):
+        """Forward pre-hook of the receiver: its first input plus what each sender's clean output adds to
+        its corrupted one, in this step's pass (``_sent``)."""
+        def on_pre(module, args, kwargs):
+            if self._mode != "step":
+                return None
+            step = self._session.step
+            sent = [delta for at, delta in self._sent.values() if at == step]
+            if not args or not isinstance(args[0], torch.Tensor):
+                raise ConfigError(f"{self.key}.receiver: '{receiver}' is called without a tensor as its first "
+                                  f"positional input; a path adds to that input")
+            if not sent and args[0].device.type == "meta":
+                return None  # the rehearsal of a clean pass beside the step: nothing was sent
+            if not sent:
+                raise ConfigError(f"{self.key}.receiver: '{receiver}' ran before the senders "
+                                  f"({self.spec.layers}) in step {step}; a path runs from them to a later module")
+            delta = sum(sent)
+            if delta.shape != args[0].shape:
+                raise ConfigError(f"{self.key}.receiver: '{receiver}' takes an input of shape {list(args[0].shape)}, "
+                                  f"the senders send {list(delta.shape)}; choose a receiver reading the residual")
+            self._recorder.record(delta if self.index is None else delta[self.index.parts], hook=self.name,
+                                  layer=receiver, phase="forward", kind="patched", slot="0",
+                                  call=self._recorder.next_call((self.name, receiver)))
+            return (args[0] + delta, *args[1:]), kwargs
+        return on_pre
 
     @property
     def eval_problem(self) -> str | None:
@@ -242,23 +325,13 @@ class Patch(Tap):
             raise ConfigError(f"{self.key}.source_step: run '{self.spec.source}' has no step {lacking[0]} (it kept "
                               f"steps {have}); set {self.key}.source_step or run fewer steps")
 
-    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
-        self._at = (layer, call)
-
     def edit_output(self):
         return lambda out, args: self._patched(out)
 
-    @contextlib.contextmanager
-    def side_mode(self, mode: str) -> Iterator[None]:
-        """``capture``: keep this pass's outputs as the values to patch in (a clean pass), and leave
-        them; ``off``: leave the outputs (the corrupted baseline); else patch."""
-        before, self._mode = self._mode, mode
-        if mode == "capture":
-            self._source = {}
-        try:
-            yield
-        finally:
-            self._mode = before
+    def start_capture(self) -> None:
+        """The clean pass's outputs become the values to patch in (``off``: the corrupted baseline,
+        left as it is; ``step``: patched)."""
+        self._source = {}
 
     def _patched(self, out: torch.Tensor) -> torch.Tensor:
         layer, call = self._at
@@ -283,6 +356,11 @@ class Patch(Tap):
             raise ConfigError(f"{self.key}.source: {where} '{layer}' outputs of shape "
                               f"{list(value.shape)}; this run's are {list(out.shape)}")
         value = value.to(out.device, out.dtype)
+        if self.spec.receiver is not None:  # what this sender sends the receiver, there and only there
+            delta = value - out.detach()
+            self._sent[layer] = (self._session.step, delta if self.index is None else
+                                 self.index.apply(torch.zeros_like(delta), delta))
+            return out
         put = value if self.index is None else value[self.index.parts]
         self._recorder.record(put, hook=self.name, layer=layer, phase="forward", kind="patched", slot=slot, call=call)
         return overwritten(out, value)

@@ -23,8 +23,9 @@ RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"]}
 
 
 def needed(preset: str, tmp_path: Path) -> list[str]:
-    """What a preset needs that no default can give: ``store`` a directory of its own."""
-    return [f"hooks.store.path={tmp_path / 'store'}"] if preset == "store" else []
+    """What a preset needs that no default can give: ``store`` a directory of its own, ``attribution``
+    a metric to differentiate."""
+    return {"store": [f"hooks.store.path={tmp_path / 'store'}"], "attribution": ["metric.diff=[1,2]"]}.get(preset, [])
 
 
 @pytest.mark.parametrize("preset", PRESETS)

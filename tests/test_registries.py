@@ -125,7 +125,7 @@ MODULES = {
         def target_probability(metric):
             if metric.target is None:
                 return None
-            return lambda logits: float(logits.double().softmax(-1)[:, metric.target].mean())
+            return lambda logits: logits.softmax(-1)[:, metric.target].mean()
     ''',
     "fixture_loss_picture": '''
         """plots=[loss_per_step]: the run's loss per step, drawn from steps.parquet."""

@@ -1,26 +1,37 @@
-"""A patching sweep as one table: each job's metric, and the fraction of the clean-vs-corrupted gap it recovers.
+"""Patching results as one table: each job's metric, each attribution estimate, and the fraction of
+the clean-vs-corrupted gap each recovers.
 
 A patching experiment is three things on disk: a clean run (which kept the layers' outputs), a
 corrupted run (the same model on other data, no patch) and a sweep of ``hooks=patch`` jobs on the
 corrupted data, one per layer and index; or, with ``hooks.patch.source=clean``, the sweep alone,
 each job holding its clean and corrupted metric beside its own (``clean_*``, ``corrupted_*``).
-``recovered = (patched - corrupted) / (clean - corrupted)``: 0 where patching changed nothing, 1
-where it restored the clean metric. Metrics are the mean over each run's training steps.
+A job whose patch has a ``receiver`` patched a path (method ``path``: what its layer sends the
+receiver). An attribution run (``hooks=attribution``) holds every layer and index of its entry at
+once, as kept tensors of kind ``attribution`` (method ``attribution``: ``patched`` is the corrupted
+metric plus the estimate). ``recovered = (patched - corrupted) / (clean - corrupted)``: 0 where
+patching changed nothing, 1 where it restored the clean metric. Metrics are the mean over each
+run's training steps. The columns are ``common.records.PATCHING_COLUMNS``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
-from runner.analysis.load import load_steps
+from common.records import METHOD, METHODS, PATCHING_COLUMNS
+from runner.analysis.load import config_path, load_steps, load_tensors
 from runner.analysis.order import natural_key
 
-#: The sweep's override columns naming what each job patched.
-LAYER, INDEX = "hooks.patch.layers", "hooks.patch.index"
+#: The sweep's override columns naming what each job patched (``RECEIVER``: a path's receiver).
+LAYER, INDEX, RECEIVER = "hooks.patch.layers", "hooks.patch.index", "hooks.patch.receiver"
 #: ``hooks.patch.source`` of jobs patched from their own clean pass (``hooks.interventions.CLEAN``;
 #: not imported from there, which would make reading a sweep import torch).
 CLEAN = "clean"
+#: The kind of an attribution entry's estimates (``hooks.attribution``).
+ATTRIBUTION = "attribution"
 
 
 def mean_metric(path: str | Path, metric: str) -> float:
@@ -32,34 +43,108 @@ def mean_metric(path: str | Path, metric: str) -> float:
     return float(values.mean())
 
 
-def patching_table(sweep: str | Path, clean: str | Path | None = None, corrupted: str | Path | None = None,
-                   metric: str = "logit_diff") -> pd.DataFrame:
-    """One row per patching job, in layer and index order (``h.2`` before ``h.10``): ``layer``, ``index`` (what it patched; ``"all"`` without an index),
-    ``patched``, ``clean``, ``corrupted`` (the metric's means) and ``recovered``. Without ``clean``
-    and ``corrupted`` runs, each job's own clean and corrupted passes (``source: clean``)."""
+def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path | None = None,
+                   corrupted: str | Path | None = None, metric: str = "logit_diff") -> pd.DataFrame:
+    """One row per method, layer (and receiver) and index, in that order (``h.2`` before ``h.10``):
+    ``method`` (``patch``, ``path``, ``attribution``), ``layer``, ``receiver`` (a path's; else
+    missing), ``index`` (what was patched; ``"all"`` without an index), ``patched``, ``clean``,
+    ``corrupted`` (the metric's means) and ``recovered``.
+
+    ``sweep`` is a patching sweep, an attribution run, a directory above both, or a list of them
+    (one table). ``clean`` and ``corrupted`` are the stored runs of a sweep patched from a stored
+    run; without them, each job's own clean and corrupted passes (``source: clean``; always so for
+    attribution)."""
     if (clean is None) != (corrupted is None):
         raise ValueError("give both the clean and the corrupted run, or neither (jobs patched from their own clean pass)")
-    steps = load_steps(sweep)
-    if LAYER not in steps.columns:
-        raise ValueError(f"'{sweep}' is not a patching sweep: its jobs do not override {LAYER}")
-    train = steps[steps["split"] == "train"].copy()
-    if INDEX not in train.columns:
-        train["index"] = "all"
-    else:  # channel or position numbers stay numbers (sorted as such); slices are text
-        train["index"] = train[INDEX] if pd.api.types.is_numeric_dtype(train[INDEX]) else train[INDEX].astype(str)
-    beside = [f"clean_{metric}", f"corrupted_{metric}"]
-    if clean is None and (not set(beside) <= set(train.columns) or train[beside].isna().any().any()):
-        raise ValueError(f"'{sweep}' has no {beside[0]} in every job's steps: give the clean and corrupted runs, "
-                         f"or patch from each job's own clean pass (hooks.patch.source=clean)")
-    means = [metric] + (beside if clean is None else [])
-    table = (train.groupby([LAYER, "index"], observed=True, sort=False)[means].mean().reset_index()
-             .rename(columns={LAYER: "layer", metric: "patched", beside[0]: "clean", beside[1]: "corrupted"}))
+    paths = [sweep] if isinstance(sweep, (str, Path)) else list(sweep)
+    parts = [part for path in paths for part in _rows(path, clean, corrupted, metric)]
+    table = pd.concat(parts, ignore_index=True)[[c for c in PATCHING_COLUMNS if c != "recovered"]]
     table["layer"] = table["layer"].astype(str)
-    table = table.sort_values(["layer", "index"], key=lambda column: column.map(natural_key), ignore_index=True)
-    if clean is not None:
-        table["clean"], table["corrupted"] = mean_metric(clean, metric), mean_metric(corrupted, metric)
+    order = {method: i for i, method in enumerate(METHODS)}
+    table = table.sort_values([METHOD, "layer", "receiver", "index"], ignore_index=True,
+                              key=lambda c: c.map(order) if c.name == METHOD else c.map(natural_key))
+    cell = [METHOD, "layer", "receiver", "index"]
+    twice = table[table.duplicated(cell, keep=False)]
+    if len(twice):
+        raise ValueError(f"two results for {dict(twice.iloc[0][cell].dropna())}: load those runs apart")
     if (table["clean"] == table["corrupted"]).any():
         raise ValueError(f"clean and corrupted runs have the same {metric} ({table['clean'].iloc[0]}): nothing to recover")
     table["recovered"] = (table["patched"] - table["corrupted"]) / (table["clean"] - table["corrupted"])
     table.attrs["metric"] = metric
     return table
+
+
+def _rows(path: str | Path, clean, corrupted, metric: str) -> list[pd.DataFrame]:
+    """The rows of the patching jobs and of the attribution runs at or under ``path``."""
+    steps = load_steps(path)
+    estimates = load_tensors(path, filters=[("kind", "=", ATTRIBUTION)])
+    if LAYER not in steps.columns and estimates.empty:
+        raise ValueError(f"'{path}' is neither a patching sweep (its jobs do not override {LAYER}) nor an "
+                         f"attribution run (no kind '{ATTRIBUTION}' kept: hooks=attribution)")
+    parts = [] if estimates.empty else [_attribution_rows(estimates, steps, metric)]
+    if LAYER in steps.columns:
+        parts.append(_patch_rows(path, steps[steps[LAYER].notna()], clean, corrupted, metric))
+    return parts
+
+
+def _patch_rows(sweep: str | Path, steps: pd.DataFrame, clean, corrupted, metric: str) -> pd.DataFrame:
+    """One row per patching job (layer, receiver, index): the mean of its metric; method ``path``
+    where the job's patch has a receiver, else ``patch`` (also for runs stored before receivers)."""
+    train = steps[steps["split"] == "train"].copy()
+    if INDEX not in train.columns:
+        train["index"] = "all"
+    elif pd.api.types.is_numeric_dtype(train[INDEX]):  # channel or position numbers stay integers (sorted as such),
+        train["index"] = train[INDEX].astype("int64")    # also where other runs of the directory had none (NaN)
+    else:  # slices are text
+        train["index"] = train[INDEX].astype(str)
+    train["receiver"] = train[RECEIVER].astype(object) if RECEIVER in train.columns else None
+    train["receiver"] = train["receiver"].where(train["receiver"].notna(), "")
+    beside = [f"clean_{metric}", f"corrupted_{metric}"]
+    if clean is None and (not set(beside) <= set(train.columns) or train[beside].isna().any().any()):
+        raise ValueError(f"'{sweep}' has no {beside[0]} in every job's steps: give the clean and corrupted runs, "
+                         f"or patch from each job's own clean pass (hooks.patch.source=clean)")
+    means = [metric] + (beside if clean is None else [])
+    table = (train.groupby([LAYER, "receiver", "index"], observed=True, sort=False)[means].mean().reset_index()
+             .rename(columns={LAYER: "layer", metric: "patched", beside[0]: "clean", beside[1]: "corrupted"}))
+    table[METHOD] = np.where(table["receiver"] == "", "patch", "path")
+    table["receiver"] = table["receiver"].replace("", None)
+    if clean is not None:
+        table["clean"], table["corrupted"] = mean_metric(clean, metric), mean_metric(corrupted, metric)
+    return table
+
+
+def _attribution_rows(estimates: pd.DataFrame, steps: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One row per layer and index of each attribution run: the corrupted metric plus the estimate
+    (summed over a layer's calls, as a patch patches every call; the mean over the steps)."""
+    rows = []
+    for run_dir, kept in estimates.groupby("run_dir", observed=True):
+        _check_estimated(run_dir, set(kept["hook"]), metric)
+        train = steps[(steps["run_dir"] == run_dir) & (steps["split"] == "train")]
+        sides = {side: float(train[f"{side}_{metric}"].mean()) for side in ("clean", "corrupted")}
+        per_step = kept.groupby(["layer", "step"], observed=True)["tensor"].apply(lambda t: np.sum(list(t), axis=0))
+        for layer, values in per_step.groupby(level="layer", observed=True):
+            mean = np.mean(np.stack(list(values)), axis=0)
+            rows += [{METHOD: ATTRIBUTION, "layer": layer, "receiver": None, "index": i,
+                      "patched": sides["corrupted"] + float(value), **sides} for i, value in enumerate(mean)]
+    return pd.DataFrame(rows)
+
+
+def _check_estimated(run_dir: str, hooks: set[str], metric: str) -> None:
+    """The attribution entries of ``run_dir`` estimate ``metric`` (their ``metric`` key)."""
+    path = config_path(run_dir)
+    entries = OmegaConf.load(path).get("hooks", {}) if path is not None else {}
+    for hook in hooks:
+        estimated = entries.get(hook, {}).get("metric", "logit_diff")
+        if estimated != metric:
+            raise ValueError(f"run '{run_dir}' estimates {estimated} (hooks.{hook}.metric), not {metric}")
+
+
+def attribution_against_patching(table: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """The cells both an attribution run and real patching hold (``attribution`` and ``patch``
+    columns: their recovered fractions, by layer and index) and the Pearson correlation between them
+    (NaN with fewer than 2 cells or no variation)."""
+    cell = ["layer", "index"]
+    wide = {method: table[table[METHOD] == method].set_index(cell)["recovered"] for method in ("attribution", "patch")}
+    both = pd.concat(wide, axis=1, join="inner").reset_index()
+    ok = len(both) > 1 and both["attribution"].std() > 0 and both["patch"].std() > 0
+    return both, float(np.corrcoef(both["attribution"], both["patch"])[0, 1]) if ok else float("nan")

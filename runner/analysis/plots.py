@@ -28,6 +28,7 @@ from common.records import EXPLAINED_CLASSES
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import natural_key
+from runner.analysis.patching_plots import patching_heatmap  # noqa: F401  (runner.plots.patching_heatmap)
 from runner.config.registry import PLOTS
 from runner.store.commit import read_manifest
 
@@ -217,30 +218,6 @@ def loss_curves(steps: pd.DataFrame, by: list[str] | None = None, metrics: Seque
         ax.set_ylabel(metric + held + (" (log)" if ax.get_yscale() == "log" else ""))
         ax.legend(fontsize="small")
         ax.grid(True, alpha=0.3)
-    return fig
-
-
-def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
-    """Layers (rows, in the sweep's order) x patched index (columns: positions or channels, in
-    numeric order), coloured by the recovered fraction of ``runner.analysis.patching.patching_table``
-    (0: patching changed nothing, 1: it restored the clean metric), each cell labelled with it."""
-    grid = table.pivot(index="layer", columns="index", values="recovered")
-    grid = grid.loc[sorted(grid.index, key=natural_key), sorted(grid.columns, key=natural_key)]
-    fig = Figure(figsize=(max(6.0, 0.55 * grid.shape[1] + 3), max(3.0, 0.55 * grid.shape[0] + 1.8)),
-                 layout="constrained")
-    ax = fig.subplots()
-    limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
-    image = ax.imshow(grid.to_numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-    for (row, col), value in np.ndenumerate(grid.to_numpy()):
-        ax.text(col, row, f"{value + 0.0:.2f}", ha="center", va="center", fontsize=7,
-                color="white" if abs(value) > 0.6 * limit else "black")
-    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
-    ax.set_yticks(range(grid.shape[0]), [str(r) for r in grid.index])
-    ax.set_xlabel("patched index (position or channel)")
-    ax.set_ylabel("patched layer")
-    fig.colorbar(image, ax=ax, label="recovered fraction")
-    metric = table.attrs.get("metric", "metric")
-    ax.set_title(title or f"activation patching: recovered fraction of {metric}")
     return fig
 
 

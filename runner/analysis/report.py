@@ -29,7 +29,7 @@ import pandas as pd
 from runner.analysis import plots
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
-from runner.analysis.patching import CLEAN, LAYER, patching_table
+from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
 from runner.analysis.summary import last_value, summarize
 from runner.analysis.unit_plots import layer_histograms
 from runner.analysis.units import load_units
@@ -268,17 +268,23 @@ def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFram
 
 
 def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None) -> str:
-    """The heatmap and table of a patching sweep (``runner.analysis.patching``), or one line why not."""
-    if LAYER not in steps.columns:
-        return _note(f"Not a patching sweep: no job overrides {LAYER}.")
-    sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
-    if len(sources) != 1:
-        return _note(f"Left out: the jobs name {len(sources)} patch sources (hooks.patch.source); one clean run needed.")
-    own = sources[0] == CLEAN  # each job ran its clean and corrupted passes beside its own
-    if corrupted is None and not own:
-        return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
+    """The heatmaps and table of a patching sweep or an attribution run (``runner.analysis.patching``;
+    where both are under ``path``, the estimate against real patching too), or one line why not."""
+    attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)]).empty
+    if LAYER not in steps.columns and not attributed:
+        return _note(f"Not a patching sweep (no job overrides {LAYER}) nor an attribution run (hooks=attribution).")
+    stored = None
+    if LAYER in steps.columns:
+        sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
+        if len(sources) != 1:
+            return _note(f"Left out: the jobs name {len(sources)} patch sources (hooks.patch.source); "
+                         f"one clean run needed.")
+        if sources[0] != CLEAN:  # patched from a stored clean run: the corrupted run is needed too
+            if corrupted is None:
+                return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
+            stored = (sources[0], corrupted)
     try:
-        table = patching_table(path, *((None, None) if own else (sources[0], corrupted)), _patching_metric(steps))
+        table = patching_table(path, *(stored or (None, None)), _patching_metric(steps))
     except (FileNotFoundError, ValueError) as exc:
         return _note(f"Left out: {exc}")
     return _img(plots.patching_heatmap(table), "recovered fraction per layer and index") + _table(table)

@@ -41,9 +41,14 @@ def check_metric(metric: MetricConfig, classes: int | None) -> None:
                               f"({', '.join(STEP_COLUMNS)}); register the measure under another name")
 
 
-#: A registered measure's builder: the metric config in, the measure of one pass's logits out (or
-#: ``None`` when the config does not ask for it, e.g. ``logit`` without ``metric.target``).
-Measure = Callable[[torch.Tensor], float]
+#: A registered measure's builder: the metric config in, the measure of one pass's ``[batch, classes]``
+#: logits out as a scalar tensor in their graph (what ``attribution`` differentiates), or ``None``
+#: when the config does not ask for it (``logit`` without ``metric.target``).
+Measure = Callable[[torch.Tensor], torch.Tensor]
+
+#: What each built-in measure needs from ``metric``, for the one line that says it is missing.
+NEEDS = {"logit": "metric.target=C (the class or token whose logit it is)",
+         "logit_diff": "'metric.diff=[A,B]' (logit of A minus logit of B)"}
 
 
 @METRICS.register("logit")
@@ -51,7 +56,7 @@ def logit(metric: MetricConfig) -> Measure | None:
     """The batch mean of the logit of class (or token) ``metric.target``."""
     if metric.target is None:
         return None
-    return lambda logits: float(logits[:, metric.target].double().mean())
+    return lambda logits: logits[:, metric.target].mean()
 
 
 @METRICS.register("logit_diff")
@@ -60,7 +65,7 @@ def logit_diff(metric: MetricConfig) -> Measure | None:
     if metric.diff is None:
         return None
     a, b = metric.diff
-    return lambda logits: float((logits[:, a].double() - logits[:, b].double()).mean())
+    return lambda logits: (logits[:, a] - logits[:, b]).mean()
 
 
 def chosen_measures(metric: MetricConfig) -> dict[str, Measure]:
@@ -80,8 +85,25 @@ def step_measures(metric: MetricConfig) -> tuple[str, ...]:
 
 def last_position_logits(output: torch.Tensor) -> torch.Tensor:
     """``[batch, classes]`` logits; a token model's ``[batch, positions, vocab]`` read at its last position."""
-    logits = output.detach()
-    return logits[:, -1] if logits.dim() == 3 else logits
+    return output[:, -1] if output.dim() == 3 else output
+
+
+def missing_metric(metric: MetricConfig, name: str) -> str | None:
+    """What ``metric`` lacks to give measure ``name``, in one line; ``None`` if nothing."""
+    if METRICS.get(name).build(metric) is not None:
+        return None
+    return f"{name} needs {NEEDS.get(name, f'the metric keys its builder reads (metric.target, metric.diff)')}"
+
+
+def metric_value(output: torch.Tensor, metric: MetricConfig, name: str) -> torch.Tensor:
+    """Measure ``name`` of one model output as a scalar tensor in its graph (what ``attribution``
+    differentiates)."""
+    measure = METRICS.get(name).build(metric)
+    if measure is None:
+        raise ConfigError(missing_metric(metric, name))
+    return measure(last_position_logits(output))
+
+
 
 
 class OutputMetrics:
@@ -104,8 +126,8 @@ class OutputMetrics:
             self._handle.remove()
 
     def _on_output(self, module: nn.Module, args: tuple, output: object) -> None:
-        logits = last_position_logits(first_tensor(output))
-        self.seen.append({name: measure(logits) for name, measure in self.measures.items()})
+        logits = last_position_logits(first_tensor(output).detach().double())  # measured in float64
+        self.seen.append({name: float(measure(logits)) for name, measure in self.measures.items()})
 
     def take(self) -> dict[str, float]:
         """The mean of each measure over the passes since the last call."""

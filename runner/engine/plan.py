@@ -28,7 +28,7 @@ from hooks.base import HookType
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
 from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
-from runner.engine.metrics import check_metric
+from runner.engine.metrics import check_metric, missing_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine import early_stop, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer
@@ -326,6 +326,10 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
                                   f"choose a loss (e.g. loss=sum){instead} or drop the entry")
         if optimizer.name != "none":
             raise ConfigError(f"optimizer: '{optimizer.name}' needs a loss to train on but loss=none")
+    for hook in hooks:
+        lacking = hook.side_metric and missing_metric(settings.metric, hook.side_metric)
+        if lacking:
+            raise ConfigError(f"{hook.key}.metric: {lacking}")
     for hook in hooks if settings.eval_every else ():
         if hook.eval_problem:
             raise ConfigError(f"{hook.key}: '{hook.spec.type}' {hook.eval_problem}; set eval_every=0 or drop the entry")

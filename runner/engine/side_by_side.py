@@ -11,7 +11,9 @@ dropout masks the step proper then draws, so in train mode a patched layer's cle
 same masks downstream in both passes, and the run's later randomness is that of a run without them.
 Their metrics (``metric.target``/``metric.diff``) become ``clean_*`` and ``corrupted_*`` columns of
 the step's ``steps.parquet`` row, so one job holds the clean, corrupted and patched values of its
-recovered fraction.
+recovered fraction. An entry that asks for a metric's gradient (``HookType.side_metric``:
+``attribution``) gets it in the corrupted pass, which then runs with gradients, and takes what
+it needs there (``side_backward``): one clean pass, one corrupted pass and one backward.
 """
 from __future__ import annotations
 
@@ -22,25 +24,32 @@ from torch import nn
 
 from hooks.base import HookType
 from hooks.recorder import Recorder
-from runner.engine.metrics import OutputMetrics
+from runner.engine.metrics import OutputMetrics, metric_value
 from runner.engine.train import Forward
+from runner.sources.losses import first_tensor
 
 
 def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor,
                         entries: list[HookType], recorder: Recorder, measures: OutputMetrics) -> dict[str, float]:
     """Run the clean pass (``entries`` keep their values) and the unpatched corrupted pass; return
-    their metrics, prefixed ``clean_`` and ``corrupted_``."""
+    their metrics, prefixed ``clean_`` and ``corrupted_``. Entries with a ``side_metric`` get
+    that metric of the corrupted pass, which then runs with gradients (``side_backward``)."""
     buffers = [(b, b.clone()) for b in model.buffers()]
+    differentiating = [entry for entry in entries if entry.side_metric is not None]
     metrics: dict[str, float] = {}
     try:
-        with torch.no_grad(), recorder.aside():
-            for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
-                with contextlib.ExitStack() as stack:
-                    stack.enter_context(_same_randomness(batch.device))
-                    for entry in entries:
-                        stack.enter_context(entry.side_mode(mode))
-                    forward(batch)
-                metrics.update({f"{side}_{name}": value for name, value in measures.take().items()})
+        for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
+            gradients = side == "corrupted" and bool(differentiating)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(recorder.aside())  # each pass counts its calls as the step proper does
+                stack.enter_context(_same_randomness(batch.device))
+                stack.enter_context(torch.set_grad_enabled(gradients))
+                for entry in entries:
+                    stack.enter_context(entry.side_mode(mode))
+                output = forward(batch)
+                for entry in differentiating if gradients else ():
+                    entry.side_backward(metric_value(first_tensor(output), measures.metric, entry.side_metric))
+            metrics.update({f"{side}_{name}": value for name, value in measures.take().items()})
     finally:
         with torch.no_grad():
             for buffer, kept in buffers:
