@@ -9,9 +9,11 @@ either is refused in one line when the entry is attached (first in the plan's re
 
 Each training pass adds to ``lens.parquet`` (``common.records.LENS_SCHEMA``) one row per block (``block``:
 its place among the matched modules), sample and position: the ``top_k`` token ids and their logits,
-and the target token's logit, probability and rank (0: the top token). ``target: next`` is the input's
-next token (the last position has none: target -1, NaN, rank -1); an integer is that token at every
-position. Passes run aside (the clean pass of ``patch``) and on the meta device add no rows.
+and the target token's logit, probability and rank (0: the top token). ``target: final`` is the token
+the model itself ranks first at that position (its output's argmax: where in depth its prediction
+forms); ``next`` is the input's next token (the last position has none: target -1, NaN, rank -1); an
+integer is that token at every position. The rows of a pass are made when the model returns (the
+final target is known then). Passes run aside (the clean pass of ``patch``) and on the meta device add no rows.
 """
 from __future__ import annotations
 
@@ -23,25 +25,27 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import LENS, LENS_SCHEMA
+from hooks.recorder import walk
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 
 #: The models the lens reads, for the one-line refusal.
 CAUSAL_MODELS = ("model=gpt2_tiny", "model=hf model.auto=causal_lm")
-NEXT = "next"
+NEXT, FINAL = "next", "final"
 
 
 @dataclass
 class LogitLensSpec(SampleOutputsSpec):
     top_k: int = 5
-    target: Any = NEXT  #: ``next`` (the input's next token) or a token id
+    target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
 
     def check(self, key: str) -> None:
         if self.top_k < 1:
             raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
-        if self.target != NEXT and (isinstance(self.target, bool) or not isinstance(self.target, int)
-                                    or self.target < 0):
-            raise ConfigError(f"{key}.target: {self.target!r} is not '{NEXT}' (the input's next token) nor a token id")
+        if self.target not in (FINAL, NEXT) and (isinstance(self.target, bool) or not isinstance(self.target, int)
+                                                 or self.target < 0):
+            raise ConfigError(f"{key}.target: {self.target!r} is not '{FINAL}' (the model's own top token), "
+                              f"'{NEXT}' (the input's next token) nor a token id")
 
 
 def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
@@ -68,9 +72,11 @@ class LogitLens(SampleOutputs):
         super().__init__(name, spec)
         self._rows: dict[str, list] = {column: [] for column in LENS_SCHEMA.names}
         self._tokens: torch.Tensor | None = None
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # this pass's (layer, samples, logits)
 
     def pytorch_hooks(self) -> str:
-        return "register_forward_hook (block outputs) + register_forward_pre_hook (the model's input tokens)"
+        return ("register_forward_hook (block outputs) + register_forward_pre_hook and register_forward_hook "
+                "(the model's input tokens and output logits)")
 
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The selected blocks, once the model is known to be one the lens reads (its refusal comes first)."""
@@ -81,11 +87,13 @@ class LogitLens(SampleOutputs):
         self._norm, self._unembedding = lens_parts(model, self.key)
         self._blocks = {name: i for i, (name, _) in enumerate(self.targets(model))}
         session.add(model.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        session.add(model.register_forward_hook(self._on_output))
         super().attach(model, session)
 
     def _on_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         tokens = kwargs.get("input_ids", args[0] if args else None)
         self._tokens = tokens if isinstance(tokens, torch.Tensor) and not tokens.is_floating_point() else None
+        self._pending = []
 
     def check(self, layer: str, x: torch.Tensor) -> None:
         width = self._unembedding.weight.shape[-1]
@@ -95,16 +103,29 @@ class LogitLens(SampleOutputs):
         if self.spec.target == NEXT and self._tokens is None:
             raise ConfigError(f"{self.key}.target: '{NEXT}' needs token ids as the model's input; give a token id")
         vocab = self._unembedding.weight.shape[0]
-        if self.spec.target != NEXT and self.spec.target >= vocab:
+        if self.spec.target not in (FINAL, NEXT) and self.spec.target >= vocab:
             raise ConfigError(f"{self.key}.target: {self.spec.target} is not a token of a vocabulary of {vocab}")
 
     def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
         if not self.session.recorder.enabled:
             return  # a pass aside, or a step sample.every leaves out
         with torch.no_grad():
-            logits = self._unembedding(self._norm(x.detach())).double().cpu()
+            self._pending.append((layer, samples, self._unembedding(self._norm(x.detach())).double().cpu()))
+
+    def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:
+        pending, self._pending = self._pending, []
+        logits = next((t for _, t in walk(output)), None)
+        if self.spec.target == FINAL and (logits is None or logits.dim() != 3):
+            raise ConfigError(f"{self.key}.target: '{FINAL}' needs the model to return logits [batch, positions, "
+                              f"vocab]; it returned {list(logits.shape) if logits is not None else 'no tensor'}")
+        if pending:
+            final = logits.detach().argmax(-1).cpu() if self.spec.target == FINAL else None
+            for layer, samples, block_logits in pending:
+                self._add_rows(layer, samples, block_logits, final)
+
+    def _add_rows(self, layer: str, samples: torch.Tensor, logits: torch.Tensor, final: torch.Tensor | None) -> None:
         batch, positions, vocab = logits.shape
-        target = self._targets_of(batch, positions)
+        target = final if final is not None else self._targets_of(batch, positions)
         have = target >= 0
         picked = logits.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         rank = (logits > picked.unsqueeze(-1)).sum(-1)
@@ -126,7 +147,7 @@ class LogitLens(SampleOutputs):
         rows["target_rank"] += torch.where(have, rank, -1).reshape(-1).tolist()
 
     def _targets_of(self, batch: int, positions: int) -> torch.Tensor:
-        """The target token of each (sample, position), -1 where there is none."""
+        """The ``next`` or fixed target token of each (sample, position), -1 where there is none."""
         if self.spec.target != NEXT:
             return torch.full((batch, positions), int(self.spec.target))
         tokens = self._tokens.cpu()

@@ -36,7 +36,7 @@ def by_hand(overrides: tuple[str, ...]) -> list[dict[int, torch.Tensor]]:
     return out
 
 
-@pytest.mark.parametrize("target", ["next", 7])
+@pytest.mark.parametrize("target", ["final", "next", 7])
 def test_lens_rows_are_each_block_output_through_ln_f_and_lm_head_by_hand(tmp_path, target):
     overrides = (*GPT2, "hooks=logit_lens", "hooks.logit_lens.top_k=4", f"hooks.logit_lens.target={target}")
     rows = load_lens(run(make_config(*overrides), tmp_path / "run", overrides))
@@ -49,7 +49,8 @@ def test_lens_rows_are_each_block_output_through_ln_f_and_lm_head_by_hand(tmp_pa
         assert list(row.top_ids) == top.indices.tolist()
         np.testing.assert_allclose(row.top_logits, top.values.numpy(), rtol=1e-6)
         tokens = hand[row.step]["x"][row.sample % 2]
-        want = (int(tokens[row.position + 1]) if row.position < 15 else -1) if target == "next" else 7
+        final = hand[row.step][1][row.sample % 2, row.position].argmax()  # the last block's is the model's output
+        want = {"final": int(final), "next": int(tokens[row.position + 1]) if row.position < 15 else -1}.get(target, 7)
         assert row.target == want
         if want < 0:
             assert np.isnan(row.target_logit) and np.isnan(row.target_prob) and row.target_rank == -1

@@ -50,12 +50,14 @@ def logit_lens_picture(rows: pd.DataFrame, step: int = 0, title: str = "") -> Fi
             ("target probability", "target rank (0 = top token; log scale)"),
             ({"cmap": "viridis", "vmin": 0.0, "vmax": max(float(np.nanmax(prob.to_numpy())), 1e-9)},
              {"cmap": "viridis_r", "norm": LogNorm(vmin=0.5, vmax=max(float(np.nanmax(rank.to_numpy())), 1.0))}),
-            ("{:.2f}", "{:.0f}")):
+            ("{:.3f}", "{:.3g}")):
         shown = grid if label.startswith("target probability") else np.maximum(grid, 0.5)
         image = ax.imshow(shown, aspect="auto", interpolation="nearest", **kwargs)
         for (row, col), value in np.ndenumerate(grid):
             if np.isfinite(value):
-                ax.text(col, row, text.format(value), ha="center", va="center", fontsize=6, color="white")
+                red, green, blue, _ = image.cmap(image.norm(shown[row, col]))
+                ax.text(col, row, text.format(value), ha="center", va="center", fontsize=6,
+                        color="black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white")
         ax.set_xticks(range(len(positions)), [str(p) for p in positions])
         ax.set_yticks(range(len(labels)), labels)
         ax.set_xlabel("position")
