@@ -76,3 +76,18 @@ def test_a_model_or_layer_the_lens_cannot_read_is_one_line_with_status_2(tmp_pat
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_saved_causal_lm_is_read_and_the_same_model_without_its_head_is_refused(tmp_path, capsys):
+    torch.manual_seed(0)
+    gpt2_tiny().save_pretrained(tmp_path / "gpt2")
+    common = ("model=hf", f"model.path={tmp_path / 'gpt2'}", "data=tokens", "loss=none", "mode=eval", "hooks=logit_lens")
+    rows = load_lens(run(make_config(*common, "model.auto=causal_lm"), tmp_path / "causal"))
+    assert set(rows.layer) == {"transformer.h.0", "transformer.h.1"} and (rows[rows.block == 1].target_rank == 0).all()
+    capsys.readouterr()  # save_pretrained's progress bar
+    with pytest.raises(SystemExit) as exit_:
+        cli([*common[:-1], "model.auto=model", "hooks=logit_lens", "hooks.logit_lens.layers=h.*"], tmp_path / "base")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: hooks.logit_lens: GPT2Model has no unembedding (get_output_embeddings()); the logit lens reads a "
+        "causal language model; valid: model=gpt2_tiny, model=hf model.auto=causal_lm"]

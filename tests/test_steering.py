@@ -10,6 +10,7 @@ import torch
 import torchvision
 
 import runner
+from common.errors import ConfigError
 from conftest import cli, make_config, run
 from hooks.registry import build_hook
 from runner.analysis import load_steps, load_tensors
@@ -151,3 +152,14 @@ def test_a_bad_vector_source_is_one_line_with_status_2_and_nothing_written(tmp_p
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [message]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_the_unsteered_pass_needs_the_runner_s_loop_and_runner_attach_says_so(tmp_path):
+    np.save(tmp_path / "v.npy", np.ones(32))
+    with pytest.raises(ConfigError) as refused:
+        with runner.attach(gpt2(), hooks={"steer": {"type": "steer", "layers": LAYER, "file": str(tmp_path / "v.npy")}},
+                           out_dir=tmp_path / "run"):
+            pass
+    assert str(refused.value) == ("hooks.steer.baseline: the unsteered pass beside each step needs the runner's loop "
+                                  "(python -m runner); in your own loop set hooks.steer.baseline=false")
+    assert not (tmp_path / "run").exists()
