@@ -143,6 +143,7 @@ class HookType:
         """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
         return None
 
+    @property
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError

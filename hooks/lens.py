@@ -74,6 +74,7 @@ class LogitLens(SampleOutputs):
         self._tokens: torch.Tensor | None = None
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # this pass's (layer, samples, logits)
 
+    @property
     def pytorch_hooks(self) -> str:
         return ("register_forward_hook (block outputs) + register_forward_pre_hook and register_forward_hook "
                 "(the model's input tokens and output logits)")

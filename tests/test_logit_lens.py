@@ -91,3 +91,13 @@ def test_a_saved_causal_lm_is_read_and_the_same_model_without_its_head_is_refuse
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: hooks.logit_lens: GPT2Model has no unembedding (get_output_embeddings()); the logit lens reads a "
         "causal language model; valid: model=gpt2_tiny, model=hf model.auto=causal_lm"]
+
+
+def test_plan_true_names_the_lens_s_pytorch_hooks():
+    from runner.engine.plan import describe
+
+    text = describe(compile_plan(make_config("model=gpt2_tiny", "data=tokens", "loss=none", "hooks=[logit_lens,units]",
+                                             "hooks.units.layers=transformer.h.0")))
+    assert ("hooks.logit_lens (type logit_lens): register_forward_hook (block outputs) + register_forward_pre_hook and "
+            "register_forward_hook (the model's input tokens and output logits)") in text
+    assert "hooks.units (type units): register_forward_hook (output)" in text
