@@ -105,6 +105,31 @@ UNITS_SCHEMA = pa.schema([
 ])
 UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
 
+#: ``steer.parquet``: one row per (entry, step, sample) of a ``steer`` entry: the next-token
+#: distribution at the last position with the steering vector added (``steered_*``) and without it
+#: (``unsteered_*``, a pass of the same batch beside the step), ``kl`` = KL(unsteered || steered) in nats.
+STEER = "steer.parquet"
+STEER_SCHEMA = pa.schema([
+    pa.field("method", pa.string()), pa.field("hook", pa.string()), pa.field("layers", pa.list_(pa.string())),
+    pa.field("scale", _F64), pa.field("step", _I64), pa.field("sample", _I64), pa.field("kl", _F64),
+    pa.field("steered_top_ids", pa.list_(_I64)), pa.field("steered_top_probs", pa.list_(_F64)),
+    pa.field("unsteered_top_ids", pa.list_(_I64)), pa.field("unsteered_top_probs", pa.list_(_F64)),
+])
+
+#: ``lens.parquet``: one row per (entry, step, sample, block, position) of a ``logit_lens`` entry: the
+#: block output read through the model's final norm and unembedding: the ``top_k`` token ids and logits,
+#: and the target token's id, logit, probability and rank (0 = the top token; target -1 where there is none).
+LENS = "lens.parquet"
+LENS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64), pa.field("step", _I64),
+    pa.field("sample", _I64), pa.field("position", _I64), pa.field("top_ids", pa.list_(_I64)),
+    pa.field("top_logits", pa.list_(_F64)), pa.field("target", _I64), pa.field("target_logit", _F64),
+    pa.field("target_prob", _F64), pa.field("target_rank", _I64),
+])
+
+#: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
+RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
+
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
 #: ``patch`` entry put in (the part its ``index`` selects); ``clipped`` is what a ``clamp`` entry

@@ -88,6 +88,9 @@ class HookType:
     type_name: ClassVar[str] = ""
     #: Whether every tensor this entry records keeps its values (``tensors.parquet``), not only statistics.
     keep: ClassVar[bool] = False
+    #: The run-total files this entry's ``tables()`` fills (``common.records.RUN_TOTAL_SCHEMAS``), which
+    #: pictures drawn from them look for.
+    writes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str, spec: HookSpec) -> None:
         self.name = name
@@ -158,6 +161,7 @@ class HookType:
         """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
         return None
 
+    @property
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError

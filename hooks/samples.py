@@ -37,6 +37,7 @@ class SampleOutputs(HookType):
         self._seen = 0    # samples counted in finished steps (no ids from the data)
         self._offset = 0
 
+    @property
     def pytorch_hooks(self) -> str:
         return "register_forward_hook (output)"
 

@@ -24,7 +24,7 @@ from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.unit_stats import SketchGrid, UnitStats
 
 
-#: The columns of ``units.parquet`` (types: ``runner.store.units_table.UNITS_SCHEMA``).
+#: The columns of ``units.parquet`` (types: ``common.records.UNITS_SCHEMA``).
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Units(SampleOutputs):
     """Streams per-unit statistics of the selected modules' outputs; changes nothing."""
 
     spec_class = UnitsSpec
+    writes = (UNITS,)
 
     def __init__(self, name: str, spec: UnitsSpec) -> None:
         super().__init__(name, spec)
@@ -85,7 +86,7 @@ class Units(SampleOutputs):
     def _axis(self, x: torch.Tensor) -> int:
         axis = self.spec.unit_axis
         if axis is None:
-            return 1 if x.dim() >= 4 else x.dim() - 1
+            return default_unit_axis(x.dim())
         return axis % x.dim() if -x.dim() <= axis < x.dim() else axis
 
     def _units_view(self, layer: str, x: torch.Tensor) -> torch.Tensor:
@@ -136,6 +137,11 @@ class Units(SampleOutputs):
             stats = self.stats[key] = UnitStats(units, self.spec.top_k, self.spec.threshold, self.grid,
                                                 self.spec.second_moment, positions)
             stats.restore(values)
+
+
+def default_unit_axis(dims: int) -> int:
+    """The unit axis of an output of ``dims`` dims: 1 (the channels) from 4 dims on, else the last (features)."""
+    return 1 if dims >= 4 else dims - 1
 
 
 def _position_shape(x: torch.Tensor, axis: int) -> list[int]:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from common.errors import ConfigError
 from conftest import hook_count, make_config, run
 from hooks import HOOK_TYPES
 from models_for_tests import Exploding, Interrupted, TrackedResNet18
@@ -22,15 +24,22 @@ def test_every_hook_type_has_a_preset():
 RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"]}
 
 
-def needed(preset: str, tmp_path: Path) -> list[str]:
+def needed(preset: str, tmp_path: Path, width: int) -> list[str]:
     """What a preset needs that no default can give: ``store`` a directory of its own, ``attribution``
-    a metric to differentiate."""
+    a metric to differentiate, ``steer`` a vector of the steered layer's ``width``."""
+    if preset == "steer":
+        np.save(tmp_path / "vector.npy", np.linspace(-1, 1, width))
+        return [f"hooks.steer.file={tmp_path / 'vector.npy'}"]
     return {"store": [f"hooks.store.path={tmp_path / 'store'}"], "attribution": ["metric.diff=[1,2]"]}.get(preset, [])
+
+
+#: ``logit_lens`` reads causal language models only: a resnet is refused before the run.
+LANGUAGE_MODEL_PRESETS = ("logit_lens",)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
-    extra = list(RESNET_OVERRIDES.get(preset, [])) + needed(preset, tmp_path)
+    extra = list(RESNET_OVERRIDES.get(preset, [])) + needed(preset, tmp_path, 256)  # layer3's channels
     if preset == "patch":  # its source: a run that kept layer3's output
         source = run(make_config("hooks=extract", "hooks.extract.layers=layer3", "data.shape=[2,3,32,32]"),
                      tmp_path / "source")
@@ -38,6 +47,10 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
     TrackedResNet18.instances.clear()
     cfg = make_config(f"hooks={preset}", "model=resnet18", "+model._target_=models_for_tests.TrackedResNet18",
                       "data.shape=[2,3,32,32]", *extra)
+    if preset in LANGUAGE_MODEL_PRESETS:
+        with pytest.raises(ConfigError, match="valid: model=gpt2_tiny, model=hf model.auto=causal_lm"):
+            run(cfg, tmp_path / "out")
+        return
     out = run(cfg, tmp_path / "out")
     assert (out / "manifest.json").is_file()
     (model,) = TrackedResNet18.instances
@@ -46,12 +59,13 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
 
 #: ``patch`` needs a stored run of the model's outputs, which a model that fails in forward cannot make;
 #: its hooks are the Tap's forward hooks, removed as ``edit_output``'s are.
-@pytest.mark.parametrize("preset", [p for p in HOOK_PRESETS if p != "patch"])
+#: ``logit_lens`` refuses these models before their forward (its hooks on a failing gpt2_tiny: ``tests/test_isolation.py``).
+@pytest.mark.parametrize("preset", [p for p in HOOK_PRESETS if p != "patch" and p not in LANGUAGE_MODEL_PRESETS])
 @pytest.mark.parametrize("model_cls", [Exploding, Interrupted], ids=["exception", "ctrl-c"])
 def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls):
     model_cls.instances.clear()
     cfg = make_config(f"hooks={preset}", "model=custom", f"model._target_=models_for_tests.{model_cls.__name__}",
-                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc", *needed(preset, tmp_path))
+                      "data.shape=[2,3]", f"hooks.{preset}.layers=**", "model.head=fc", *needed(preset, tmp_path, 3))
     with pytest.raises(model_cls.error):
         run(cfg, tmp_path / "out")
     (model,) = model_cls.instances

@@ -11,6 +11,7 @@ import gc
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -31,6 +32,10 @@ SHAPE_KEEPING = {"residual": ("hooks.residual.layers=relu",)}
 INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hooks.patch.layers=layer4",)}
 #: ``store`` defaults to ``layer3`` too, and needs a directory to write its shards to.
 STORE_PRESET = ("hooks.store.layers=layer4",)
+#: ``steer`` defaults to ``layer3`` too, and needs a vector of layer4's 4 channels.
+STEER_PRESET = ("hooks.steer.layers=layer4",)
+#: ``logit_lens`` reads a causal language model; its last module, where the model fails, is ``lm_head``.
+GPT2 = ("model=gpt2_tiny", "data=tokens")
 
 
 def _raise(error: type[BaseException]):
@@ -42,7 +47,8 @@ def _raise(error: type[BaseException]):
 
 def _fail_in_model(error: type[BaseException]):
     def prepare(model: nn.Module) -> None:
-        model.fc.forward = _raise(error)  # the last layer: every earlier hook has fired
+        last = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.fc
+        last.forward = _raise(error)  # the last layer: every earlier hook has fired
 
     return prepare
 
@@ -64,7 +70,10 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         watch.models.clear()  # the source run's model is not the one under test
     if preset == "store":
         extra += (*STORE_PRESET, f"hooks.store.path={tmp_path / 'store'}")
-    cfg = make_config(f"hooks={preset}", *MINI_RESNET, *extra)
+    if preset == "steer":
+        np.save(tmp_path / "vector.npy", np.ones(4))
+        extra += (*STEER_PRESET, f"hooks.steer.file={tmp_path / 'vector.npy'}")
+    cfg = make_config(f"hooks={preset}", *(GPT2 if preset == "logit_lens" else MINI_RESNET), *extra)
     out = tmp_path / "out"
     if SCENARIOS[scenario] is None:
         run(cfg, out)
@@ -73,9 +82,9 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         error, prepare, record = SCENARIOS[scenario]
         if prepare:
             watch.prepare = prepare
-        if record:  # the hook's own work fails: ``units`` and ``store`` keep their totals, not the recorder
-            monkeypatch.setattr(HOOK_TYPES[preset] if preset in ("units", "store") else Recorder,
-                                "take" if preset in ("units", "store") else "record", record)
+        if record:  # the hook's own work fails: ``units``, ``store`` and ``logit_lens`` keep their totals, not the recorder
+            own = preset in ("units", "store", "logit_lens")
+            monkeypatch.setattr(HOOK_TYPES[preset] if own else Recorder, "take" if own else "record", record)
         with pytest.raises(error, match="injected fault"):
             run(cfg, out)
         assert_no_partial_output(out)

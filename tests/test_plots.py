@@ -102,6 +102,7 @@ def test_gradient_flow_of_a_run_without_statistics_says_so(run_with):
         plots.gradient_flow(analysis.load_stats(run_dir))
     figures, notes = plots.run_figures(run_dir, plots.PLOTS)
     assert figures == [] and notes == [
+        "logit_lens: the run wrote no lens.parquet (record it with hooks=logit_lens on a causal language model)",
         "gradient_flow: the run recorded no activation or gradient statistics (record some with hooks=stats)",
         "feature_maps: no kept 4-D output at step 0",
         "grad_cam: no layer with a kept 4-D output and output gradient at step 0"]
@@ -230,7 +231,7 @@ def test_grad_cam_without_a_stored_input_says_so_in_the_picture(run_with):
 
 @pytest.mark.parametrize("plot_overrides, message", [
     (["hooks=stats", "plots=[gradient_flw]"],
-     "plots[0]: unknown plot 'gradient_flw'; valid: feature_maps, grad_cam, gradient_flow; did you mean 'gradient_flow'?"),
+     "plots[0]: unknown plot 'gradient_flw'; valid: feature_maps, grad_cam, gradient_flow, logit_lens; did you mean 'gradient_flow'?"),
     (["hooks=stats", "plots=[feature_maps]"], "plots: 'feature_maps' needs a kept conv output"),
     (["hooks=extract", "loss=none", "plots=[grad_cam]"], "plots: 'grad_cam' needs a conv layer's kept output"),
 ])

@@ -40,7 +40,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.records import CONFIG, ID_FIELDS, MANIFEST, STATS, STEPS, TENSORS
+from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TENSORS
 from runner.analysis.frame import to_frame
 from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
@@ -426,3 +426,11 @@ def dead_units(tensors: pd.DataFrame) -> pd.DataFrame:
             alive |= (np.moveaxis(t, 1, 0).reshape(t.shape[1], -1) != 0).any(axis=1)
         found.append((*key, alive.size, int((~alive).sum()), float((~alive).mean())))
     return pd.DataFrame(found, columns=[*keys, "units", "dead", "dead_frac"])
+
+
+def load_table(path: str | Path, name: str, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
+    """The rows of the run-total file ``name`` (``common.records.RUN_TOTAL_SCHEMAS``: ``steer.parquet``,
+    ``lens.parquet``) of one run or of every run of a sweep, with each job's overrides as columns."""
+    if name not in RUN_TOTAL_SCHEMAS:
+        raise ValueError(f"'{name}' is not a run-total file; valid: {', '.join(RUN_TOTAL_SCHEMAS)}")
+    return _load(path, name, columns, filters, RUN_TOTAL_SCHEMAS[name].names)

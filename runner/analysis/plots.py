@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from common.records import EXPLAINED_CLASSES
+from runner.analysis import lens  # noqa: F401  (registers the logit_lens picture)
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import natural_key

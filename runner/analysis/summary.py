@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import yaml
+
+from common.records import RUN_TOTAL_SCHEMAS
 
 from runner.analysis.load import (GRADIENT_KINDS, abnormal, config_path, label_of, load_stats, load_steps,
                                   override_columns, run_dirs)
@@ -97,12 +100,24 @@ def summarize_run(run_dir: str | Path) -> list[str]:
     steps = load_steps(run_dir)
     stats = load_stats(run_dir, columns=COLUMNS)
     lines = [f"run {run_dir}: {_steps_line(steps)}"]
+    totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
         rows = stats[(stats["hook"] == name) & (stats["phase"] != "eval")]
         named = name if kind == name else f"{name} ({kind})"
-        lines += [f"  {named}: {line}" if i == 0 else f"    {line}"
-                  for i, line in enumerate(_entry_lines(rows, kind))]
+        own = [line for line in _entry_lines(rows, kind) if not (totals.get(name) and line == "recorded nothing")]
+        lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines
+
+
+def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:
+    """Per entry, a line per run-total file it wrote rows to (``units.parquet``, ``lens.parquet``, ...)."""
+    out: dict[str, list[str]] = {}
+    for name in RUN_TOTAL_SCHEMAS:
+        if (run_dir / name).is_file():
+            counts = pq.read_table(run_dir / name, columns=["hook"]).column("hook").value_counts().to_pylist()
+            for count in counts:
+                out.setdefault(count["values"], []).append(f"wrote {count['counts']} rows of {name}")
+    return out
 
 
 def _entry_lines(rows: pd.DataFrame, kind: str) -> list[str]:

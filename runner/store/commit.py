@@ -23,13 +23,13 @@ import json
 import os
 from pathlib import Path
 
-from common.records import CONFIG, MANIFEST, TABLES, UNITS
+from common.records import CONFIG, MANIFEST, RUN_TOTAL_SCHEMAS, TABLES
 from runner.store.errors import naming
 
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 #: The data files a run may commit (the tables and the resolved config); their final names are the runner's alone.
-DATA_FILES = (*TABLES, UNITS, CONFIG)
+DATA_FILES = (*TABLES, *RUN_TOTAL_SCHEMAS, CONFIG)
 
 
 def tmp_path(path: Path) -> Path:

@@ -30,14 +30,13 @@ import torch
 
 from common import records
 from common.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
-                            STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA, UNITS, UNITS_SCHEMA,
+                            RUN_TOTAL_SCHEMAS, STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA,
                             steps_schema)
 from hooks.recorder import StepCaptures
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
 from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path
 from runner.store.errors import OutputError, naming
-from runner.store.units_table import units_table
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
@@ -151,11 +150,11 @@ class RunOutputs:
         ...     outputs.write_step(0, captures, loss=0.7, wall_time_s=0.1)
     """
 
-    FILES = {**TABLE_SCHEMAS, UNITS: UNITS_SCHEMA}
+    FILES = {**TABLE_SCHEMAS, **RUN_TOTAL_SCHEMAS}
     #: Files left out of the run (not created, not listed) when they receive no row.
-    OPTIONAL = frozenset({TENSORS, UNITS})
+    OPTIONAL = frozenset({TENSORS, *RUN_TOTAL_SCHEMAS})
     #: Files written once, at the end of the run, from hook entries' totals (``HookType.tables``).
-    RUN_TOTALS = {UNITS: units_table}
+    RUN_TOTALS = RUN_TOTAL_SCHEMAS
     #: The manifest's own keys, which ``extra`` cannot replace.
     MANIFEST_KEYS = frozenset({"complete", "schema_version", "run_id", "config_hash", "overrides", "files",
                                "replaced", "versions", "finished"})
@@ -281,7 +280,8 @@ class RunOutputs:
         """Append an entry's run totals (``HookType.tables``) to file ``name`` of ``RUN_TOTALS``."""
         if name not in self.RUN_TOTALS:
             raise ValueError(f"no run-total file '{name}'; valid: {', '.join(self.RUN_TOTALS)}")
-        table = self.RUN_TOTALS[name](columns)
+        schema = self.RUN_TOTALS[name]
+        table = pa.Table.from_pydict({column: columns[column] for column in schema.names}, schema=schema)
         self._writer.submit(lambda: self._sinks[name].write(table))
 
     def flush_partial(self) -> dict[str, Path]:

@@ -1,0 +1,159 @@
+"""``logit_lens``: what each block's output would predict, read through the model's own final norm and unembedding.
+
+For a causal language model (``gpt2_tiny``, a local Hugging Face causal LM) a forward hook on each
+selected block takes its output ``h`` (``slot``, ``[batch, positions, hidden]``) and computes
+``unembedding(final_norm(h))``, the logits the model would give if the blocks after it did nothing.
+The unembedding is the model's ``get_output_embeddings()``; the final norm the last direct child of
+``model.base_model`` whose class is a norm (GPT-2's ``ln_f``, Llama's ``norm``). A model without
+either is refused in one line when the entry is attached (first in the plan's rehearsal).
+
+Each training pass adds to ``lens.parquet`` (``common.records.LENS_SCHEMA``) one row per block (``block``:
+its place among the matched modules), sample and position: the ``top_k`` token ids and their logits,
+and the target token's logit, probability and rank (0: the top token). ``target: final`` is the token
+the model itself ranks first at that position (its output's argmax: where in depth its prediction
+forms); ``next`` is the input's next token (the last position has none: target -1, NaN, rank -1); an
+integer is that token at every position. The rows of a pass are made when the model returns (the
+final target is known then). Passes run aside (the clean pass of ``patch``) and on the meta device add no rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from common.records import LENS, LENS_SCHEMA
+from hooks.recorder import walk
+from hooks.registry import register
+from hooks.samples import SampleOutputs, SampleOutputsSpec
+
+#: The models the lens reads, for the one-line refusal.
+CAUSAL_MODELS = ("model=gpt2_tiny", "model=hf model.auto=causal_lm")
+NEXT, FINAL = "next", "final"
+
+
+@dataclass
+class LogitLensSpec(SampleOutputsSpec):
+    top_k: int = 5
+    target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
+
+    def check(self, key: str) -> None:
+        if self.top_k < 1:
+            raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
+        if self.target not in (FINAL, NEXT) and (isinstance(self.target, bool) or not isinstance(self.target, int)
+                                                 or self.target < 0):
+            raise ConfigError(f"{key}.target: {self.target!r} is not '{FINAL}' (the model's own top token), "
+                              f"'{NEXT}' (the input's next token) nor a token id")
+
+
+def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
+    """The final norm and the unembedding of a causal LM, or a one-line error naming the models that have them."""
+    get = getattr(model, "get_output_embeddings", None)
+    unembedding = get() if callable(get) else None
+    base = getattr(model, "base_model", None)
+    norms = [m for m in base.children() if "norm" in type(m).__name__.lower()] if isinstance(base, nn.Module) else []
+    if unembedding is None or not norms:
+        lacking = "unembedding (get_output_embeddings())" if unembedding is None else "final norm in base_model"
+        raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; the logit lens reads a causal language "
+                          f"model; valid: {', '.join(CAUSAL_MODELS)}")
+    return norms[-1], unembedding
+
+
+@register("logit_lens")
+class LogitLens(SampleOutputs):
+    """Forward hooks reading each block's output through the final norm and unembedding; changes nothing."""
+
+    spec_class = LogitLensSpec
+    writes = (LENS,)
+
+    def __init__(self, name: str, spec: LogitLensSpec) -> None:
+        super().__init__(name, spec)
+        self._rows: dict[str, list] = {column: [] for column in LENS_SCHEMA.names}
+        self._tokens: torch.Tensor | None = None
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # this pass's (layer, samples, logits)
+
+    @property
+    def pytorch_hooks(self) -> str:
+        return ("register_forward_hook (block outputs) + register_forward_pre_hook and register_forward_hook "
+                "(the model's input tokens and output logits)")
+
+    def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The selected blocks, once the model is known to be one the lens reads (its refusal comes first)."""
+        lens_parts(model, self.key)
+        return super().targets(model)
+
+    def attach(self, model: nn.Module, session) -> None:
+        self._norm, self._unembedding = lens_parts(model, self.key)
+        self._blocks = {name: i for i, (name, _) in enumerate(self.targets(model))}
+        session.add(model.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        session.add(model.register_forward_hook(self._on_output))
+        super().attach(model, session)
+
+    def _on_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        self._tokens = tokens if isinstance(tokens, torch.Tensor) and not tokens.is_floating_point() else None
+        self._pending = []
+
+    def check(self, layer: str, x: torch.Tensor) -> None:
+        width = self._unembedding.weight.shape[-1]
+        if x.dim() != 3 or x.shape[-1] != width:
+            raise ConfigError(f"{self.key}.layers: '{layer}' outputs {list(x.shape)}; the lens reads block outputs "
+                              f"[batch, positions, {width}] (the unembedding's width)")
+        if self.spec.target == NEXT and self._tokens is None:
+            raise ConfigError(f"{self.key}.target: '{NEXT}' needs token ids as the model's input; give a token id")
+        vocab = self._unembedding.weight.shape[0]
+        if self.spec.target not in (FINAL, NEXT) and self.spec.target >= vocab:
+            raise ConfigError(f"{self.key}.target: {self.spec.target} is not a token of a vocabulary of {vocab}")
+
+    def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
+        if not self.session.recorder.enabled:
+            return  # a pass aside, or a step sample.every leaves out
+        with torch.no_grad():
+            self._pending.append((layer, samples, self._unembedding(self._norm(x.detach())).double().cpu()))
+
+    def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:
+        pending, self._pending = self._pending, []
+        logits = next((t for _, t in walk(output)), None)
+        if self.spec.target == FINAL and (logits is None or logits.dim() != 3):
+            raise ConfigError(f"{self.key}.target: '{FINAL}' needs the model to return logits [batch, positions, "
+                              f"vocab]; it returned {list(logits.shape) if logits is not None else 'no tensor'}")
+        if pending:
+            final = logits.detach().argmax(-1).cpu() if self.spec.target == FINAL else None
+            for layer, samples, block_logits in pending:
+                self._add_rows(layer, samples, block_logits, final)
+
+    def _add_rows(self, layer: str, samples: torch.Tensor, logits: torch.Tensor, final: torch.Tensor | None) -> None:
+        batch, positions, vocab = logits.shape
+        target = final if final is not None else self._targets_of(batch, positions)
+        have = target >= 0
+        picked = logits.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        rank = (logits > picked.unsqueeze(-1)).sum(-1)
+        prob = torch.softmax(logits, -1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        top = torch.topk(logits, min(self.spec.top_k, vocab), dim=-1)
+        n = batch * positions
+        rows = self._rows
+        rows["hook"] += [self.name] * n
+        rows["layer"] += [layer] * n
+        rows["block"] += [self._blocks[layer]] * n
+        rows["step"] += [self.session.step] * n
+        rows["sample"] += samples.repeat_interleave(positions).tolist()
+        rows["position"] += list(range(positions)) * batch
+        rows["top_ids"] += top.indices.reshape(n, -1).tolist()
+        rows["top_logits"] += top.values.reshape(n, -1).tolist()
+        rows["target"] += target.reshape(-1).tolist()
+        rows["target_logit"] += torch.where(have, picked, torch.nan).reshape(-1).tolist()
+        rows["target_prob"] += torch.where(have, prob, torch.nan).reshape(-1).tolist()
+        rows["target_rank"] += torch.where(have, rank, -1).reshape(-1).tolist()
+
+    def _targets_of(self, batch: int, positions: int) -> torch.Tensor:
+        """The ``next`` or fixed target token of each (sample, position), -1 where there is none."""
+        if self.spec.target != NEXT:
+            return torch.full((batch, positions), int(self.spec.target))
+        tokens = self._tokens.cpu()
+        return torch.cat([tokens[:, 1:], torch.full((batch, 1), -1, dtype=tokens.dtype)], dim=1).long()
+
+    def tables(self) -> dict[str, dict[str, list]]:
+        self.report_unseen(set(self._rows["layer"]))
+        return {LENS: self._rows} if self._rows["hook"] else {}

@@ -1,0 +1,62 @@
+"""The README's "Steering and the logit lens": its commands run as written (in-process, through
+``runner.__main__.main``, Hydra's multirun included) and its Python blocks on what they made.
+What the numbers are is checked against plain PyTorch in ``tests/test_steering.py`` and
+``tests/test_logit_lens.py``; here, what the section says of its own results."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("### Steering and the logit lens", 1)[1].split(
+    "\n### ", 1)[0]
+
+
+def blocks(language: str) -> list[str]:
+    return [block.split("```", 1)[0] for block in SECTION.split(f"```{language}\n")[1:]]
+
+
+def run_commands(block: str, monkeypatch) -> None:
+    from runner.__main__ import main
+
+    for command in block.replace("\\\n", " ").splitlines():
+        if not command.strip():
+            continue
+        words = shlex.split(command, comments=True)
+        assert words[:3] == ["python", "-m", "runner"], command
+        monkeypatch.setattr(sys, "argv", ["runner", *words[3:], "progress=false"])
+        try:
+            main()
+        except SystemExit as exc:
+            assert exc.code in (0, None), command
+
+
+def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path, monkeypatch):
+    (steer_commands, lens_commands), (steer_python, lens_python) = blocks("bash"), blocks("python")
+    monkeypatch.chdir(tmp_path)
+    run_commands(steer_commands, monkeypatch)
+    scope: dict = {}
+    exec(compile(steer_python, "README.md (Steering)", "exec"), scope)
+    table = scope["table"]
+    assert (tmp_path / "runs" / "steering.png").read_bytes().startswith(b"\x89PNG")
+    assert sorted(zip(table.layers, table.scale)) == [(f"transformer.h.{b}", s) for b in (0, 1) for s in (0, 16, 32)]
+    assert set(table.method) == {"steer"}
+    still = table[table.scale == 0]
+    assert (still.kl == 0).all() and (still.steered == still.unsteered).all()
+    for _, rows in table.groupby("layers"):
+        assert np.all(np.diff(rows.sort_values("scale").kl.to_numpy()) > 0)  # further from unsteered as the scale grows
+
+
+def test_the_logit_lens_example_runs_as_written_and_its_last_block_is_the_model_s_prediction(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_commands(blocks("bash")[1], monkeypatch)
+    scope: dict = {}
+    exec(compile(blocks("python")[1], "README.md (Logit lens)", "exec"), scope)
+    ranks = scope["ranks"]
+    assert list(ranks.index) == [f"transformer.h.{b}" for b in range(4)]
+    assert ranks["transformer.h.3"] == 0 and (ranks.drop("transformer.h.3") > 0).all()
+    assert (tmp_path / "runs" / "lens" / "logit_lens.png").read_bytes().startswith(b"\x89PNG")
