@@ -5,15 +5,14 @@ clipped to ``[-0.01, 0.1]``: the README sweeps both bounds together (``hooks.cli
 """
 from __future__ import annotations
 
-import itertools
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from conftest import make_config
+from runner.cli.commandline import expand
 
 TEXT = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 
@@ -30,11 +29,8 @@ def clip_sweeps() -> list[str]:
 
 
 def jobs(command: str) -> list[list[str]]:
-    """The overrides of each job of the sweep (Hydra's own parser), without Hydra's own settings."""
-    words = [w for w in shlex.split(command)[4:] if not w.startswith("hydra")]
-    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-               else [o.input_line] for o in OverridesParser.create().parse_overrides(words)]
-    return [list(job) for job in itertools.product(*choices)]
+    """The overrides of each job of the sweep (as the command line expands it), without Hydra's own settings."""
+    return expand([w for w in shlex.split(command)[4:] if not w.startswith("hydra")])
 
 
 SWEEPS = clip_sweeps()
