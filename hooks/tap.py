@@ -409,7 +409,8 @@ class Tap(HookType):
         if self._grad_out and output is not None:
             if self.grad_slot is not None and self._edits["grad_output"] is not None:
                 self._require_slot(layer, "output", "slot", self.grad_slot, [slot for slot, _ in walk(output)])
-            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call))
+            seen = output if self.spec.scope == "global" else None
+            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call), seen)
         return new_output
 
     def _output_slot(self, layer: str, output: Any) -> str:
