@@ -35,7 +35,7 @@ from hooks.junction import junction_for
 from hooks.recorder import walk
 from hooks.registry import register
 from hooks.index import narrowed
-from hooks.tap import EditSpec, Tap, TapSpec, check_kinds, checked
+from hooks.tap import EditSpec, Tap, TapSpec, check_kinds, apply_edit
 
 MECHANISMS = ("tensor", "module")
 
@@ -172,7 +172,7 @@ class ModuleBackward(Tap):
         if fill is None:
             return None
         where = f"{self.key} on '{layer}' {kind}"
-        return tuple(None if g is None else checked(fill(g), g, where) for g in grads)
+        return tuple(None if g is None else apply_edit(fill, g, where) for g in grads)
 
     def _record_all(self, grads: tuple, kind: str, layer: str, call: int) -> None:
         for i, g in enumerate(grads):

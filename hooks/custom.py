@@ -205,9 +205,20 @@ class Custom(HookType):
             if call is None:
                 return None
             result = self.fn(module, args, *rest)
+            if result is not None:
+                self._require_shapes(layer, rest[-1], result)
             self._record(rest[-1] if result is None else result, layer, "forward", "output", call)
             return result
         return on_forward
+
+    def _require_shapes(self, layer: str, output: Any, result: Any) -> None:
+        """One line naming the layer when ``fn`` gave its output other shapes: the next module would
+        fail on them with an error that names neither this entry nor this layer."""
+        before = [(slot, list(t.shape)) for slot, t in walk(output)]
+        after = [(slot, list(t.shape)) for slot, t in walk(result)]
+        if before != after:
+            raise ConfigError(f"{self.key}: {self.spec.fn} changed the output of '{layer or '(model)'}' from "
+                              f"{_shapes(before)} to {_shapes(after)}; a forward hook must keep its output's shapes")
 
     def _backward_hook(self, layer: str):
         def on_backward(module, grad_input, grad_output):
@@ -268,3 +279,7 @@ class Custom(HookType):
                 self._record(p.grad, layer, "backward", "param_grad", call, pname)
             return result
         return on_accumulated
+
+
+def _shapes(shapes: list[tuple[str, list[int]]]) -> str:
+    return ", ".join(f"{slot}: {shape}" for slot, shape in shapes) or "no tensor"

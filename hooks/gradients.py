@@ -32,7 +32,7 @@ from hooks import shards
 from hooks.junction import param_lineup
 from hooks.registry import register
 from hooks.index import narrowed
-from hooks.tap import SlotEditSpec, Tap, checked
+from hooks.tap import SlotEditSpec, Tap, apply_edit
 
 TARGETS = ("params", "output", "input")
 
@@ -135,7 +135,7 @@ class GradTransform(Tap):
         transform = narrowed(self.transform, self.index)
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
-            new = checked(transform(grad), grad, where)
+            new = apply_edit(transform, grad, where)
             call = recorder.next_call((self.name, layer, slot))
             recorder.record(new, hook=self.name, layer=layer, phase="backward", kind="param_grad",
                             slot=slot, call=call)

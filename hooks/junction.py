@@ -150,11 +150,19 @@ class Junction(Lineup):
                               self.site.register_forward_hook(self._on_forward)]
 
     # -- per call ------------------------------------------------------------------------
-    def expect(self, module: nn.Module, layer: str, kind: str, owner: Any, wish: Wish) -> None:
+    def expect(self, module: nn.Module, layer: str, kind: str, owner: Any, wish: Wish, seen: Any = None) -> None:
         """``owner`` wants this call's gradients of ``kind`` (``grad_input``/``grad_output``);
-        called from the owner's forward pre-hook or forward hook, before the junction's own."""
+        called from the owner's forward pre-hook or forward hook, before the junction's own.
+
+        ``seen``: the output a ``scope: global`` entry saw. PyTorch runs every global hook before any
+        module's own, so hooks outside the runner (a later global one, a module's own) may replace the
+        output between that entry and this junction; its ``grad_output`` is then taken on the tensor it
+        saw (and recorded as its ``output``), as a hook registered there would get it.
+        """
         self._pending.setdefault((id(module), kind), {})[owner] = wish
         self._pending[(id(module), "layer")] = layer
+        if seen is not None:
+            self._pending.setdefault((id(module), "seen"), {})[owner] = seen
 
     def _take(self, module: nn.Module, kind: str) -> list[Wish]:
         wanted = self._pending.pop((id(module), kind), None)
@@ -196,16 +204,23 @@ class Junction(Lineup):
         return (tuple(new_args), new_kwargs) if kwargs is not None else tuple(new_args)
 
     def _on_forward(self, module: nn.Module, args: tuple, output: Any):
-        wishes = self._take(module, "grad_output")
+        wanted = self._pending.pop((id(module), "grad_output"), None)
+        seen = self._pending.pop((id(module), "seen"), {})
         layer = self._pending.pop((id(module), "layer"), "?")
-        if not wishes or output is None:
+        if not wanted or output is None:
             return None
-        for slot, t in walk(output):
-            if not t.requires_grad:
+        final = list(walk(output))
+        taps: dict[int, tuple[torch.Tensor, str, list[GradCallback]]] = {}  # by tensor, entries in PyTorch's order
+        for sub in self.members:
+            if sub.owner not in wanted:
                 continue
-            callbacks = [cb for cb in (w("grad_output", slot) for w in wishes) if cb is not None]
-            if callbacks:
-                self._tap(t, callbacks, layer, "grad_output", slot)
+            tensors = final if sub.owner not in seen else list(walk(seen[sub.owner]))
+            for slot, t in tensors:
+                callback = wanted[sub.owner]("grad_output", slot) if t.requires_grad else None
+                if callback is not None:
+                    taps.setdefault(id(t), (t, slot, []))[2].append(callback)
+        for t, slot, callbacks in taps.values():
+            self._tap(t, callbacks, layer, "grad_output", slot)
         return None
 
     # -- hooks PyTorch dropped -------------------------------------------------------------

@@ -91,15 +91,21 @@ def kernel():
 
 
 def readable(flat: torch.Tensor) -> bool:
-    """Whether the kernel may read ``flat`` (contiguous, CPU) through ``data_ptr``: a plain tensor
-    whose storage holds its elements.
+    """Whether the kernel may read ``flat`` through ``data_ptr``: the one place that decides, and it
+    says yes only to a plain, strided, contiguous float32/float64 CPU tensor whose storage holds its
+    elements, with no lazy negation or conjugation bit.
 
-    Tensor subclasses (``DTensor`` and other wrappers without storage of their own) answer False
-    and take the eager reductions. A plain tensor whose storage was freed under it (FSDP2 resizes an
-    unsharded parameter's storage to zero between uses) is refused in one line: reading it would
-    read freed memory.
+    Every other tensor takes the eager reductions: tensor subclasses (``DTensor`` and other wrappers
+    without storage of their own), sparse, nested, quantized and meta tensors (``hooks.tensor_kinds``
+    turns them into what is read before they get here), other devices and dtypes. A plain tensor
+    whose storage was freed under it (FSDP2 resizes an unsharded parameter's storage to zero between
+    uses) is refused in one line: reading it would read freed memory.
     """
     if type(flat) is not torch.Tensor and type(flat) is not torch.nn.Parameter:
+        return False
+    if (flat.layout != torch.strided or flat.is_nested or flat.is_quantized or flat.device.type != "cpu"
+            or flat.dtype not in (torch.float32, torch.float64) or not flat.is_contiguous()
+            or flat.is_neg() or flat.is_conj()):
         return False
     needed = (flat.storage_offset() + flat.numel()) * flat.element_size()
     held = flat.untyped_storage().nbytes()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from common.records import BATCH_KINDS, ID_COLUMNS
-from hooks import shards
+from hooks import shards, tensor_kinds
 from hooks.stats import RAW, reduce_tensor, summarize
 
 
@@ -232,16 +232,21 @@ class Recorder:
             phase = self._relabel
         elif self._in_backward and phase == "forward":
             phase = "recompute"
+        tensor = tensor_kinds.plain(tensor)  # first: no code of a user's tensor subclass runs from here
+        dtype = tensor.dtype  # a quantized tensor's, also when its dequantized values are read
+        tensor = tensor_kinds.ordinary(tensor, f"'{layer or '(model)'}' {kind} {slot}", values=self.statistics)
         if kind in BATCH_KINDS:
             tensor = self._sample(tensor)
+        if tensor.is_nested:
+            tensor = tensor_kinds.nested_elements(tensor)
         shard = None
         if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
             tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
         if tensor.is_complex():
             for part, values in (("real", tensor.real), ("imag", tensor.imag)):
-                self._append(values, tensor.dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)
+                self._append(values, dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)
         else:
-            self._append(tensor, tensor.dtype, hook, layer, phase, kind, slot, call, keep, shard)
+            self._append(tensor, dtype, hook, layer, phase, kind, slot, call, keep, shard)
 
     def _append(self, tensor: torch.Tensor, dtype: torch.dtype, hook: str, layer: str, phase: str, kind: str,
                 slot: str, call: int, keep: bool, shard: shards.Shard | None = None) -> None:
@@ -257,7 +262,7 @@ class Recorder:
             tally[2] += numel * 4  # kept values are stored as float32
             if self.statistics:
                 self._kept_rows.append(len(cols["hook"]))
-                self._kept.append(self.host.copy(tensor))
+                self._kept.append(self.host.copy(tensor_kinds.dense(tensor)))
         cols["call"].append(call)
         cols["hook"].append(hook)
         cols["layer"].append(layer)
@@ -305,7 +310,7 @@ class Recorder:
         every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
-        if tensor.is_inference():  # no version counter to tell an in-place change
+        if tensor.is_inference() or tensor_kinds.is_sparse(tensor):  # no version counter, or no data_ptr
             return reduce_tensor(tensor)
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)
@@ -316,14 +321,19 @@ class Recorder:
         return raw
 
     def _sample(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_nested:  # a batch of components of their own shapes: the first n, no channels
+            return tensor_kinds.nested_elements(tensor, self.sample_batch)
+        sparse = tensor_kinds.is_sparse(tensor)
         if self.sample_batch is not None and tensor.dim() > 0:
-            tensor = tensor[: self.sample_batch]
+            tensor = (tensor_kinds.sparse_select(tensor, torch.arange(min(self.sample_batch, tensor.shape[0])), 0)
+                      if sparse else tensor[: self.sample_batch])
         n = self.sample_channels
         if n is not None and tensor.dim() > 1 and tensor.shape[1] > n:
             key = (tensor.shape[1], tensor.device)
             if key not in self._channel_index:
                 self._channel_index[key] = sampled_channels(tensor.shape[1], n, self.seed).to(tensor.device)
-            tensor = tensor.index_select(1, self._channel_index[key])
+            index = self._channel_index[key]
+            tensor = tensor_kinds.sparse_select(tensor, index, 1) if sparse else tensor.index_select(1, index)
         return tensor
 
     def drain(self) -> StepCaptures:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
+from hooks import tensor_kinds
 from hooks.base import HookSpec, HookType
 from hooks.recorder import walk
 
@@ -57,7 +58,7 @@ class SampleOutputs(HookType):
         if self.spec.slot not in tensors:
             raise ConfigError(f"{self.key}.slot: '{self.spec.slot}' is not a tensor of {layer}'s output; "
                               f"valid: {', '.join(tensors) or '(none)'}")
-        x = tensors[self.spec.slot]
+        x = tensor_kinds.per_sample(tensors[self.spec.slot], f"{self.key}: '{layer}' output {self.spec.slot}")
         self.check(layer, x)
         if not x.is_meta:
             self.take(layer, x, self.sample_ids(layer, x.shape[0]))

@@ -42,6 +42,20 @@ def _glob_to_regex(glob: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+#: Prefixes wrappers put before the names of the modules they wrap (``torch.compile``, DDP and
+#: ``DataParallel``, FSDP1, activation checkpointing): a name copied from a wrapped model's printout.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _unwrapped(pattern: str, names: list[str]) -> list[str]:
+    """The names ``pattern`` stands for once a wrapper's prefix is taken off it or put before it."""
+    stripped = pattern
+    while stripped.startswith(WRAPPER_PREFIXES):
+        stripped = stripped.split(".", 1)[1]
+    candidates = [stripped, *(prefix + pattern for prefix in WRAPPER_PREFIXES)]
+    return [c for c in dict.fromkeys(candidates) if c != pattern and c in names]
+
+
 def _class_names(module: nn.Module) -> tuple[str, str]:
     cls = type(module)
     return cls.__name__, f"{cls.__module__}.{cls.__qualname__}"
@@ -81,7 +95,7 @@ def _match_one(pattern: str, modules: list[tuple[str, nn.Module]], key: str) -> 
     else:  # the root ("") is matched only by "" and "**"
         hits = [n for n in names if (n or pattern == "**" or pattern.startswith("re:")) and rx.fullmatch(n)]
     if not hits:
-        hint = closest(pattern, [n for n in names if n], n=3)
+        hint = list(dict.fromkeys(_unwrapped(pattern, names) + closest(pattern, [n for n in names if n], n=3)))[:3]
         shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
         raise ConfigError(f"{key}: '{pattern}' matches no module"
                           + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else "")

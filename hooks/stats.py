@@ -6,7 +6,9 @@ one per layer or per statistic. fp16/bf16 tensors are summed in float32, so they
 overflow; integer and bool tensors are reduced as numbers. NaN propagates into ``mean``,
 ``min`` and ``max`` (a NaN is never hidden) and is counted in ``nan_count``. Finite data never
 report an infinite ``abs_mean`` or ``l2``: a float32 sum that overflows is taken again in float64.
-Complex tensors are not reduced here: the recorder records their real and imaginary parts.
+Complex tensors are not reduced here: the recorder records their real and imaginary parts. A
+sparse tensor is reduced as the dense tensor it stands for, from its stored values
+(``hooks.tensor_kinds`` decides what every other kind of tensor is read as).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 
 from common.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
-from hooks import native
+from hooks import native, tensor_kinds
 
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
 RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count", "shift")
@@ -43,12 +45,16 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     pass (``fused_reductions``); small ones, tensor subclasses the kernel cannot read and
     machines where neither can be built the eager passes (``eager_reductions``).
     """
-    x = x.detach()
+    x = tensor_kinds.ordinary(x, "the tensor to reduce").detach()
+    if x.is_nested:
+        x = tensor_kinds.nested_elements(x)
     if x.is_complex():
         raise TypeError("reduce_tensor takes real tensors; record a complex tensor's .real and .imag")
     if x.numel() == 0:
         nan = float("nan")
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
+    if tensor_kinds.is_sparse(x):
+        return sparse_reductions(x)
     flat = x.reshape(-1)
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
@@ -62,6 +68,26 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
                 return fused(flat)
     return eager_reductions(flat)
+
+
+def sparse_reductions(x: torch.Tensor) -> torch.Tensor:
+    """``RAW`` of the dense tensor a sparse ``x`` stands for, from its stored values: each implicit
+    zero adds ``-shift`` to the shifted sum, ``shift**2`` to the shifted sum of squares, one zero,
+    and 0 to the range; nothing is made dense."""
+    values = tensor_kinds.stored_values(x)
+    implicit = x.numel() - values.numel()
+    if values.numel() == 0:
+        return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, implicit, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
+    raw = reduce_tensor(values).clone()
+    if implicit:
+        shift = raw[8]
+        zero = torch.zeros((), dtype=torch.float64, device=raw.device)
+        raw[0] -= implicit * shift
+        raw[1] += implicit * shift * shift
+        raw[3] = torch.minimum(raw[3], zero)  # NaN stays NaN
+        raw[4] = torch.maximum(raw[4], zero)
+        raw[5] += implicit
+    return raw
 
 
 def prepare(device: torch.device) -> None:

@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from common.errors import ConfigError, choice_error
+from hooks import tensor_kinds
 from hooks.base import HookSpec, HookType
 from hooks.index import Index, narrowed, parse_index
 from hooks.junction import Junction, existing_junction, junction_for
@@ -123,6 +124,11 @@ def checked(new: Any, old: torch.Tensor, where: str) -> torch.Tensor:
         raise HookReturnError(f"{where}: returned {_dtype(new)} {list(new.shape)} in place of "
                               f"{_dtype(old)} {list(old.shape)}")
     return new
+
+
+def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
+    """``edit(old, *args)``, on a tensor of any kind (``hooks.tensor_kinds.edited``), checked to stand in for ``old``."""
+    return checked(tensor_kinds.edited(edit, old, where, *args), old, where)
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -368,7 +374,7 @@ class Tap(HookType):
                 continue
             edits_here = slot == wanted
             if edits_here:
-                value = checked(edit(value), value, f"{self.key} on '{layer}' input {slot}")
+                value = apply_edit(edit, value, f"{self.key} on '{layer}' input {slot}")
                 changed = True
                 if slot.isdigit():
                     new_args[int(slot)] = value
@@ -392,7 +398,7 @@ class Tap(HookType):
             self.edited_slot = slot = self._output_slot(layer, output)
             whole = isinstance(output, torch.Tensor)
             old = output if whole else dict(walk(output))[slot]
-            new = checked(edit(old, args), old, f"{self.key} on '{layer}' output" + ("" if whole else f" {slot}"))
+            new = apply_edit(edit, old, f"{self.key} on '{layer}' output" + ("" if whole else f" {slot}"), args)
             output = new_output = replace_slot(output, slot, new)
             if dict(walk(output)).get(slot) is not new:  # a container replace_slot cannot rebuild: never a silent no-op
                 raise ConfigError(f"{self.key}: cannot put the changed tensor back into the "
@@ -403,7 +409,8 @@ class Tap(HookType):
         if self._grad_out and output is not None:
             if self.grad_slot is not None and self._edits["grad_output"] is not None:
                 self._require_slot(layer, "output", "slot", self.grad_slot, [slot for slot, _ in walk(output)])
-            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call))
+            seen = output if self.spec.scope == "global" else None
+            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call), seen)
         return new_output
 
     def _output_slot(self, layer: str, output: Any) -> str:
@@ -436,7 +443,7 @@ class Tap(HookType):
         where = None if edit is None else f"{self.key} on '{layer}' {kind} {slot}"
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
-            new = None if edit is None else checked(edit(grad), grad, where)
+            new = None if edit is None else apply_edit(edit, grad, where)
             if new is not None:
                 self.on_grad_edit(layer, slot, call, grad, new)
             if record:

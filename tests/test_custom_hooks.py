@@ -57,6 +57,10 @@ def note_param(param):
 NOT_CALLABLE = 3
 
 
+def widen(module, args, output):
+    return torch.cat([output, output], dim=-1)
+
+
 def custom(name: str, **keys) -> str:
     body = ",".join(f"{k}:{v}" for k, v in keys.items())
     return f"+hooks.{name}={{type:custom,{body}}}"
@@ -188,3 +192,17 @@ def test_a_module_failing_to_import_is_one_line(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"^hooks.h.fn: importing 'broken_hooks' failed: No module named"):
         compile_plan(make_config("model=linear", custom("h", fn="broken_hooks.f", layers="''")))
+
+
+def test_a_forward_hook_that_changes_the_outputs_shape_is_one_line_naming_the_layer(tmp_path):
+    import runner
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match=r"hooks.custom: test_custom_hooks.widen changed the output of '0' "
+                                          r"from 0: \[3, 4\] to 0: \[3, 8\]") as err:
+        with runner.attach(model, hooks=["custom"], out_dir=str(tmp_path / "run"),
+                           overrides=["hooks.custom.layers=['0']", "hooks.custom.fn=test_custom_hooks.widen"]) as run:
+            model(torch.randn(3, 4))
+            run.step()
+    assert "\n" not in str(err.value) and hook_count(model) == 0
+    assert not (tmp_path / "run" / "manifest.json").exists()

@@ -1,6 +1,8 @@
 """``runner.integrations.huggingface.HookCallback``: a real ``transformers.Trainer`` writes the tables a plain loop writes."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -71,27 +73,78 @@ def test_a_trainer_run_writes_the_tables_of_the_same_plain_loop(tmp_path):
         torch.testing.assert_close(a, b)
 
 
+class Failing(transformers.TrainerCallback):
+    """A user's callback with a bug that shows at the second step."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise RuntimeError("user's bug")
+
+
+def short_arguments(tmp_path) -> transformers.TrainingArguments:
+    return transformers.TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to=[], max_steps=STEPS,
+                                          per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True)
+
+
 def test_an_exception_in_training_removes_the_hooks_and_writes_nothing_final(tmp_path):
     model = tiny_gpt2()
 
-    class Failing(transformers.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 2:
-                raise RuntimeError("user's bug")
-
     with pytest.raises(RuntimeError, match="user's bug"):
         with HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "hf") as callback:
-            arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to=[],
-                                                       max_steps=STEPS, per_device_train_batch_size=BATCH,
-                                                       save_strategy="no", disable_tqdm=True)
-            transformers.Trainer(model=model, args=arguments, train_dataset=samples(),
+            transformers.Trainer(model=model, args=short_arguments(tmp_path), train_dataset=samples(),
                                  callbacks=[callback, Failing()]).train()
     assert hook_count(model) == 0
     assert_no_partial_output(tmp_path / "hf")
 
 
+def test_a_callback_passed_without_with_commits_at_train_end_as_the_with_block_does(tmp_path):
+    model = tiny_gpt2()
+    train(model, HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "plain"), tmp_path)
+    assert hook_count(model) == 0
+    with HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "with") as callback:
+        train(tiny_gpt2(), callback, tmp_path)
+    mine, theirs = analysis.load_stats(tmp_path / "plain"), analysis.load_stats(tmp_path / "with")
+    assert len(mine) > 0
+    pd.testing.assert_frame_equal(mine[STATS_SCHEMA.names], theirs[STATS_SCHEMA.names])
+
+
+def test_an_exception_without_with_removes_the_hooks_and_writes_nothing_final(tmp_path):
+    model = tiny_gpt2()
+
+    arguments = short_arguments(tmp_path)
+    with pytest.raises(RuntimeError, match="user's bug"):
+        transformers.Trainer(model=model, args=arguments, train_dataset=samples(),
+                             callbacks=[HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "hf"),
+                                        Failing()]).train()
+    gc.collect()  # the Trainer and its callbacks are gone with the exception: the finalizer has run
+    assert hook_count(model) == 0
+    assert_no_partial_output(tmp_path / "hf")
+
+
+def test_the_next_train_removes_the_hooks_a_failed_one_left(tmp_path):
+    model = tiny_gpt2()
+    callback = HookCallback(hooks=HOOKS, overrides=OVERRIDES, out_dir=tmp_path / "hf")
+
+    class FailingOnce(transformers.TrainerCallback):
+        failed = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not FailingOnce.failed:
+                FailingOnce.failed = True
+                raise RuntimeError("user's bug")
+
+    arguments = short_arguments(tmp_path)
+    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=samples(),
+                                   callbacks=[callback, FailingOnce()])
+    with pytest.raises(RuntimeError, match="user's bug"):
+        trainer.train()
+    assert hook_count(model) > 0 and not (tmp_path / "hf" / "manifest.json").exists()  # the callback is alive
+    trainer.train()
+    assert hook_count(model) == 0 and (tmp_path / "hf" / "manifest.json").exists()
+    assert list(analysis.load_steps(tmp_path / "hf").step) == list(range(STEPS))
+
+
 @pytest.mark.parametrize("inside, args, message", [
-    (False, {}, "HookCallback: use it as `with HookCallback(...) as callback:`"),
     (True, {"gradient_checkpointing": True}, "HookCallback: activation (gradient) checkpointing is not supported"),
     (True, {"hooks": ["clp"]}, "did you mean 'clip'"),
 ])

@@ -272,8 +272,10 @@ def test_a_run_of_a_users_own_loop_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["steps=5"], "replay: a replay runs the stored config as it was; only replay.out=DIR may come with it, not "
-                  "'steps=5'"),
+    (["steps=5"], "replay: a replay runs the stored config as it was; only replay.out=DIR (or hydra.run.dir=DIR) "
+                  "may come with it, not 'steps=5'"),
+    (["replay.out=a", "hydra.run.dir=b"], "hydra.run.dir: 'b' and replay.out='a' both name where the replay writes; "
+                                          "give one of them"),
     (["-m"], "not '-m'"),
     (["replay.out="], "replay.out: give a directory (replay.out=DIR)"),
 ])
@@ -283,6 +285,13 @@ def test_other_overrides_are_refused(training_run, capsys, tmp_path, monkeypatch
     assert code == 2
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "outputs").exists()
+
+
+def test_hydras_own_run_dir_is_where_the_replay_writes(training_run, capsys, tmp_path):
+    code, _, err = run_replay(capsys, f"replay={training_run}", f"hydra.run.dir={tmp_path / 'replayed'}")
+    assert code == 0, err
+    assert (tmp_path / "replayed" / "manifest.json").exists()
+    assert_same_tables(training_run, tmp_path / "replayed")
 
 
 def test_the_run_and_other_complete_runs_are_never_overwritten(training_run, tmp_path, run_with, capsys):

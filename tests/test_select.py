@@ -1,6 +1,9 @@
 """Selectors: names, globs, re:, type:, leaf:, lists, the root, and helpful errors."""
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
+
 import pytest
 import torchvision
 from torch import nn
@@ -60,3 +63,18 @@ def test_bad_selectors_explain_themselves(resnet, selector, message):
     with pytest.raises(ConfigError, match=None) as err:
         select_modules(resnet, selector, "hooks.x.layers")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("written, meant", [("_orig_mod.conv", "conv"), ("module.conv", "conv"),
+                                            ("_orig_mod.module.fc", "fc")])
+def test_a_name_with_a_compile_or_wrapper_prefix_suggests_the_real_name(written, meant):
+    model = nn.Sequential(OrderedDict(conv=nn.Conv2d(1, 1, 1), fc=nn.Linear(1, 1)))
+    with pytest.raises(ConfigError, match=rf"'{re.escape(written)}' matches no module; did you mean '{meant}'\?"):
+        select_modules(model, written, "hooks.x.layers")
+
+
+def test_a_bare_name_on_a_wrapped_model_suggests_the_wrapped_name():
+    wrapper = nn.Module()
+    wrapper.module = nn.Sequential(OrderedDict(conv=nn.Conv2d(1, 1, 1)))
+    with pytest.raises(ConfigError, match=r"did you mean 'module.conv'\?"):
+        select_modules(wrapper, "conv", "hooks.x.layers")

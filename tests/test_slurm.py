@@ -29,7 +29,7 @@ SCRIPT = "scripts/slurm-single-node.sh"  # as the README writes it, from the rep
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 #: The README's sweep on the CPU preset (4 jobs).
 README_SWEEP = ("python -m runner -m hydra/launcher=slurm_cpu hydra.launcher.partition=debug model=mlp steps=2 "
-                "hooks=clip hooks.clip.max=0.1,0.01 'seed=range(0,2)'")
+                "hooks=clip 'hooks.clip={min:-0.1,max:0.1},{min:-0.01,max:0.01}' 'seed=range(0,2)'")
 #: Measured, not computed: they differ between any two runs.
 TIMINGS = ["wall_time_s", "peak_memory_bytes"]
 

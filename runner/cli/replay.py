@@ -1,7 +1,7 @@
 """``python -m runner replay=RUN_DIR [replay.out=DIR]``: run a finished run again and compare its tables.
 
 The replay runs the run's committed ``config.yaml`` (with its recorded overrides) as it is: no
-other override is taken, only where to write (``replay.out``, default
+other override is taken, only where to write (``replay.out``, or Hydra's own ``hydra.run.dir``; default
 ``outputs/replays/DATE/TIME``; never the run itself, nor any directory holding a complete run).
 Before running it says in one line what differs from the run's manifest (versions, config hash,
 data and checkpoint fingerprints, threads; ``runner.store.provenance``), and runs anyway. It runs
@@ -40,6 +40,8 @@ from runner.store.provenance import differences, provenance
 #: Exit status of a replay whose tables differ from the stored run's.
 EXIT_DIFFERS = 3
 KEY, OUT_KEY = "replay", "replay.out"
+#: Hydra's own name for a run's directory, taken as ``replay.out`` (where a replay writes is all it may choose).
+HYDRA_OUT_KEY = "hydra.run.dir"
 
 
 def is_replay(argv: Sequence[str]) -> bool:
@@ -81,14 +83,19 @@ def parse(argv: Sequence[str]) -> tuple[Path, Path]:
     values: dict[str, str] = {}
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if key not in (KEY, OUT_KEY) or not sep:
-            raise ConfigError(f"{KEY}: a replay runs the stored config as it was; only {OUT_KEY}=DIR may come "
-                              f"with it, not '{arg}' (to change a setting, run the changed command instead)")
+        if key not in (KEY, OUT_KEY, HYDRA_OUT_KEY) or not sep:
+            raise ConfigError(f"{KEY}: a replay runs the stored config as it was; only {OUT_KEY}=DIR (or "
+                              f"{HYDRA_OUT_KEY}=DIR) may come with it, not '{arg}' (to change a setting, run the "
+                              f"changed command instead)")
         if not value:
             raise ConfigError(f"{key}: give a directory ({key}=DIR)")
         values[key] = value
+    outs = {values[key] for key in (OUT_KEY, HYDRA_OUT_KEY) if key in values}
+    if len(outs) > 1:
+        raise ConfigError(f"{HYDRA_OUT_KEY}: '{values[HYDRA_OUT_KEY]}' and {OUT_KEY}='{values[OUT_KEY]}' both name "
+                          f"where the replay writes; give one of them")
     default = Path("outputs/replays") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
-    return Path(values[KEY]), Path(values.get(OUT_KEY, default))
+    return Path(values[KEY]), Path(outs.pop() if outs else default)
 
 
 def check_run_dir(run_dir: Path) -> dict:

@@ -41,7 +41,7 @@ from hooks.recorder import Recorder, walk
 from hooks.shards import is_sharded
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
-from runner.sources.models import build_model
+from runner.sources.models import build_model, load_checkpoint
 
 #: What the meta device says when it, not the config, is the limit (data-dependent code).
 _META_LIMIT = re.compile(r"meta|data-dependent|item\(\)|nonzero", re.I)
@@ -75,6 +75,8 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
         raise
     except Exception:  # noqa: BLE001 - not buildable on meta: the real run reports its own errors
         return None
+    if model_cfg.get("checkpoint"):  # does it fit? said here, before Hydra writes the run's directory
+        load_checkpoint(model, Path(model_cfg.checkpoint), device="meta")
     model.train(train_mode)
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), list(source.input_shape))
     for hook in hooks:

@@ -2,8 +2,12 @@
 
 The ``Trainer`` has no event around its ``loss.backward()`` and none for an exception, so:
 
-- the callback is a context manager around ``trainer.train()``: leaving the block on an
-  exception removes the hooks and writes nothing final (used outside one, ``train`` refuses);
+- passed as ``Trainer(callbacks=[HookCallback(...)])``, as every callback is, it attaches at
+  ``on_train_begin`` and commits at ``on_train_end``. A training that fails in between never reaches
+  ``on_train_end``: its hooks are removed and nothing final is written when the callback is collected
+  (a finalizer: at once in a script that lets the exception end it, at the latest at exit), or when
+  the next ``train()`` begins. Used as a context manager around ``trainer.train()``, leaving the
+  block on an exception does that at once;
 - what is recorded after backward (accumulated ``.grad``) is recorded as the optimizer steps
   (``HookSession.flush``): once per optimizer step, after gradient accumulation and after the
   ``Trainer``'s own clipping (``max_grad_norm``, 1.0 by default; 0 records ``.grad`` unclipped);
@@ -17,6 +21,8 @@ recorded (the entries still act on them).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import functools
+import weakref
 from pathlib import Path
 
 import torch
@@ -32,53 +38,52 @@ class HookCallback(TrainerCallback):
     """Record ``hooks`` (as ``runner.attach`` takes them) during ``Trainer.train`` into ``out_dir``.
 
     Example:
-        >>> with HookCallback(hooks=["clip", "stats"], out_dir="runs/hf") as callback:
-        ...     Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+        >>> Trainer(model=model, args=args, train_dataset=data,
+        ...         callbacks=[HookCallback(hooks=["clip", "stats"], out_dir="runs/hf")]).train()
     """
 
     def __init__(self, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
                  **settings) -> None:
         self.recording = Recording(hooks, overrides, out_dir, **settings)
-        self._inside = False
         self._losses: list[float] = []
+        # Nothing the model's hooks hold refers to the callback, so it is collected with the Trainer.
+        weakref.finalize(self, self.recording.abandon)
 
     def __enter__(self) -> HookCallback:
-        self._inside = True
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._inside = False
         if exc is not None:
             self.recording.abort(exc)
         else:
             self.recording.close()
 
     def on_train_begin(self, args, state, control, model: nn.Module | None = None, **kwargs) -> None:
-        if not self._inside:
-            raise ConfigError("HookCallback: use it as `with HookCallback(...) as callback:` around trainer.train(), "
-                              "so that a failed training removes its hooks")
+        self.recording.abandon()  # a train() that failed before this one never reached on_train_end
         if not isinstance(model, nn.Module):
             raise ConfigError(f"HookCallback: the Trainer passed model={type(model).__name__}, not a torch.nn.Module")
         if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:  # the name since 5.x, before
             raise ConfigError("HookCallback: activation (gradient) checkpointing is not supported (the Trainer has no "
                               "event around backward to tell recomputed calls from forward ones); use runner.attach")
         run = self.recording.open(model)
-        run.session.add(model.register_forward_hook(self._keep_loss))
-
-    def _keep_loss(self, module: nn.Module, args, output) -> None:
-        """The loss of a training micro-batch, as the model returned it (not the rehearsal's, on meta)."""
-        loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor) and not loss.is_meta:
-            self._losses.append(float(loss.detach()))
+        run.session.add(model.register_forward_hook(functools.partial(_keep_loss, self._losses)))
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
         self.recording.resume()
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
         run = self.recording.run
-        losses, self._losses = self._losses, []
+        losses = self._losses[:]
+        self._losses.clear()
         run.step(sum(losses) / len(losses) if losses else None)
         self.recording.pause()  # evaluation, logging and saving until the next step
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         self.recording.close()
+
+
+def _keep_loss(losses: list[float], module: nn.Module, args, output) -> None:
+    """The loss of a training micro-batch, as the model returned it (not the rehearsal's, on meta)."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if module.training and isinstance(loss, torch.Tensor) and not loss.is_meta:
+        losses.append(float(loss.detach()))

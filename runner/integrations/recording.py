@@ -90,6 +90,12 @@ class Recording:
         if block is not None:
             block.close()
 
+    def abandon(self) -> None:
+        """The training ended without its end event (it failed, and the framework has no event for that):
+        remove the hooks and write nothing final, as ``abort`` does. Nothing to do once closed."""
+        if self._block is not None:
+            self.abort(RuntimeError("the training ended without its end event"))
+
     def abort(self, exc: BaseException) -> None:
         """Training failed with ``exc``: remove the hooks, write nothing final (the framework re-raises ``exc``)."""
         block, self._block, self.run, self._backward, self._eval = self._block, None, None, None, None

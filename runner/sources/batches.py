@@ -5,7 +5,7 @@ config asks for, and torchvision's ImageNet preparation. Knows no data kind (the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import DictConfig
@@ -34,6 +34,8 @@ class Maker:
     epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
     #: a whole-dataset pass (``runner.engine.whole_pass``): the items, their number and the batch size
     items: ItemRange | None = None
+    #: fingerprints of the files the kind read (``runner.store.provenance.describe_bytes``), by path
+    fingerprints: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass

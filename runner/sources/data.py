@@ -33,6 +33,7 @@ class DataSource:
         self.data, self.model, self.kind = data, model, kind
         self._make = DATA_KINDS.get(kind).build(data, model)
         self.input_shape, self.input_dtype = self._make.shape, self._make.dtype
+        self.fingerprints = self._make.fingerprints  # of the files already read (runner.store.provenance)
         self._check_targets()
 
     def batches(self, seed: int, device: torch.device, held_out: bool = False) -> Iterator[Batch]:

@@ -12,6 +12,7 @@ eval passes.
 """
 from __future__ import annotations
 
+import io
 import itertools
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DigitsData, FakeImages, ImageFiles, SyntheticData, TokenData
 from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape
+from runner.store.provenance import describe_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -104,15 +106,19 @@ def _images(data: DictConfig, model: DictConfig) -> Maker:
     else:
         raise ConfigError(f"data.path: no file or folder at '{path}'")
     transform = imagenet_transform(data)
-    images = []
+    images, fingerprints = [], {}
     for f in files:
         try:
-            with Image.open(f) as img:
+            raw = f.read_bytes()  # read once: the image and, for one file, the manifest's fingerprint
+            with Image.open(io.BytesIO(raw)) as img:
                 images.append(transform(img.convert("RGB")))
         except OSError as exc:
             raise ConfigError(f"data.path: cannot read image '{f}': {exc}") from None
+        if f == path:
+            fingerprints[str(data.path)] = describe_bytes(path, raw)
     batch = torch.stack(images)  # read once; each step gets a copy, as a model may change its input in place
-    return Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None) for _ in itertools.count()))
+    return Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None) for _ in itertools.count()),
+                 fingerprints=fingerprints)
 
 
 @DATA_KINDS.register("digits", schema=DigitsData)

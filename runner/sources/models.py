@@ -131,7 +131,7 @@ def build_model(cfg: DictConfig) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: built a {type(model).__name__}, not a torch.nn.Module")
     if cfg.get("checkpoint"):
-        _load_checkpoint(model, Path(cfg.checkpoint))
+        load_checkpoint(model, Path(cfg.checkpoint))
     return model
 
 
@@ -154,11 +154,16 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path, device="cpu")
 
 
-def _load_checkpoint(model: nn.Module, path: Path) -> None:
-    """A state_dict from ``.safetensors`` or (anything else) ``torch.load(weights_only=True)``, all keys fitting."""
+def load_checkpoint(model: nn.Module, path: Path, device: str = "cpu") -> None:
+    """A state_dict from ``.safetensors`` or (anything else) ``torch.load(weights_only=True)``, all keys fitting.
+
+    ``device="meta"`` (the meta-device rehearsal, on a model built there) checks that it fits without
+    reading a ``torch.save`` file's tensor data: a checkpoint that does not fit is refused before any
+    directory is written.
+    """
     try:
         state = _read_safetensors(path) if path.suffix == ".safetensors" else \
-            torch.load(path, map_location="cpu", weights_only=True)
+            torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - empty, truncated, corrupt, TorchScript or unsafe pickles
         detail = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"model.checkpoint: cannot read '{path}' as a weights-only state_dict: {detail}") from None
@@ -166,6 +171,8 @@ def _load_checkpoint(model: nn.Module, path: Path) -> None:
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise ConfigError(f"model.checkpoint: '{path}' holds a {type(state).__name__}, not a state_dict")
+    if device == "meta":  # safetensors are read on the CPU; copied into meta parameters they would warn
+        state = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

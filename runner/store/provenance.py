@@ -28,18 +28,27 @@ def provenance(plan) -> dict:
         "seed": plan.settings.seed,
         "threads": torch.get_num_threads(),
         "device": plan.device,
-        "data": describe_data(plan.data.data, plan.data.input_shape),
+        "data": describe_data(plan.data.data, plan.data.input_shape, plan.data.fingerprints),
         "checkpoint": describe_file(plan.model.get("checkpoint")),
     }
 
 
-def describe_data(cfg: DictConfig, shape) -> dict:
-    """The data's kind, input shape and, for each path key, the fingerprint of what it names."""
+def describe_data(cfg: DictConfig, shape, known: dict[str, dict] | None = None) -> dict:
+    """The data's kind, input shape and, for each path key, the fingerprint of what it names
+    (``known``: the fingerprints the data kind took of the bytes it read, by path, so that a file is
+    read once per run)."""
     described = {"kind": cfg.get("kind"), "shape": list(shape) if shape is not None else None}
     for key in PATH_KEYS:
         if cfg.get(key):
-            described[key] = describe_file(cfg.get(key))
+            described[key] = (known or {}).get(str(cfg.get(key))) or describe_file(cfg.get(key))
     return described
+
+
+def describe_bytes(path: str | Path, raw: bytes) -> dict:
+    """``describe_file`` of the one file at ``path`` from its contents ``raw``, read by the caller."""
+    if len(raw) > HASH_LIMIT:
+        return describe_file(path)  # size and modification time: nothing more is read
+    return {"path": str(path), "sha256": hashlib.sha256(b"\0" + raw).hexdigest()[:16]}
 
 
 def describe_file(path: str | None) -> dict | None:
