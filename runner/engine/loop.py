@@ -21,7 +21,7 @@ from common.errors import ConfigError
 from common.records import EXPLAINED_CLASSES
 from hooks.base import explanation
 from hooks.session import prepare_recording
-from runner.engine import early_stop, whole_pass
+from runner.engine import early_stop, fsdp, whole_pass
 from runner.engine.attach import AttachedRun, open_run
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
@@ -45,13 +45,21 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     Nothing is written when a step fails. ``plan.settings.on_nonfinite`` decides what NaN/Inf
     in a step does.
     """
-    s = plan.settings
     device = _available(plan.device)
-    out_dir = Path(out_dir)
-    if claim is None:
+    if plan.settings.fsdp.enabled:  # one rank of a torchrun launch: its part of the run (runner.engine.fsdp)
+        with fsdp.process_group(device):
+            return _run(plan, Path(out_dir), None, device)
+    return _run(plan, Path(out_dir), claim, device)
+
+
+def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device) -> Path:
+    s = plan.settings
+    if claim is None and not s.fsdp.enabled:  # under FSDP2 rank 0 claims the run for every rank (rank_part)
         check_output_dir(out_dir, s.overwrite)
     torch.manual_seed(s.seed)
     model = placed(build_model(plan.model), device).train(s.mode.value == "train")
+    if s.fsdp.enabled:
+        model = fsdp.shard(model, list(s.fsdp.blocks), device)
     optimizer = build_optimizer(plan.optimizer, model)
     dataset_pass = whole_pass.applies(s, plan.data)
     data = whole_pass.batches(plan.data, s.seed, device) if dataset_pass else plan.data.batches(s.seed, device)

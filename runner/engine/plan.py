@@ -27,7 +27,8 @@ from hooks import build_hooks
 from hooks.base import HookType
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
-from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
+from runner.config.schema import FsdpConfig, LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
+from runner.engine.fsdp import check_fsdp
 from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine import early_stop, whole_pass
@@ -100,7 +101,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
 #: The gate: every check a config passes before anything runs, whether it came from the command line,
 #: ``runner.attach``, a replay or a test, each made once per compile (``tests/test_gate.py`` counts
 #: them). Builders (``build_model``, the data kinds, ``build_optimizer``) trust what passed.
-GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_metric", "_check_repeated_presets",
+GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_fsdp", "check_metric", "_check_repeated_presets",
         "_model_config", "check_target", "check_hf", "_check_checkpoint", "_data_config", "get_loss", "_optimizer",
         "check_optimizer", "build_hooks", "_check_hooks_against_run", "_check_plots", "_device", "rehearse")
 
@@ -134,7 +135,7 @@ def _typed(cfg: DictConfig) -> DictConfig:
     _known_keys(cfg, RunConfig, "", "setting")
     _import_modules(cfg)
     for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
-                          ("metric", MetricConfig)):
+                          ("metric", MetricConfig), ("fsdp", FsdpConfig)):
         if isinstance(cfg.get(group), DictConfig):
             _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
     try:
@@ -218,6 +219,7 @@ def _check_settings(s: RunConfig) -> None:
             raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
     if not s.output.row_group_mb > 0:
         raise ConfigError(f"output.row_group_mb: {s.output.row_group_mb!r} must be a positive number of MiB")
+    check_fsdp(s)
 
 
 def _check_repeated_presets(overrides: Sequence[str]) -> None:
