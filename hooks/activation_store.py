@@ -9,6 +9,7 @@ shard. Read back with ``runner.store.activations.ActivationStore`` or ``Shuffled
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -57,6 +58,14 @@ class Store(SampleOutputs):
             self.writers[layer] = ShardWriter(Path(self.spec.path) / layer, layer, self.spec.shard_size,
                                               self.spec.dtype)
         self.writers[layer].add(x, samples)
+
+    def held_bytes(self) -> dict[str, int]:
+        """Each layer's shard buffer at its fullest: ``shard_size - 1`` rows left from earlier calls
+        and one call's rows, in ``dtype``, with an int64 sample id each (``ShardWriter.add``)."""
+        itemsize = DTYPES[self.spec.dtype].itemsize
+        total = sum((self.spec.shard_size - 1 + max(shape[0] for shape in shapes))
+                    * (math.prod(shapes[0][1:]) * itemsize + 8) for shapes in self.planned.values())
+        return {"shard buffers": total} if total else {}
 
     def tables(self) -> dict[str, dict[str, list]]:
         """At the end of the run: the last shard of each store, which is then complete."""

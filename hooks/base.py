@@ -140,6 +140,7 @@ class HookType:
         """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
         return None
 
+    @property
     def pytorch_hooks(self) -> str:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError
@@ -173,6 +174,12 @@ class HookType:
 
     def tables(self) -> dict[str, dict[str, list]]:
         """Rows this entry adds at the end of the run, by file name, as columns (``units``: ``units.parquet``)."""
+        return {}
+
+    def held_bytes(self) -> dict[str, int]:
+        """Host bytes this entry holds beyond a step's captures, by what holds them (``units``: its
+        statistics, ``store``: its shard buffers), as planned from the outputs it saw on the meta
+        device; ``plan=true`` prints them and ``memory.budget`` bounds them."""
         return {}
 
     def run_state(self) -> dict:

@@ -57,6 +57,7 @@ class Rehearsal:
     modules: list[tuple[str, str, str]] = field(default_factory=list)   # (name, class, output shapes)
     matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
+    held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
 
 
 def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
@@ -94,6 +95,7 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
         raise explained from None
     found.modules = [(name, type(m).__name__, shapes.seen.get(name, "-")) for name, m in model.named_modules()]
     found.records = {key: list(tally) for key, tally in recorder.tally().items()}
+    found.held = {hook.name: held for hook in hooks if (held := hook.held_bytes())}
     return found
 
 
