@@ -305,8 +305,8 @@ class Recorder:
         every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
-        if tensor.is_inference():  # no version counter to tell an in-place change
-            return reduce_tensor(tensor)
+        if torch.compiler.is_compiling() or tensor.is_inference():
+            return reduce_tensor(tensor)  # traced into the graph: no pointers there; inference: no version counter
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)
         if seen is not None and seen[0]() is not None:

@@ -3,6 +3,10 @@
 the run. The stated bytes are compared with the real tensors' ``nbytes`` in a run."""
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -88,3 +92,13 @@ def test_sizes(text, nbytes):
 def test_a_bad_size_is_one_line_naming_the_key():
     with pytest.raises(Exception, match=r"^memory.budget: '2 gigs' is not a size; give bytes with a unit"):
         compile_plan(make_config(*MLP, "memory.budget=2 gigs"))
+
+
+def test_the_readme_memory_example_prints_its_line(tmp_path, capsys, monkeypatch):
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Big models\n", 1)[1].split("\n## ", 1)[0]
+    command, line = re.search(r"^\$ (python -m runner .*memory\.budget=.*)\n(error: .*)$", section, re.M).groups()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli(shlex.split(command)[3:], tmp_path / "run")
+    assert exited.value.code == 2 and capsys.readouterr().err.splitlines() == [line]

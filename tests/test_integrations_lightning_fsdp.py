@@ -5,8 +5,10 @@ Lightning's FSDP1 strategy (``strategy="fsdp"``) does not run on a CPU: Lightnin
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +27,17 @@ STATS = ["mean", "std", "min", "max", "abs_mean", "l2", "zero_frac"]
 def test_each_rank_of_a_lightning_fsdp2_fit_records_what_the_unsharded_fit_records(tmp_path):
     import lightning_fsdp_cases
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               str(ROOT / "tests" / "lightning_fsdp_cases.py"), str(tmp_path / "sharded")]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Big models\n", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"^torchrun --nproc_per_node=2 tests/lightning_fsdp_cases.py (\S+)$", section, re.M)
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "lightning_fsdp_cases.py", tmp_path / "tests")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(shlex.split(command.group(0)), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     lightning_fsdp_cases.fit(tmp_path / "whole", sharded=False)
     whole = analysis.load_stats(tmp_path / "whole").sort_values(IDS).reset_index(drop=True)
-    stats = analysis.load_stats(tmp_path / "sharded")
+    stats = analysis.load_stats(tmp_path / command.group(1))
     assert sorted(set(stats["rank"])) == [0, 1]
     assert {"param_grad", "output", "grad_output", "clipped"} <= set(whole["kind"]) and set(whole["step"]) == {0, 1, 2}
     for rank in (0, 1):

@@ -80,6 +80,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
             early_stop.stopping(model, s.stop_after, plan.hooks), OutputMetrics(model, s.metric) as measures, \
             resume.keeping(run.outputs), progress_bar(s.steps, s.progress) as bar:
         forward = _compiled(model) if s.compile else model
+        breaks = graph_breaks() if s.compile else 0
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
         for step in range(first, s.steps):
@@ -104,6 +105,8 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
             resume.mark(step + 1, run.session.run_state())
             if step + 1 < s.steps:
                 run.begin_step()
+        if s.compile:  # the hooks' (and the model's) graph breaks, met while compiling it
+            run.outputs.extra["graph_breaks"] = graph_breaks() - breaks
         if first == 0 and isinstance(plan.loss_fn, ClassScore) and plan.loss_fn.chosen is not None:
             run.outputs.extra[EXPLAINED_CLASSES] = plan.loss_fn.chosen  # what the Grad-CAM title names
     resume.finish()
@@ -127,6 +130,14 @@ def _explained(run: AttachedRun, fn, *args):
         if message:
             raise ConfigError(message) from None
         raise
+
+
+def graph_breaks() -> int:
+    """The graph breaks ``torch.compile`` met in this process so far (PyTorch has no public counter:
+    ``torch._dynamo.utils.counters``, which ``torch._dynamo.explain`` reads too)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def _compiled(model: nn.Module) -> nn.Module:

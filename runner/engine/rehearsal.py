@@ -135,8 +135,9 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     Returns the ``Rehearsal`` that call fills in (``input_shape`` and ``modules``; the run's own
     records count what the entries record). A mistake is a one-line ``ConfigError`` raised from
     that call; a model the meta device cannot run is left to the real call. Entries whose lifetime
-    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), whose
-    real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
+    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), nor a
+    model whose first call ``torch.compile`` traces (a meta pass cannot be traced; the hooks would
+    break the graph), whose real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
     if not session.hooks:
@@ -147,6 +148,8 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     handles = []
 
     def first_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced by torch.compile: a meta pass cannot be traced; the compiled call reports its own errors
         for handle in handles:
             handle.remove()
         _rehearse_call(module, names[id(module)], args, kwargs, session, found)
