@@ -12,6 +12,7 @@ with ``runner.store.activations.ActivationStore`` or ``ShuffledStore``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -74,6 +75,14 @@ class Store(SampleOutputs):
         """Where ``layer``'s store is written: ``path/LAYER``, or this rank's part of it under ``torch.distributed``."""
         group = process_group()
         return Path(self.spec.path) / layer / (part_name(group[0]) if group else "")
+
+    def held_bytes(self) -> dict[str, int]:
+        """Each layer's shard buffer at its fullest: ``shard_size - 1`` rows left from earlier calls
+        and one call's rows, in ``dtype``, with an int64 sample id each (``ShardWriter.add``)."""
+        itemsize = DTYPES[self.spec.dtype].itemsize
+        total = sum((self.spec.shard_size - 1 + max(shape[0] for shape in shapes))
+                    * (math.prod(shapes[0][1:]) * itemsize + 8) for shapes in self.planned.values())
+        return {"shard buffers": total} if total else {}
 
     def tables(self) -> dict[str, dict[str, list]]:
         """At the end of the run: the last shard of each store, which is then complete."""

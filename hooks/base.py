@@ -197,6 +197,12 @@ class HookType:
         """Rows this entry adds at the end of the run, by file name, as columns (``units``: ``units.parquet``)."""
         return {}
 
+    def held_bytes(self) -> dict[str, int]:
+        """Host bytes this entry holds beyond a step's captures, by what holds them (``units``: its
+        statistics, ``store``: its shard buffers), as planned from the outputs it saw on the meta
+        device; ``plan=true`` prints them and ``memory.budget`` bounds them."""
+        return {}
+
     def run_state(self) -> dict:
         """What this entry counted over the run that a resumed run must go on from (``custom``:
         the calls handed to ``fn``); the session keeps it with the resume point."""

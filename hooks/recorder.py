@@ -310,8 +310,8 @@ class Recorder:
         every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
-        if tensor.is_inference() or tensor_kinds.is_sparse(tensor):  # no version counter, or no data_ptr
-            return reduce_tensor(tensor)
+        if torch.compiler.is_compiling() or tensor.is_inference() or tensor_kinds.is_sparse(tensor):
+            return reduce_tensor(tensor)  # traced into the graph: no pointers there; no version counter or data_ptr
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)
         if seen is not None and seen[0]() is not None:

@@ -37,6 +37,8 @@ class SampleOutputs(HookType):
         self._step = -1
         self._seen = 0    # samples counted in finished steps (no ids from the data)
         self._offset = 0
+        #: the shape of each output seen on the meta device (the plan's rehearsal), by layer, in call order
+        self.planned: dict[str, list[torch.Size]] = {}
 
     @property
     def pytorch_hooks(self) -> str:
@@ -60,7 +62,9 @@ class SampleOutputs(HookType):
                               f"valid: {', '.join(tensors) or '(none)'}")
         x = tensor_kinds.per_sample(tensors[self.spec.slot], f"{self.key}: '{layer}' output {self.spec.slot}")
         self.check(layer, x)
-        if not x.is_meta:
+        if x.is_meta:
+            self.planned.setdefault(layer, []).append(x.shape)
+        else:
             self.take(layer, x, self.sample_ids(layer, x.shape[0]))
 
     def check(self, layer: str, x: torch.Tensor) -> None:

@@ -43,7 +43,8 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
     take one pass of the C kernel (``native.reduce_contiguous``); large CUDA tensors one compiled
     pass (``fused_reductions``); small ones, tensor subclasses the kernel cannot read and
-    machines where neither can be built the eager passes (``eager_reductions``).
+    machines where neither can be built the eager passes (``eager_reductions``), as does a hook
+    that ``torch.compile`` traces: torch ops go into the graph, where the kernel would break it.
     """
     x = tensor_kinds.ordinary(x, "the tensor to reduce").detach()
     if x.is_nested:
@@ -58,6 +59,8 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1)
     if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
+    if torch.compiler.is_compiling():  # a hook traced by torch.compile: torch ops, in the graph, no graph break
+        return eager_reductions(flat)
     if flat.device.type == "cpu" and native.kernel() is not None:
         flat = flat.contiguous()
         if native.readable(flat):

@@ -76,6 +76,13 @@ class UnitStats:
         self.bottom_value, self.bottom_sample, self.bottom_position = empty_v, empty_i, empty_i
         self.second = torch.zeros(units, units, dtype=f64) if second_moment else None
 
+    @staticmethod
+    def held_bytes(units: int, k: int, grid_size: int, second_moment: bool) -> int:
+        """The bytes of the tensors a ``UnitStats`` holds once ``k`` samples were seen: mean, M2, min,
+        max (float64), above and the sketch (int64), top and bottom ``k`` values, samples and
+        positions, and the ``units x units`` second moment (float64)."""
+        return 8 * units * (4 + 1 + grid_size + 6 * k + (units if second_moment else 0))
+
     def update(self, x: torch.Tensor, samples: torch.Tensor) -> None:
         """Fold in one batch ``x`` of shape ``[batch, positions, units]``; ``samples``: the batch's sample ids."""
         x = x.detach().to("cpu", torch.float64)

@@ -84,10 +84,13 @@ class Units(SampleOutputs):
         stats.update(view, samples)
 
     def _axis(self, x: torch.Tensor) -> int:
+        return self._axis_of(x.dim())
+
+    def _axis_of(self, dims: int) -> int:
         axis = self.spec.unit_axis
         if axis is None:
-            return default_unit_axis(x.dim())
-        return axis % x.dim() if -x.dim() <= axis < x.dim() else axis
+            return default_unit_axis(dims)
+        return axis % dims if -dims <= axis < dims else axis
 
     def _units_view(self, layer: str, x: torch.Tensor) -> torch.Tensor:
         """``x`` as ``[batch, positions, units]``."""
@@ -97,6 +100,13 @@ class Units(SampleOutputs):
                               f"{layer}'s output of shape {list(x.shape)}; valid: 1..{x.dim() - 1}")
         moved = x.movedim(axis, -1)
         return moved.reshape(x.shape[0], -1, x.shape[axis])
+
+    def held_bytes(self) -> dict[str, int]:
+        """The statistics of every (layer, call) it will keep, once ``top_k`` samples were seen."""
+        total = sum(UnitStats.held_bytes(shape[self._axis_of(len(shape))], self.spec.top_k, self.grid.size,
+                                         self.spec.second_moment)
+                    for shapes in self.planned.values() for shape in shapes)
+        return {"unit statistics": total} if total else {}
 
     def tables(self) -> dict[str, dict[str, list]]:
         """``units.parquet``'s rows of this entry, one per (layer, call, unit), as columns."""

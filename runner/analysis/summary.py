@@ -155,7 +155,9 @@ def _problems(rows: pd.DataFrame) -> str:
 def _steps_line(steps: pd.DataFrame) -> str:
     train = steps[steps["split"] == "train"] if "split" in steps.columns else steps
     evals = steps[steps["split"] == "eval"] if "split" in steps.columns else steps.iloc[:0]
-    text = f"{len(train)} step(s), last loss {_number(last_value(train, 'loss'))}"
+    ranks = train["rank"].nunique() if "rank" in train.columns else 1  # a torchrun run: each rank's steps
+    text = f"{len(train) // max(ranks, 1)} step(s){f' on {ranks} ranks' if ranks > 1 else ''}, " \
+           f"last loss {_number(last_value(train, 'loss'))}"
     if not evals.empty:
         text += f", last eval loss {_number(last_value(evals, 'loss'))}"
     if "accuracy" in steps.columns and steps["accuracy"].notna().any():

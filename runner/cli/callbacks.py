@@ -23,9 +23,10 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from runner.cli.commandline import expand
-from runner.cli.execute import EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
+from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
 from runner.cli.summary import print_summary
 from runner.cli.taken_dirs import job_dir, sweep_dir_problems
+from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
 from runner.store.sweep_record import OK, write_sweep
@@ -45,6 +46,11 @@ class EarlyChecks(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):
             return  # a plan writes nothing
+        if fsdp.sharded_run(config):  # its ranks share the directory: rank 0 claims it once they run (runner.store.ranks)
+            problem = fsdp.run_dir_problem(list(config.hydra.overrides.hydra))
+            if problem:
+                _report([problem], None, EXIT_CONFIG_ERROR)
+            return
         try:  # claimed now: Hydra writes .hydra/ there next, and the run is the directory's owner
             keep_claim(claim_run_dir(Path(config.hydra.run.dir), bool(config.overwrite)))
         except (ConfigError, OutputError) as exc:

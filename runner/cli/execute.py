@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from common.errors import ConfigError
 from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
 from runner.cli.summary import print_summary
+from runner.engine import fsdp
 from runner.engine.loop import run
 from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
@@ -48,7 +49,8 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             if plan.settings.plan:
                 print(describe(plan))
                 return
-            claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
+            if not plan.settings.fsdp.enabled:  # an FSDP2 run's rank 0 claims it for every rank (runner.store.ranks)
+                claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
             run(plan, out_dir, claim)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
@@ -85,6 +87,8 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             claim.release()
     if multirun:
         write_status(out_dir, overrides, None)
+    if fsdp.silent_rank():
+        return  # one rank of an FSDP2 run: rank 0 says what the run wrote
     print(f"wrote {out_dir}")
     if not multirun:  # a sweep's summary comes when it ends (runner.cli.callbacks)
         print_summary(out_dir, bool(cfg.get("quiet")) or not summary)

@@ -60,6 +60,23 @@ class OutputConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """``memory.budget=2GiB``: the most host memory the entries may hold; a plan that holds more is
+    refused before the run (``runner.engine.budget``). Null: no bound."""
+
+    budget: Optional[str] = None
+
+
+@dataclass
+class FsdpConfig:
+    """``fsdp.enabled=true`` under torchrun: the model sharded with FSDP2 over the ranks (``runner.engine.fsdp``)."""
+
+    enabled: bool = False
+    #: the modules sharded on their own before the model (a selector: ``*`` the direct children, ``transformer.h.*``)
+    blocks: list[str] = field(default_factory=lambda: ["*"])
+
+
+@dataclass
 class NamedModel:
     """A model by name (``runner.sources.models``: the tutorials' nets or any torchvision model)."""
 
@@ -237,6 +254,8 @@ class RunConfig:
     quiet: bool = False               #: no summary printed when a run or sweep ends
     compile: bool = False
     stop_after: Optional[str] = None  #: end each forward after this module (auto: nn.Sequential); loss=none
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     model: Any = MISSING

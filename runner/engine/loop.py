@@ -22,7 +22,7 @@ from common.errors import ConfigError
 from common.records import EXPLAINED_CLASSES
 from hooks.base import explanation
 from hooks.session import prepare_recording
-from runner.engine import early_stop, whole_pass
+from runner.engine import early_stop, fsdp, whole_pass
 from runner.engine.attach import AttachedRun, open_run
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
@@ -46,13 +46,21 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
     Nothing is written when a step fails. ``plan.settings.on_nonfinite`` decides what NaN/Inf
     in a step does.
     """
-    s = plan.settings
     device = _available(plan.device)
-    out_dir = Path(out_dir)
-    if claim is None:
+    if plan.settings.fsdp.enabled:  # one rank of a torchrun launch: its part of the run (runner.engine.fsdp)
+        with fsdp.process_group(device):
+            return _run(plan, Path(out_dir), None, device)
+    return _run(plan, Path(out_dir), claim, device)
+
+
+def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device) -> Path:
+    s = plan.settings
+    if claim is None and not s.fsdp.enabled:  # under FSDP2 rank 0 claims the run for every rank (rank_part)
         check_output_dir(out_dir, s.overwrite)
     torch.manual_seed(s.seed)
     model = placed(build_model(plan.model), device).train(s.mode.value == "train")
+    if s.fsdp.enabled:
+        model = fsdp.shard(model, list(s.fsdp.blocks), device)
     optimizer = build_optimizer(plan.optimizer, model)
     dataset_pass = whole_pass.applies(s, plan.data)
     resume = Resume(out_dir, plan.config_yaml, model, optimizer, enabled=in_scheduler_job())
@@ -75,6 +83,7 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
             early_stop.stopping(model, s.stop_after, plan.hooks), OutputMetrics(model, s.metric) as measures, \
             resume.keeping(run.outputs), progress_bar(s.steps, s.progress) as bar:
         forward = _compiled(model) if s.compile else model
+        breaks = graph_breaks() if s.compile else 0
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
         for step in range(first, s.steps):
@@ -99,6 +108,8 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
             resume.mark(step + 1, run.session.run_state())
             if step + 1 < s.steps:
                 run.begin_step()
+        if s.compile:  # the hooks' (and the model's) graph breaks, met while compiling it
+            run.outputs.extra["graph_breaks"] = graph_breaks() - breaks
         if first == 0 and isinstance(plan.loss_fn, ClassScore) and plan.loss_fn.chosen is not None:
             run.outputs.extra[EXPLAINED_CLASSES] = plan.loss_fn.chosen  # what the Grad-CAM title names
     resume.finish()
@@ -122,6 +133,14 @@ def _explained(run: AttachedRun, fn, *args):
         if message:
             raise ConfigError(message) from None
         raise
+
+
+def graph_breaks() -> int:
+    """The graph breaks ``torch.compile`` met in this process so far (PyTorch has no public counter:
+    ``torch._dynamo.utils.counters``, which ``torch._dynamo.explain`` reads too)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def _compiled(model: nn.Module) -> nn.Module:

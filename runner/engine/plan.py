@@ -27,7 +27,9 @@ from hooks import build_hooks
 from hooks.base import HookType
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
-from runner.config.schema import LossConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
+from runner.config.schema import FsdpConfig, LossConfig, MemoryConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
+from runner.engine.budget import DEVICE, check_budget, held, parse_size, size_text
+from runner.engine.fsdp import check_fsdp
 from runner.engine.metrics import check_metric, missing_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine import early_stop, whole_pass
@@ -87,6 +89,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
     found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)
+    check_budget(settings.memory.budget, found)
     for hook in hooks:
         hook.check_steps(settings.steps)
     clean_data = _clean_data(typed.data, model, data, hooks)
@@ -100,9 +103,10 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
 #: The gate: every check a config passes before anything runs, whether it came from the command line,
 #: ``runner.attach``, a replay or a test, each made once per compile (``tests/test_gate.py`` counts
 #: them). Builders (``build_model``, the data kinds, ``build_optimizer``) trust what passed.
-GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_metric", "_check_repeated_presets",
+GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_fsdp", "check_metric", "_check_repeated_presets",
         "_model_config", "check_target", "check_hf", "_check_checkpoint", "_data_config", "get_loss", "_optimizer",
-        "check_optimizer", "build_hooks", "_check_hooks_against_run", "_check_plots", "_device", "rehearse")
+        "check_optimizer", "build_hooks", "_check_hooks_against_run", "_check_plots", "_device", "rehearse",
+        "check_budget")
 
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
@@ -134,7 +138,7 @@ def _typed(cfg: DictConfig) -> DictConfig:
     _known_keys(cfg, RunConfig, "", "setting")
     _import_modules(cfg)
     for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
-                          ("metric", MetricConfig)):
+                          ("metric", MetricConfig), ("fsdp", FsdpConfig), ("memory", MemoryConfig)):
         if isinstance(cfg.get(group), DictConfig):
             _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
     try:
@@ -218,6 +222,9 @@ def _check_settings(s: RunConfig) -> None:
             raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
     if not s.output.row_group_mb > 0:
         raise ConfigError(f"output.row_group_mb: {s.output.row_group_mb!r} must be a positive number of MiB")
+    check_fsdp(s)
+    if s.memory.budget is not None:
+        parse_size(s.memory.budget, "memory.budget")  # a bad size fails with the settings, before any work
 
 
 def _check_repeated_presets(overrides: Sequence[str]) -> None:
@@ -382,14 +389,13 @@ def describe(plan: Plan) -> str:
     if plan.hooks:
         lines.append("per step:")
         for (key, kind), (count, nbytes, kept) in sorted(found.records.items()):
-            lines.append(f"  hooks.{key}: {count} {kind} tensor(s), {_size(nbytes)} seen"
-                         + (f", {_size(kept)} kept in tensors.parquet" if kept else ""))
+            lines.append(f"  hooks.{key}: {count} {kind} tensor(s), {size_text(nbytes)} seen"
+                         + (f", {size_text(kept)} kept in tensors.parquet" if kept else ""))
+    kept = held(found)
+    if kept:
+        budget = plan.settings.memory.budget
+        lines.append(f"held by the entries on {DEVICE} (the host; under torchrun, on each rank)"
+                     f"{f', memory.budget={budget}' if budget else ''}:")
+        lines += [f"  hooks.{key}: {size_text(nbytes)} of {what}" for key, what, nbytes in kept]
+        lines.append(f"  total: {size_text(sum(nbytes for _, _, nbytes in kept))}")
     return "\n".join(lines)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

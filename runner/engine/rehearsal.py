@@ -57,6 +57,7 @@ class Rehearsal:
     modules: list[tuple[str, str, str]] = field(default_factory=list)   # (name, class, output shapes)
     matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
+    held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
 
 
 def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
@@ -96,6 +97,7 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
         raise explained from None
     found.modules = [(name, type(m).__name__, shapes.seen.get(name, "-")) for name, m in model.named_modules()]
     found.records = {key: list(tally) for key, tally in recorder.tally().items()}
+    found.held = {hook.name: held for hook in hooks if (held := hook.held_bytes())}
     return found
 
 
@@ -135,8 +137,9 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     Returns the ``Rehearsal`` that call fills in (``input_shape`` and ``modules``; the run's own
     records count what the entries record). A mistake is a one-line ``ConfigError`` raised from
     that call; a model the meta device cannot run is left to the real call. Entries whose lifetime
-    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), whose
-    real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
+    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), nor a
+    model whose first call ``torch.compile`` traces (a meta pass cannot be traced; the hooks would
+    break the graph), whose real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
     if not session.hooks:
@@ -147,6 +150,8 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
     handles = []
 
     def first_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced by torch.compile: a meta pass cannot be traced; the compiled call reports its own errors
         for handle in handles:
             handle.remove()
         _rehearse_call(module, names[id(module)], args, kwargs, session, found)
