@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,3 +122,47 @@ def test_the_report_names_a_damaged_file_in_one_line(sweep, capsys):
 def test_on_corrupt_takes_error_or_skip(sweep):
     with pytest.raises(ConfigError, match=r"^on_corrupt: unknown policy 'skp'; valid: error, skip; did you mean 'skip'\?$"):
         analysis.load_stats(sweep, on_corrupt="skp")
+
+
+def test_a_run_of_an_older_schema_loads_beside_a_new_one_with_its_missing_columns_empty(sweep):
+    """A job written before ``peak_memory_bytes`` existed: its rows hold NaN there, the others their values."""
+    old = sweep / "0" / "steps.parquet"
+    pq.write_table(pq.read_table(old).drop_columns(["peak_memory_bytes"]), old)
+    steps = analysis.load_steps(sweep)
+    new = pa.concat_tables([pq.read_table(sweep / str(i) / "steps.parquet") for i in (1, 2)])
+    assert steps.loc[steps["seed"] == 0, "peak_memory_bytes"].isna().all()
+    assert steps.loc[steps["seed"] != 0, "peak_memory_bytes"].tolist() == new["peak_memory_bytes"].to_pylist()
+
+
+#: What ``test_ten_thousand_jobs_load_within_the_frame`` runs in a fresh process: the peak RSS
+#: (``ru_maxrss``) the load adds, and the frame's own size.
+_MEASURE = """
+import resource, sys
+import runner.analysis as analysis
+import pandas, pyarrow.dataset  # imported before the baseline
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+df = analysis.load_stats(sys.argv[1])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(len(df), df["run_dir"].nunique(), (peak - base) * 1024, int(df.memory_usage(deep=True).sum()))
+"""
+
+
+@pytest.mark.soak
+def test_ten_thousand_jobs_load_within_the_frame(template, tmp_path):
+    """10,000 jobs: every row is read, and the load's peak adds at most twice the frame and 64 MiB
+    (pyarrow's pool and the readahead of two files) to the process."""
+    big = tmp_path / "big"
+    files = {name: (template / "0" / name).read_bytes() for name in ("stats.parquet", "steps.parquet", "config.yaml")}
+    manifest = json.loads((template / "0" / "manifest.json").read_text())
+    for i in range(10_000):
+        job = big / str(i)
+        job.mkdir(parents=True)
+        for name, data in files.items():
+            (job / name).write_bytes(data)
+        (job / "manifest.json").write_text(json.dumps({**manifest, "overrides": [f"seed={i}"]}))
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, str(big)], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    rows, runs, peak, frame_bytes = map(int, proc.stdout.split())
+    assert rows == 10_000 * pq.read_metadata(template / "0" / "stats.parquet").num_rows and runs == 10_000
+    print(f"10,000 jobs: frame {frame_bytes / 2**20:.1f} MiB, peak RSS added by the load {peak / 2**20:.1f} MiB")
+    assert peak <= 2 * frame_bytes + (64 << 20), (peak, frame_bytes)
