@@ -60,7 +60,8 @@ def assert_intact(sweep: Path, before: dict[str, bytes]) -> None:
     for name, data in before.items():
         assert (sweep / name).read_bytes() == data, name
     for i in range(2):
-        assert len(analysis.load_stats(sweep / str(i))) == pq.read_metadata(sweep / str(i) / "stats.parquet").num_rows > 0
+        stored = pq.read_metadata(sweep / str(i) / "stats.parquet").num_rows
+        assert len(analysis.load_stats(sweep / str(i))) == stored > 0
 
 
 def failing_at_the_second_forward(trouble):

@@ -66,7 +66,8 @@ def test_jobs_still_writing_are_not_read_and_one_line_says_how_many(sweep):
         warnings.simplefilter("always")
         stats = analysis.load_stats(sweep)
     message = only(record, PendingRunsWarning)
-    assert message.startswith(f"{sweep}: 2 job(s) have not committed yet") and "reading the 3 complete run(s)" in message
+    assert message.startswith(f"{sweep}: 2 job(s) have not committed yet")
+    assert message.endswith("reading the 3 complete run(s)")
     assert sorted(stats["seed"].unique()) == [0, 1, 2]
     assert len(stats) == expected_stats(*(sweep / str(i) for i in range(3))).num_rows
     with pytest.warns(PendingRunsWarning):  # the report's summary reads the same runs
@@ -120,7 +121,8 @@ def test_the_report_names_a_damaged_file_in_one_line(sweep, capsys):
 
 
 def test_on_corrupt_takes_error_or_skip(sweep):
-    with pytest.raises(ConfigError, match=r"^on_corrupt: unknown policy 'skp'; valid: error, skip; did you mean 'skip'\?$"):
+    with pytest.raises(ConfigError,
+                       match=r"^on_corrupt: unknown policy 'skp'; valid: error, skip; did you mean 'skip'\?$"):
         analysis.load_stats(sweep, on_corrupt="skp")
 
 

@@ -89,9 +89,9 @@ def check_on_corrupt(on_corrupt: str) -> None:
 
 
 def intact(runs: Iterable[Path], on_corrupt: str) -> tuple[dict[Path, dict], dict[str, pa.Schema]]:
-    """What the loaders read of the manifests (``_KEPT``) of the ``runs`` that are whole, by run (a damaged one raises or is skipped:
-    ``on_corrupt``), and the schemas of the files whose footers were read to tell (by absolute path),
-    which the loaders need not read again."""
+    """What the loaders read of the manifests (``_KEPT``) of the ``runs`` that are whole, by run (a
+    damaged one raises or is skipped: ``on_corrupt``), and the schemas of the files whose footers
+    were read to tell (by absolute path), which the loaders need not read again."""
     check_on_corrupt(on_corrupt)
     whole, damaged, footers = {}, [], {}
     for run in runs:
