@@ -11,6 +11,10 @@ files differ in columns the schema unifies them, so a column that only some jobs
 (null in the rows of the others), and ``columns``/``filters`` are pushed down into the scan.
 Values are converted from Arrow to numpy directly, so a NaN stays a NaN.
 
+Jobs of a sweep still writing are not read, and a damaged run (a truncated file, a corrupt
+manifest) is one error naming the file, or left out with ``on_corrupt="skip"``
+(``runner.analysis.intact``).
+
 Every row has a ``rank``: the process that recorded it in a run under ``torch.distributed`` (each
 rank writes its own part, ``runner.store.ranks``), 0 otherwise.
 
@@ -42,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TENSORS
 from runner.analysis.frame import to_frame
+from runner.analysis.intact import find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
 from runner.store.ranks import is_part, rank_files
@@ -58,23 +63,31 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
                  "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
 
 
-def run_dirs(path: str | Path) -> list[Path]:
+def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
     """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none.
 
     Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
+    Jobs still writing are not read (one ``PendingRunsWarning`` says how many); a damaged run raises
+    ``CorruptRunError`` naming its file, or is left out with ``on_corrupt="skip"`` (``runner.analysis.intact``).
     """
-    path = Path(path)
+    return list(_committed(Path(path), on_corrupt)[0])
+
+
+def _committed(path: Path, on_corrupt: str) -> tuple[dict[Path, dict], dict[str, pa.Schema]]:
+    """``run_dirs``' runs with their manifests, in job order, and the footers read to check them (``intact``)."""
     if (path / MANIFEST).is_file():
-        return [path]
-    found = listed_runs(path) or []  # a sweep's own record of its runs (sweep.json), else a search
-    if not found:
-        for root, dirs, files in os.walk(path):
-            if MANIFEST in files and not is_part(Path(root)):
-                found.append(Path(root))
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found, pending = [path], []
+    else:
+        found, pending = listed_runs(path) or [], []  # a sweep's own record of its runs (sweep.json), else a search
+        if not found:
+            found, pending = find_jobs(path)
+    warn_pending(path, pending, len(found))
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
-    return natural_sorted(found)
+    runs, footers = intact(natural_sorted(found), on_corrupt)
+    if not runs:
+        raise FileNotFoundError(f"no undamaged complete run at or under '{path}'")
+    return runs, footers
 
 
 def failed_jobs(path: str | Path) -> pd.DataFrame:
@@ -128,7 +141,7 @@ def config_of(run_dir: Path) -> str | None:
 
 def overrides_of(run_dir: Path) -> dict[str, Any]:
     """The job's Hydra overrides as ``{key: value}``, values parsed as YAML scalars where they are."""
-    return _overrides(_manifest(run_dir))
+    return _overrides(read_manifest(run_dir))
 
 
 def _overrides(manifest: dict) -> dict[str, Any]:
@@ -162,7 +175,7 @@ def override_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
 
 
-def _dataset(files: list[str], fingerprints: list[str | None]) -> ds.Dataset:
+def _dataset(files: list[str], fingerprints: list[str | None], footers: dict[str, pa.Schema]) -> ds.Dataset:
     """One dataset over ``files``, its text columns read as dictionaries (each file's strings
     decoded once per distinct value, the form a categorical keeps).
 
@@ -170,12 +183,12 @@ def _dataset(files: list[str], fingerprints: list[str | None]) -> ds.Dataset:
     so a column only some files have is kept (null in the others' rows). A file's schema is read
     from its footer once per distinct ``fingerprints`` entry (``_fingerprint``; ``None``: the
     file's own footer), not once per file: reading 1,000 footers took about 0.2 s, as long as a
-    projected read of the whole sweep. No footer is kept.
+    projected read of the whole sweep. No footer is kept; ``footers`` are those already read.
     """
     first = {}
     for file, fingerprint in zip(files, fingerprints):
         first.setdefault(fingerprint or file, file)
-    schemas = [pq.read_schema(file).remove_metadata() for file in first.values()]
+    schemas = [(footers.get(file) or pq.read_schema(file)).remove_metadata() for file in first.values()]
     schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
     text = [f.name for f in schema if pa.types.is_string(f.type)]
     schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in schema])
@@ -231,13 +244,8 @@ def _listed(file: str, manifests: dict[str, dict]) -> dict:
     """What the manifest beside ``file`` says of it (``rows``, ``schema``; empty if nothing)."""
     folder, name = os.path.split(file)
     if folder not in manifests:  # a rank's part of a distributed run
-        manifests[folder] = _manifest(folder)
+        manifests[folder] = read_manifest(folder)
     return manifests[folder].get("files", {}).get(name, {})
-
-
-def _manifest(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, MANIFEST)) as f:
-        return json.load(f)
 
 
 def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
@@ -269,17 +277,18 @@ def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
         return pd.Categorical.from_codes(per_run[codes], categories=[str(c) for c in categories])
 
 
-def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any,
+def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any, on_corrupt: str,
           empty_columns: Sequence[str] = _CAPTURE_COLUMNS) -> pd.DataFrame:
-    parts = [(r, rank, file) for r in run_dirs(path) for rank, file in rank_files(r, name)]
+    committed, footers = _committed(Path(path), on_corrupt)
+    parts = [(r, rank, file) for r in committed for rank, file in rank_files(r, name)]
     have = [r for r, _, _ in parts]  # a run of several ranks: once per rank
     if not have:  # e.g. tensors.parquet of runs that kept no tensor
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
         return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
     files = [os.path.abspath(file) for _, _, file in parts]
-    manifests = {os.path.abspath(r): _manifest(r) for r in dict.fromkeys(have)}
+    manifests = {os.path.abspath(r): committed[r] for r in dict.fromkeys(have)}
     listed = [_listed(file, manifests) for file in files]
-    dataset = _dataset(files, [_fingerprint(file, entry) for file, entry in zip(files, listed)])
+    dataset = _dataset(files, [_fingerprint(file, entry) for file, entry in zip(files, listed)], footers)
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
@@ -296,7 +305,8 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     return df
 
 
-def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
+def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None,
+               on_corrupt: str = "error") -> pd.DataFrame:
     """One row per captured tensor per call, from one run or every run of a sweep.
 
     Args:
@@ -304,11 +314,15 @@ def load_stats(path: str | Path, columns: Sequence[str] | None = None, filters: 
         columns: read only these parquet columns (override, ``rank`` and ``run_dir`` columns are always added).
         filters: pyarrow filters applied while reading, e.g. ``[("kind", "=", "param_grad")]``
             (a list of tuples or a ``pyarrow.compute`` expression).
+        on_corrupt: ``"error"``: a damaged run (a truncated parquet file, a corrupt manifest) raises
+            ``CorruptRunError`` naming the file; ``"skip"``: the other runs are read, with one warning
+            listing what was left out. Jobs still writing are never read (one warning says how many).
     """
-    return _load(path, STATS, columns, filters)
+    return _load(path, STATS, columns, filters, on_corrupt)
 
 
-def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
+def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None,
+               on_corrupt: str = "error") -> pd.DataFrame:
     """One row per step and split per run: ``split``, ``loss``, ``wall_time_s``, the number of captures.
 
     Training runs interleave evaluation rows (``split == "eval"``) with the training steps
@@ -318,18 +332,22 @@ def load_steps(path: str | Path, columns: Sequence[str] | None = None, filters: 
         >>> steps = load_steps(sweep)
         >>> train = steps[steps.split == "train"].pivot(index="step", columns="run_dir", values="loss")
         >>> evals = steps[steps.split == "eval"].pivot(index="step", columns="run_dir", values="loss")
+
+    ``on_corrupt`` as for ``load_stats``.
     """
-    return _load(path, STEPS, columns, filters, _STEP_COLUMNS)
+    return _load(path, STEPS, columns, filters, on_corrupt, _STEP_COLUMNS)
 
 
-def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
+def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters: Any = None,
+                 on_corrupt: str = "error") -> pd.DataFrame:
     """Captured tensors with a ``tensor`` column of numpy arrays in their original shape and dtype.
 
     ``tensor_values`` (the flat float32 list stored in parquet) is replaced by ``tensor``. A run
     that kept no tensor (no ``tensors.parquet``) gives an empty frame with the capture columns.
+    ``on_corrupt`` as for ``load_stats``.
     """
     wanted = None if columns is None else sorted({*columns, "tensor_values", "tensor_shape", "dtype"})
-    df = _load(path, TENSORS, wanted, filters)
+    df = _load(path, TENSORS, wanted, filters, on_corrupt)
     if "tensor_values" not in df.columns:
         return df.assign(tensor=pd.Series([], dtype=object))
     df["tensor"] = pd.Series([

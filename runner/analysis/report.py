@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from runner.analysis import plots
+from runner.analysis.intact import CorruptRunError
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         out = write_report(args.path, args.out, args.corrupted)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, CorruptRunError) as exc:  # no run, or a damaged one: one line
         parser.exit(2, f"error: {exc}\n")
     print(out)
 

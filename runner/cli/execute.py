@@ -147,4 +147,7 @@ def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun:
     print(f"error: {message}", file=sys.stderr)
     if not multirun:
         sys.exit(code)
-    write_status(out_dir, overrides, message, state)
+    try:
+        write_status(out_dir, overrides, message, state)
+    except OSError:  # the disk that failed the run (read-only, full) refuses its status too: the sweep's
+        pass  # record lists the job as one that wrote no status, and the line above said why

@@ -170,13 +170,17 @@ class DirLock:
                                            f"directory (now held by {holder}); nothing was committed")
 
     def release(self) -> None:
-        """Stop the heartbeat and remove the claim if it is still ours."""
+        """Stop the heartbeat and remove the claim if it is still ours.
+
+        On a disk that turned read-only the claim stays: its process is gone when the next run
+        looks, so that run takes it over (``_take_over_if_stale``).
+        """
         self._stop.set()
         self._thread.join()
         try:
             if (_load(self.path) or {}).get("token") == self.token:
                 self.path.unlink()
-        except FileNotFoundError:
+        except OSError:  # gone already, or a read-only disk
             pass
 
     def _beat(self) -> None:

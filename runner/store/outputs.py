@@ -14,6 +14,8 @@ but for ``steps.parquet``'s measures (``STEP_METRICS``): only those some step of
 """
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import os
 import platform
@@ -124,8 +126,9 @@ class ParquetSink:
     def abort(self) -> None:
         """Drop the temporary file; the final path is never created.
 
-        Closing may fail again (a full disk fails the footer too): that error is dropped, the
-        one that made the run abort is the one to report.
+        Closing may fail again (a full disk fails the footer too), and so may the unlink (a disk
+        turned read-only): those errors are dropped, the one that made the run abort is the one to
+        report; a temporary file left behind is removed by the next claim of the directory.
         """
         writer, self._writer = self._writer, None
         try:
@@ -134,7 +137,8 @@ class ParquetSink:
         except OSError:
             pass
         finally:
-            self.tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.tmp.unlink(missing_ok=True)
 
 
 class RunOutputs:

@@ -1,0 +1,187 @@
+"""Sweeps as they really are: jobs still writing, one job's file truncated or its manifest corrupt.
+
+The loaders read only committed runs, whole, and say in one line what they did not read
+(``runner.analysis.intact``); the frames are compared with a plain pyarrow read of the runs read.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import runner.analysis as analysis
+from common.errors import ConfigError
+from conftest import make_config, run
+from runner.analysis.intact import CorruptRunError, PendingRunsWarning, SkippedRunsWarning
+from runner.analysis.report import main as report_main
+from runner.analysis.summary import summarize
+
+OVERRIDES = ["model=mlp", "hooks=stats", "steps=2"]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """Three committed jobs, copied from one real run, each with its own override."""
+    root = tmp_path_factory.mktemp("seams")
+    run(make_config(*OVERRIDES), root / "run", OVERRIDES)
+    manifest = json.loads((root / "run" / "manifest.json").read_text())
+    for i in range(3):
+        job = root / "sweep" / str(i)
+        shutil.copytree(root / "run", job)
+        (job / "manifest.json").write_text(json.dumps({**manifest, "overrides": [f"seed={i}"]}))
+    return root / "sweep"
+
+
+@pytest.fixture
+def sweep(template, tmp_path):
+    shutil.copytree(template, tmp_path / "sweep")
+    return tmp_path / "sweep"
+
+
+def expected_stats(*jobs) -> pa.Table:
+    return pa.concat_tables([pq.read_table(job / "stats.parquet") for job in jobs])
+
+
+def only(record, category):
+    found = [w for w in record if issubclass(w.category, category)]
+    assert len(found) == 1, [str(w.message) for w in record]
+    message = str(found[0].message)
+    assert "\n" not in message
+    return message
+
+
+def test_jobs_still_writing_are_not_read_and_one_line_says_how_many(sweep):
+    for i, leftover in ((3, ".stats.parquet.tmp-1234"), (4, ".runner.lock")):  # claimed, mid-write
+        job = sweep / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        (job / leftover).write_bytes(b"PAR1 half a row group")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        stats = analysis.load_stats(sweep)
+    message = only(record, PendingRunsWarning)
+    assert message.startswith(f"{sweep}: 2 job(s) have not committed yet")
+    assert message.endswith("reading the 3 complete run(s)")
+    assert sorted(stats["seed"].unique()) == [0, 1, 2]
+    assert len(stats) == expected_stats(*(sweep / str(i) for i in range(3))).num_rows
+    with pytest.warns(PendingRunsWarning):  # the report's summary reads the same runs
+        assert summarize(sweep).splitlines()[0] == f"sweep {sweep}: 3 complete job(s)"
+
+
+def test_a_failed_job_is_not_pending(sweep):
+    failed = sweep / "3"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(analysis.load_steps(sweep)) == len(pq.read_table(sweep / "0" / "steps.parquet")) * 3
+
+
+@pytest.mark.parametrize("damage, named", [
+    ("truncate", "stats.parquet"), ("manifest", "manifest.json"), ("missing", "stats.parquet")])
+def test_a_damaged_run_is_one_error_naming_the_file_or_skipped_on_request(sweep, damage, named):
+    broken = sweep / "1"
+    if damage == "truncate":
+        data = (broken / "stats.parquet").read_bytes()
+        (broken / "stats.parquet").write_bytes(data[:len(data) // 2])
+    elif damage == "manifest":
+        (broken / "manifest.json").write_text('{"complete": true, "files": {"stats.par')
+    else:
+        (broken / "stats.parquet").unlink()
+    with pytest.raises(CorruptRunError) as error:
+        analysis.load_stats(sweep)
+    message = str(error.value)
+    assert message.startswith(f"{broken / named}: ") and "\n" not in message
+    assert message.endswith("to read the other runs: on_corrupt='skip'")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        stats = analysis.load_stats(sweep, on_corrupt="skip")
+    assert only(record, SkippedRunsWarning).startswith(f"skipped 1 damaged run(s): {broken / named}: ")
+    with pytest.warns(SkippedRunsWarning):
+        steps = analysis.load_steps(sweep, on_corrupt="skip")  # the run is left out of every table
+    assert sorted(stats["seed"].unique()) == sorted(steps["seed"].unique()) == [0, 2]
+    assert len(stats) == expected_stats(sweep / "0", sweep / "2").num_rows
+    assert stats["l2"].tolist() == expected_stats(sweep / "0", sweep / "2")["l2"].to_pylist()
+
+
+def test_the_report_names_a_damaged_file_in_one_line(sweep, capsys):
+    (sweep / "2" / "manifest.json").write_text("not json")
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(sweep)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {sweep / '2' / 'manifest.json'}: not a JSON manifest") and err.count("\n") == 1
+    assert not (sweep / "report.html").exists()
+
+
+def test_on_corrupt_takes_error_or_skip(sweep):
+    with pytest.raises(ConfigError,
+                       match=r"^on_corrupt: unknown policy 'skp'; valid: error, skip; did you mean 'skip'\?$"):
+        analysis.load_stats(sweep, on_corrupt="skp")
+
+
+def test_a_run_of_an_older_schema_loads_beside_a_new_one_with_its_missing_columns_empty(sweep):
+    """A job written before ``peak_memory_bytes`` existed: its rows hold NaN there, the others their values."""
+    old = sweep / "0" / "steps.parquet"
+    pq.write_table(pq.read_table(old).drop_columns(["peak_memory_bytes"]), old)
+    steps = analysis.load_steps(sweep)
+    new = pa.concat_tables([pq.read_table(sweep / str(i) / "steps.parquet") for i in (1, 2)])
+    assert steps.loc[steps["seed"] == 0, "peak_memory_bytes"].isna().all()
+    assert steps.loc[steps["seed"] != 0, "peak_memory_bytes"].tolist() == new["peak_memory_bytes"].to_pylist()
+
+
+#: What ``test_ten_thousand_jobs_load_within_the_frame`` runs in a fresh process, after a first
+#: small load (its imports are not the sweep's): the memory the load allocated at its peak (Python
+#: and numpy, traced, plus pyarrow's pool), what is still allocated once the frame is dropped,
+#: the frame's own size, and the RSS high-water mark the load added (allocators keep freed pages).
+_MEASURE = """
+import gc, sys, tracemalloc
+import pyarrow as pa
+import runner.analysis as analysis
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+analysis.load_stats(sys.argv[2])
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets VmHWM
+base = status("VmRSS")
+tracemalloc.start()
+df = analysis.load_stats(sys.argv[1])
+frame, rows, runs = int(df.memory_usage(deep=True).sum()), len(df), df["run_dir"].nunique()
+peak = tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory()
+del df
+gc.collect()
+print(rows, runs, peak, tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes(), frame, status("VmHWM") - base)
+"""
+
+
+@pytest.mark.soak
+def test_ten_thousand_jobs_load_within_the_frame(template, tmp_path):
+    """10,000 jobs: every row is read; at its peak the load holds at most 4 times the frame and 16 MiB
+    (each job's path, file list and overrides beside its rows), and nothing once the frame is dropped."""
+    big = tmp_path / "big"
+    files = {name: (template / "0" / name).read_bytes() for name in ("stats.parquet", "steps.parquet", "config.yaml")}
+    manifest = json.loads((template / "0" / "manifest.json").read_text())
+    for i in range(10_000):
+        job = big / str(i)
+        job.mkdir(parents=True)
+        for name, data in files.items():
+            (job / name).write_bytes(data)
+        (job / "manifest.json").write_text(json.dumps({**manifest, "overrides": [f"seed={i}"]}))
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, str(big), str(template / "0")], capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    rows, runs, peak, left, frame, rss = map(int, proc.stdout.split())
+    assert rows == 10_000 * pq.read_metadata(template / "0" / "stats.parquet").num_rows and runs == 10_000
+    print(f"10,000 jobs: frame {frame / 2**20:.1f} MiB; allocated at the peak {peak / 2**20:.1f} MiB, after "
+          f"{left / 2**20:.1f} MiB; RSS high-water added {rss / 2**20:.1f} MiB")
+    assert peak <= 4 * frame + (16 << 20), (peak, frame)
+    assert left <= 4 << 20, left
