@@ -49,7 +49,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
                 print(describe(plan))
                 return
             claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
-            run(plan, out_dir, claim)
+            run(plan, out_dir, claim, group=str(Path(out_dir).resolve().parent) if multirun else None)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 

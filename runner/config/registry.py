@@ -1,4 +1,4 @@
-"""Registries of what a config names by a key: models, data kinds, losses, optimizers and plots.
+"""Registries of what a config names by a key: models, data kinds, losses, optimizers, loggers and plots.
 
 As torchvision's ``@register_model`` / ``get_model``: a module-level ``Registry`` filled by
 ``@DATA_KINDS.register("randn", schema=SyntheticData)`` where the thing is defined, so a choice
@@ -70,6 +70,8 @@ MODELS = Registry("model.name", "model", "model_schema")
 DATA_KINDS = Registry("data.kind", "data kind", "data_schema")
 LOSSES = Registry("loss.name", "loss")
 OPTIMIZERS = Registry("optimizer.name", "optimizer", "optimizer_schema")
+#: Live loggers (``logger=tensorboard``): filled by ``runner.live``'s ``to_*`` modules, which import their tool lazily.
+LOGGERS = Registry("logger", "logger", "logger_schema")
 #: Filled by ``runner.analysis.plots`` (imported by the gate only when pictures are asked for: matplotlib).
 PLOTS = Registry("plots", "plot")
 

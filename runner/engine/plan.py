@@ -32,6 +32,7 @@ from runner.engine.metrics import check_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine import early_stop, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer
+from runner.live import typed_loggers
 from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
 from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
@@ -115,7 +116,7 @@ def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[Di
     typed = _typed(cfg)
     _steps_or_epochs(typed)
     settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
-    _check_settings(settings)
+    _check_settings(settings, {key: entry.get("type") for key, entry in typed.hooks.items()})
     check_metric(settings.metric, typed.model.get("num_classes"))
     _check_repeated_presets(overrides)
     return typed, settings
@@ -205,7 +206,8 @@ def _steps_or_epochs(typed: DictConfig) -> None:
         raise ConfigError(f"epochs: {typed.epochs} must be at least 1")
 
 
-def _check_settings(s: RunConfig) -> None:
+def _check_settings(s: RunConfig, entry_types: dict[str, str]) -> None:
+    """The run's settings, and its loggers (made typed: ``runner.live.typed_loggers``) against its hook entries."""
     steps = 1 if s.steps is None else s.steps  # None: epochs, counted once the data is built
     for key, value, minimum in (("steps", steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
                                 ("sample.every", s.sample.every, 1)):
@@ -218,6 +220,7 @@ def _check_settings(s: RunConfig) -> None:
             raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
     if not s.output.row_group_mb > 0:
         raise ConfigError(f"output.row_group_mb: {s.output.row_group_mb!r} must be a positive number of MiB")
+    s.logger = typed_loggers(s.logger, entry_types)
 
 
 def _check_repeated_presets(overrides: Sequence[str]) -> None:
