@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
-from common.records import KINDS, STAT_COLUMNS
+from common.records import STAT_COLUMNS
 from runner.config.registry import LOGGERS
 
 #: The extra that installs every logger's library.
@@ -23,21 +23,32 @@ LOGGER_EXTRA = "pip install 'hook-runner[loggers]'"
 BACKENDS = ("runner.live.to_tensorboard", "runner.live.to_wandb", "runner.live.to_mlflow")
 
 
-def _default_stats() -> dict[str, list[str]]:
-    return {"output": ["std"], "grad_output": ["l2"], "param_grad": ["l2"]}
+@dataclass
+class StatsByKind:
+    """The statistics logged of each kind of capture (``common.records.KINDS``); by default activation
+    std and per-layer gradient L2 (of module outputs and of parameters); ``[]``: none of that kind."""
+
+    input: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=lambda: ["std"])
+    grad_input: list[str] = field(default_factory=list)
+    grad_output: list[str] = field(default_factory=lambda: ["l2"])
+    param_grad: list[str] = field(default_factory=lambda: ["l2"])
+    saved: list[str] = field(default_factory=list)
+    patched: list[str] = field(default_factory=list)
+    clipped: list[str] = field(default_factory=list)
 
 
 @dataclass
 class LoggerConfig:
     """``every``: log every k-th step (from step 0); ``entries``: the hook entries whose statistics are
-    logged (null: every entry of type ``stats``); ``stats``: per kind, the statistics logged (by
-    default activation std and per-layer gradient L2); ``histograms``: every kept tensor as a histogram
+    logged (null: every entry of type ``stats``); ``stats``: per kind, the statistics logged
+    (``StatsByKind``); ``histograms``: every kept tensor as a histogram
     (where the tool has them); ``queue``: steps waiting to be sent before more are dropped;
     ``close_timeout_s``: how long the last lines may take to send when the run ends."""
 
     every: int = 1
     entries: Optional[list[str]] = None
-    stats: dict[str, list[str]] = field(default_factory=_default_stats)
+    stats: StatsByKind = field(default_factory=StatsByKind)
     histograms: bool = True
     queue: int = 256
     close_timeout_s: float = 30.0
@@ -77,9 +88,7 @@ def _check(name: str, cfg: LoggerConfig, entry_types: dict[str, str] | None) -> 
             raise ConfigError(f"logger.{name}.{key}: {value} must be at least 1")
     if not cfg.close_timeout_s > 0:
         raise ConfigError(f"logger.{name}.close_timeout_s: {cfg.close_timeout_s!r} must be a positive number of seconds")
-    for kind, stats in cfg.stats.items():
-        if kind not in KINDS:
-            raise choice_error(f"logger.{name}.stats", kind, KINDS, "kind")
+    for kind, stats in vars(cfg.stats).items():
         for stat in stats:
             if stat not in STAT_COLUMNS:
                 raise choice_error(f"logger.{name}.stats.{kind}", stat, STAT_COLUMNS, "statistic")
@@ -87,6 +96,11 @@ def _check(name: str, cfg: LoggerConfig, entry_types: dict[str, str] | None) -> 
         for key in cfg.entries or ():
             if key not in entry_types:
                 raise choice_error(f"logger.{name}.entries", key, list(entry_types) or ["(no hook entries)"], "hook entry")
+
+
+def stats_by_kind(cfg: LoggerConfig) -> dict[str, list[str]]:
+    """The kinds ``cfg`` logs statistics of, with those statistics."""
+    return {kind: stats for kind, stats in vars(cfg.stats).items() if stats}
 
 
 def logged_entries(cfg: LoggerConfig, entry_types: dict[str, str]) -> frozenset[str]:

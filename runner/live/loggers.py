@@ -16,7 +16,7 @@ from pathlib import Path
 from hooks.recorder import StepCaptures
 from runner.config.registry import LOGGERS
 from runner.live.channel import Channel, Sink
-from runner.live.config import LoggerConfig, logged_entries
+from runner.live.config import LoggerConfig, logged_entries, stats_by_kind
 from runner.live.lines import add_histograms, add_statistics, step_scalars
 
 
@@ -47,11 +47,10 @@ class LiveLoggers:
                  sinks: Mapping[str, tuple[LoggerConfig, Sink]] | None = None) -> None:
         self.configs = dict(configs)
         self.context = context
-        self.entries = {name: logged_entries(cfg, entry_types) for name, cfg in self.configs.items()}
         self._sinks = dict(sinks or {})
-        for name, (cfg, _) in self._sinks.items():
-            self.configs[name] = cfg
-            self.entries[name] = logged_entries(cfg, entry_types)
+        self.configs.update({name: cfg for name, (cfg, _) in self._sinks.items()})
+        self.entries = {name: logged_entries(cfg, entry_types) for name, cfg in self.configs.items()}
+        self.stats = {name: stats_by_kind(cfg) for name, cfg in self.configs.items()}
         self.channels: dict[str, Channel] = {}
 
     def __bool__(self) -> bool:
@@ -74,7 +73,7 @@ class LiveLoggers:
             if step % cfg.every:
                 continue
             line = step_scalars(step, split, loss, metrics)
-            add_statistics(line, captures, self.entries[name], cfg.stats)
+            add_statistics(line, captures, self.entries[name], self.stats[name])
             if cfg.histograms:
                 add_histograms(line, captures)
             channel.put(line)
