@@ -15,7 +15,7 @@ import runner
 import runner.analysis as analysis
 from common.errors import ConfigError
 from logged_values import expected_scalars
-from runner.live import LoggerConfig, LoggerWarning
+from runner.live import LoggerWarning
 from wandb_files import offline_runs
 
 
@@ -135,14 +135,13 @@ def test_a_hanging_and_a_refusing_tool_cost_one_warning_each_and_never_the_run(t
     out = tmp_path / "run"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train_attached(mlp(), 12, hooks=["stats"], out_dir=out, logger=["tensorboard"],
-                       sinks={"hanging": (LoggerConfig(queue=2, close_timeout_s=0.2), hanging),
-                              "refusing": (LoggerConfig(), refusing)})
+        train_attached(mlp(), 12, hooks=["stats"], out_dir=out, sinks={"wandb": hanging, "mlflow": refusing},
+                       logger={"tensorboard": {}, "wandb": {"queue": 2, "close_timeout_s": 0.2}, "mlflow": {}})
     hanging.release.set()
     said = sorted(str(w.message) for w in caught if issubclass(w.category, LoggerWarning))
     assert len(said) == 2, said
-    assert said[0].startswith("logger hanging: fell behind the run (2 steps waiting to be sent)")
-    assert said[1].startswith("logger refusing: ConnectionRefusedError: [Errno 111] Connection refused")
+    assert said[0].startswith("logger mlflow: ConnectionRefusedError: [Errno 111] Connection refused")
+    assert said[1].startswith("logger wandb: fell behind the run (2 steps waiting to be sent)")
     assert refusing.calls == 18  # 12 training lines and 6 eval lines, each tried
     steps = analysis.load_steps(out)
     assert len(steps) == 18 and sorted(set(analysis.load_stats(out).step)) == list(range(12))  # the record is complete
@@ -178,3 +177,46 @@ def test_a_chosen_logger_whose_library_is_missing_names_the_pip_command(fault, m
                                "pip install 'hook-runner[loggers]'")
     with pytest.raises(ConfigError, match=r"logger=mlflow: the 'mlflow' package is not installed"):
         train_attached(mlp(), 1, hooks=["stats"], logger=["mlflow"])
+
+
+def test_lightning_logs_through_the_trainers_own_tensorboard_logger(tmp_path):
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from test_integrations_lightning import Classifier, loader
+
+    from runner.integrations.lightning import HookCallback
+
+    own = TensorBoardLogger(save_dir=tmp_path / "tb", name="mine")
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=own, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                                callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl", logger=["tensorboard"])])
+    trainer.fit(Classifier(), loader())
+    assert not (tmp_path / "pl" / "tensorboard").exists()  # not a second event directory: the trainer's own
+    events = read_events(own.log_dir)
+    logged = {(e.step, tag): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)
+              if tag.startswith(("train/", "eval/"))}
+    expected = expected_scalars(tmp_path / "pl")
+    assert set(logged) == set(expected) and len(expected) > 4
+    assert logged == {key: pytest.approx(np.float32(value), rel=1e-6, abs=1e-30) for key, value in expected.items()}
+    assert "accuracy" in events.Tags()["scalars"]  # what the module logs itself, beside
+
+
+def test_lightning_logs_into_the_trainers_own_wandb_run(tmp_path, monkeypatch):
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import WandbLogger
+    from test_integrations_lightning import Classifier, loader
+
+    from runner.integrations.lightning import HookCallback
+    from runner.live.to_wandb import STEP_KEY
+
+    own = WandbLogger(project="pl", offline=True, save_dir=str(tmp_path / "own"))
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=own, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                                callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl", logger=["wandb"])])
+    trainer.fit(Classifier(), loader())
+    own.experiment.finish()
+    assert not (tmp_path / "pl" / "wandb").exists()
+    (logged,) = offline_runs(tmp_path / "own")
+    ours = {(row[STEP_KEY], key): value for row in logged.history.values() if STEP_KEY in row
+            for key, value in row.items() if key.startswith(("train/", "eval/"))}
+    assert ours == expected_scalars(tmp_path / "pl")

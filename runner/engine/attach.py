@@ -39,6 +39,7 @@ from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.live import LiveLoggers, RunContext
+from runner.live.channel import Sink
 from runner.store.claim import RunClaim
 from runner.store.outputs import STEP_METRICS, RunOutputs, write_tables
 from runner.store.ranks import rank_part
@@ -160,15 +161,15 @@ def _checked(metrics: dict[str, float], method: str) -> dict[str, float]:
 @contextlib.contextmanager
 @python_remedies
 def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
-           logger: Loggers = (), sinks: Mapping[str, tuple] | None = None, **settings) -> Iterator[AttachedRun]:
+           logger: Loggers = (), sinks: Mapping[str, Sink] | None = None, **settings) -> Iterator[AttachedRun]:
     """Attach hook entries to ``model`` for the block and record them into ``out_dir``.
 
     ``hooks``: preset names (``["clip", "stats"]``, as ``hooks=[clip,stats]``) or a mapping of
     entries (``{"clip": {"type": "clamp", "layers": "**", "max": 0.1}}``); ``overrides``: command-line
     overrides (``"hooks.clip.max=0.1"``); ``logger``: live loggers by name (``["tensorboard", "wandb"]``,
     as ``logger=[tensorboard,wandb]``) or a mapping of their settings (``{"mlflow": {"tracking_uri": URI}}``);
-    ``sinks``: loggers already open, by name, each ``(LoggerConfig, sink)`` (the Lightning and Hugging Face
-    callbacks pass the trainer's own); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
+    ``sinks``: some of those loggers already open, by name (the Lightning and Hugging Face callbacks pass
+    the trainer's own: the run logs through them); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
     ``overwrite``, ``sample`` (a dict), ``output`` (a dict).
 
     Raises:
@@ -201,7 +202,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
              overrides: Sequence[str], out_dir: Path, device: torch.device, *, rehearse: bool = False,
              claim: RunClaim | None = None, extra: dict | None = None, first: int = 0,
              hooks_state: dict | None = None, group: str | None = None,
-             sinks: Mapping[str, tuple] | None = None) -> Iterator[AttachedRun]:
+             sinks: Mapping[str, Sink] | None = None) -> Iterator[AttachedRun]:
     """The one run object every loop drives: ``hooks`` attached to ``model`` (fresh state, built from
     their specs), recorded into ``out_dir`` (this rank's part under ``torch.distributed``).
 
@@ -209,7 +210,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
     rehearsed them already). ``claim``, ``extra``: the CLI's claim of ``out_dir`` and manifest
     fields; ``first``, ``hooks_state``: where a resumed run goes on from; ``group``: the sweep's
     directory, by which live loggers group its jobs; ``sinks``: live loggers already open (a
-    trainer's own, ``runner.integrations``) beside ``settings.logger``'s. On exit the hooks leave
+    trainer's own, ``runner.integrations``) for some of ``settings.logger``'s. On exit the hooks leave
     the model and the run is committed (on an exception: nothing final is written), then the
     live loggers send their last lines.
     """

@@ -41,14 +41,14 @@ class RunContext:
 
 
 class LiveLoggers:
-    """The loggers ``configs`` names (``typed_loggers``), plus ``sinks`` already open (a trainer's own)."""
+    """The loggers ``configs`` names (``typed_loggers``); ``sinks``: some of them already open (a
+    trainer's own logger of that tool, which the run then logs through instead of opening its own)."""
 
     def __init__(self, configs: Mapping[str, LoggerConfig], context: RunContext, entry_types: dict[str, str],
-                 sinks: Mapping[str, tuple[LoggerConfig, Sink]] | None = None) -> None:
+                 sinks: Mapping[str, Sink] | None = None) -> None:
         self.configs = dict(configs)
         self.context = context
-        self._sinks = dict(sinks or {})
-        self.configs.update({name: cfg for name, (cfg, _) in self._sinks.items()})
+        self._sinks = {name: sink for name, sink in (sinks or {}).items() if name in self.configs}
         self.entries = {name: logged_entries(cfg, entry_types) for name, cfg in self.configs.items()}
         self.stats = {name: stats_by_kind(cfg) for name, cfg in self.configs.items()}
         self.channels: dict[str, Channel] = {}
@@ -60,7 +60,7 @@ class LiveLoggers:
         """Start one channel per logger (each opens its tool on its own thread)."""
         for name, cfg in self.configs.items():
             if name in self._sinks:
-                opener = (lambda sink=self._sinks[name][1]: sink)
+                opener = (lambda sink=self._sinks[name]: sink)
             else:
                 opener = (lambda cls=LOGGERS.get(name).build, cfg=cfg: cls(cfg, self.context))
             self.channels[name] = Channel(name, opener, cfg.queue, cfg.close_timeout_s)

@@ -60,6 +60,11 @@ class MLflowSink:
                 self.client.log_batch(run_id, params=params[i:i + MAX_PARAMS])
         self.run_id = run_id
 
+    @classmethod
+    def adopt(cls, client, run_id: str) -> MLflowSink:
+        """A sink logging into an open MLflow run (a trainer's own; not ended at the end)."""
+        return cls(MLflowLogger(), RunContext(Path(".")), client, run_id)
+
     def log(self, line: LogLine) -> None:
         now = int(time.time() * 1000)
         metrics = [self.metric(metric_key(tag), value, now, line.step) for tag, value in line.scalars.items()]

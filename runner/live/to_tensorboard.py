@@ -36,8 +36,8 @@ class TensorBoardSink:
         self.writer = writer
 
     @classmethod
-    def of_writer(cls, writer) -> TensorBoardSink:
-        """A sink writing through an open ``SummaryWriter`` (a trainer's own logger's)."""
+    def adopt(cls, writer) -> TensorBoardSink:
+        """A sink writing through an open ``SummaryWriter`` (a trainer's own logger's; left open at the end)."""
         return cls(TensorBoardLogger(), RunContext(Path(".")), writer)
 
     def log(self, line: LogLine) -> None:

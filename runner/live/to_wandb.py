@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 from runner.config.registry import LOGGERS
@@ -12,6 +13,8 @@ from runner.live.loggers import RunContext
 
 #: W&B's longest group name.
 MAX_GROUP = 128
+#: The key of the run's step in a trainer's own W&B run (whose own step counts its ``log`` calls).
+STEP_KEY = "hook_runner/step"
 
 
 class WandbMode(str, Enum):
@@ -49,10 +52,19 @@ class WandbSink:
                                                      disable_git=True, save_code=False))
         self.run = run
 
+    @classmethod
+    def adopt(cls, run) -> WandbSink:
+        """A sink logging into an open ``wandb.Run`` (a trainer's own; not finished at the end). Its step
+        counter is the trainer's: the run's step goes in key ``STEP_KEY`` instead."""
+        return cls(WandbLogger(), RunContext(Path(".")), run)
+
     def log(self, line: LogLine) -> None:
         data: dict = dict(line.scalars)
         data.update({tag: self.histogram(values) for tag, values in line.histograms.items()})
-        self.run.log(data, step=line.step)
+        if self.owned:
+            self.run.log(data, step=line.step)
+        else:
+            self.run.log({**data, STEP_KEY: line.step})
 
     def close(self, failed: bool) -> None:
         if self.owned:
