@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 import torchvision
 
 import runner
+from benchmarks.compiled import print_and_write
 from benchmarks.run import interleaved, paired_ratio
 from benchmarks.variants import Variant, bare, wandb_installed, wandb_watch
 from runner.sources.models import ConvNet
@@ -81,11 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             "over_bare": paired_ratio(wall[v.name], wall["bare"]),
             "cpu_over_stats": paired_ratio(cpu[v.name], cpu["stats"]),
         }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "loggers.json").write_text(json.dumps(result, indent=1))
-    return result
+    return print_and_write(result, args.out, "loggers.json")
 
 
 if __name__ == "__main__":
