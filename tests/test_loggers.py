@@ -19,6 +19,10 @@ from runner.live import LoggerWarning
 from wandb_files import offline_runs
 
 
+#: ``close_timeout_s`` of tests that read every value back: ``wandb.init`` alone takes a minute on a loaded machine.
+SLOW_START_S = 600
+
+
 def read_events(directory):
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
@@ -85,9 +89,12 @@ def mlp():
 
 def test_wandb_offline_run_files_hold_every_value_parquet_holds(tmp_path):
     out = tmp_path / "run"
-    train_attached(mlp(), 4, hooks={"stats": {"type": "stats", "layers": "**"},
-                                    "keep": {"type": "capture", "layers": "2", "kinds": ["output"]}},
-                   out_dir=out, logger={"wandb": {"project": "tests"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_attached(mlp(), 4, hooks={"stats": {"type": "stats", "layers": "**"},
+                                        "keep": {"type": "capture", "layers": "2", "kinds": ["output"]}},
+                       out_dir=out, logger={"wandb": {"project": "tests", "close_timeout_s": SLOW_START_S}})
+    assert [str(w.message) for w in caught if issubclass(w.category, LoggerWarning)] == []
     (logged,) = offline_runs(out / "wandb")
     expected = expected_scalars(out)
     assert logged.scalars() == expected  # JSON doubles: exactly the parquet values
@@ -201,7 +208,7 @@ def test_lightning_logs_through_the_trainers_own_tensorboard_logger(tmp_path):
     assert "accuracy" in events.Tags()["scalars"]  # what the module logs itself, beside
 
 
-def test_lightning_logs_into_the_trainers_own_wandb_run(tmp_path, monkeypatch):
+def test_lightning_logs_into_the_trainers_own_wandb_run(tmp_path):
     lightning = pytest.importorskip("lightning")
     from lightning.pytorch.loggers import WandbLogger
     from test_integrations_lightning import Classifier, loader
@@ -209,7 +216,10 @@ def test_lightning_logs_into_the_trainers_own_wandb_run(tmp_path, monkeypatch):
     from runner.integrations.lightning import HookCallback
     from runner.live.to_wandb import STEP_KEY
 
-    own = WandbLogger(project="pl", offline=True, save_dir=str(tmp_path / "own"))
+    import wandb
+
+    # the user's own offline run, handed to Lightning's logger
+    own = WandbLogger(experiment=wandb.init(mode="offline", project="pl", dir=str(tmp_path / "own"), reinit="create_new"))
     trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=own, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
                                 callbacks=[HookCallback(hooks=["stats"], out_dir=tmp_path / "pl", logger=["wandb"])])

@@ -3,15 +3,18 @@
 its children); a server killed mid-run costs one warning. Marker ``tracking``: the server starts slowly."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 import runner
@@ -60,7 +63,7 @@ def train(out, steps, logger, kill_after=None):
 
 def test_mlflow_metric_history_equals_the_parquet_values(server, tmp_path):
     out = tmp_path / "run"
-    train(out, 4, {"mlflow": {"tracking_uri": server, "experiment": "single"}})
+    train(out, 4, {"mlflow": {"tracking_uri": server, "experiment": "single", "close_timeout_s": 600}})
     client = MlflowClient(server)
     (run,) = client.search_runs([client.get_experiment_by_name("single").experiment_id])
     assert run.info.run_name == "run" and run.info.status == "FINISHED"
@@ -74,7 +77,8 @@ def test_a_sweep_of_4_jobs_is_one_wandb_group_and_one_mlflow_parent_with_4_child
     sweep = tmp_path / "sweep"
     subprocess.run([sys.executable, "-m", "runner", "-m", "seed=0,1,2,3", "model=linear", "hooks=stats", "quiet=true",
                     "progress=false", "logger=[wandb,mlflow]", f"logger.mlflow.tracking_uri={server}",
-                    "logger.mlflow.experiment=sweep", f"hydra.sweep.dir={sweep}"], cwd=REPO, check=True)
+                    "logger.mlflow.experiment=sweep", "logger.mlflow.close_timeout_s=600",
+                    "logger.wandb.close_timeout_s=600", f"hydra.sweep.dir={sweep}"], cwd=REPO, check=True)
     jobs = [sweep / str(i) for i in range(4)]
     for job in jobs:
         (logged,) = offline_runs(job / "wandb")
@@ -116,3 +120,34 @@ def test_a_server_killed_mid_run_costs_one_warning_and_the_parquet_files_are_com
     assert steps[["step", "split"]].values.tolist() == [[0, "train"], [1, "train"], [1, "eval"],
                                                         *[[i, "train"] for i in range(2, 8)]]
     assert sorted(set(analysis.load_stats(tmp_path / "run").step)) == list(range(8))
+
+
+def live_dashboards_commands() -> list[str]:
+    """The command lines of the README's "Live dashboards" block, as written."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("\n### Live dashboards\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_live_dashboards_commands_run_as_written(tmp_path):
+    commands = live_dashboards_commands()
+    assert len(commands) == 2 and all(c.startswith("python -m runner ") for c in commands)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for command in commands:
+        subprocess.run(["bash", "-c", command.replace("python", sys.executable, 1)], cwd=tmp_path, env=env, check=True)
+    sweep = [p.parent for p in (tmp_path / "outputs" / "multirun").rglob("manifest.json")]
+    assert len(sweep) == 4
+    for job in sweep:
+        events = EventAccumulator(str(job / "tensorboard"), size_guidance={"scalars": 0})
+        events.Reload()
+        logged = {(e.step, tag): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+        assert logged == {key: pytest.approx(np.float32(value), rel=1e-6, abs=1e-30)
+                          for key, value in expected_scalars(job).items()}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("hook-runner").experiment_id])
+    (parent,) = [r for r in runs if SWEEP_TAG in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(float(r.data.params["optimizer.lr"]) for r in children) == [0.01, 0.03, 0.1, 0.3]
+    (single,) = [p.parent for p in (tmp_path / "outputs" / "runs").rglob("manifest.json")]
+    (logged,) = offline_runs(single / "wandb")
+    assert logged.scalars() == expected_scalars(single)

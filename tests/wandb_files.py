@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -36,6 +37,21 @@ def records(path: Path):
             yield record
 
 
+#: How long the W&B service (a process of its own) may take to write a finished run's last records.
+WRITTEN_WITHIN_S = 120
+
+
+def finished_records(path: Path) -> list:
+    """The records of a finished run, once W&B's service has written its ``exit`` record (``run.finish()``
+    returns before its service process has written everything)."""
+    deadline = time.monotonic() + WRITTEN_WITHIN_S
+    while True:
+        found = list(records(path))
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 class OfflineRun:
     """One offline run: ``run`` (its id, group, name, config) and ``history`` ({step: {key: value}})."""
 
@@ -43,7 +59,7 @@ class OfflineRun:
         (path,) = Path(run_dir).glob("run-*.wandb")
         self.history: dict[int, dict] = {}
         self.run = None
-        for record in records(path):
+        for record in finished_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 self.run = record.run

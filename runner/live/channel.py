@@ -4,8 +4,9 @@ The writer thread puts each step's line without waiting: a full queue (a logger 
 steps) drops the line. The logger's thread opens the tool (``opener``: ``wandb.init``, an MLflow
 run: seconds, or a server that does not answer) and sends the lines; an error there drops the
 line and the thread goes on with the next (a server back up receives the rest). The first
-problem is kept for the run's thread to say once (``problem``); ``close`` gives the last lines
-``timeout_s`` to be sent and leaves a thread that is still stuck on a dead server behind (a daemon).
+problem is kept for the run's thread to say once (``problem``); ``close`` waits for the last lines
+while the thread makes progress, and leaves it behind (a daemon) once it has sent nothing for
+``timeout_s`` (a dead server), so a slow tool finishes and a dead one costs the run's end ``timeout_s``.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Channel:
         self._problem: str | None = None
         self._told = False  # the first problem is the one said; the later ones are counted in ``dropped``
         self._failed = False
+        self._progress = time.monotonic()  # when the tool was opened or last took a line
         self._thread = threading.Thread(target=self._loop, name=f"logger-{name}", daemon=True)
         self._thread.start()
 
@@ -54,16 +56,22 @@ class Channel:
         return problem
 
     def close(self, failed: bool = False) -> None:
-        """Send what is queued within ``timeout_s``, then close the tool's run (``failed``: the run raised)."""
+        """Send what is queued, then close the tool's run (``failed``: the run raised); give up once
+        nothing was sent for ``timeout_s``."""
         self._failed = failed
-        deadline = time.monotonic() + self.timeout_s
-        try:
-            self._queue.put(None, timeout=self.timeout_s)
-        except queue.Full:
-            pass
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        started = time.monotonic()
+        stalled = lambda: time.monotonic() - max(started, self._progress) > self.timeout_s  # noqa: E731
+        end_sent = False
+        while self._thread.is_alive() and not stalled():
+            if not end_sent:
+                try:
+                    self._queue.put(None, timeout=0.1)
+                    end_sent = True
+                except queue.Full:
+                    continue
+            self._thread.join(0.1)
         if self._thread.is_alive():
-            self._drop(f"did not finish sending within close_timeout_s={self.timeout_s:g}", count=self._queue.qsize())
+            self._drop(f"sent nothing for close_timeout_s={self.timeout_s:g} at the run's end", count=self._queue.qsize())
 
     def _drop(self, why: str, count: int = 1) -> None:
         self.dropped += count
@@ -73,6 +81,7 @@ class Channel:
     def _loop(self) -> None:
         try:
             sink = self._opener()
+            self._progress = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a tool that cannot start costs the run its log lines only
             self._drop(f"could not start: {type(exc).__name__}: {_first_line(exc)}", count=0)
             sink = None
@@ -82,6 +91,7 @@ class Channel:
                 continue
             try:
                 sink.log(line)
+                self._progress = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - an unreachable server drops the line, not the run
                 self._drop(f"{type(exc).__name__}: {_first_line(exc)}")
         if sink is not None:

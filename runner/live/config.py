@@ -44,14 +44,14 @@ class LoggerConfig:
     logged (null: every entry of type ``stats``); ``stats``: per kind, the statistics logged
     (``StatsByKind``); ``histograms``: every kept tensor as a histogram
     (where the tool has them); ``queue``: steps waiting to be sent before more are dropped;
-    ``close_timeout_s``: how long the last lines may take to send when the run ends."""
+    ``close_timeout_s``: at the run's end, how long a logger that sends nothing more is waited for."""
 
     every: int = 1
     entries: Optional[list[str]] = None
     stats: StatsByKind = field(default_factory=StatsByKind)
     histograms: bool = True
     queue: int = 256
-    close_timeout_s: float = 30.0
+    close_timeout_s: float = 60.0
 
 
 def register_backends() -> None:
