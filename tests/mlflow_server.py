@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +29,7 @@ def mlflow_server(root: Path):
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its group: the server and its workers
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -41,6 +43,12 @@ def mlflow_server(root: Path):
                 time.sleep(0.5)
         yield uri, process
     finally:
-        process.kill()
-        process.wait()
+        stop(process)
         log.close()
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kill the server and its uvicorn workers (killing the parent alone leaves a worker serving)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

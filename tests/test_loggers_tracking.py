@@ -20,7 +20,7 @@ from torch import nn
 import runner
 import runner.analysis as analysis
 from logged_values import expected_scalars
-from mlflow_server import mlflow_server
+from mlflow_server import mlflow_server, stop
 from runner.live import LoggerWarning
 from runner.live.to_mlflow import SWEEP_TAG, metric_key
 from wandb_files import offline_runs
@@ -108,8 +108,7 @@ def test_a_server_killed_mid_run_costs_one_warning_and_the_parquet_files_are_com
                 if found and client.get_metric_history(found[0].info.run_id, "train/loss"):
                     break
                 time.sleep(0.2)
-            process.kill()
-            process.wait()
+            stop(process)
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
