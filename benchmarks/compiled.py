@@ -98,10 +98,15 @@ def main(argv: list[str] | None = None) -> dict:
               "stats_over_bare": statistics.median(found["stats"]["step_s"]) / statistics.median(found["bare"]["step_s"]),
               "target": TARGET,
               **{f"{name}_{key}": value for name, info in found.items() for key, value in info.items() if key != "step_s"}}
+    return print_and_write(result, args.out, "compiled.json")
+
+
+def print_and_write(result: dict, out: Path | None, name: str) -> dict:
+    """Print ``result`` as JSON and write it to ``out/name`` when ``out`` is given; return it."""
     print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "compiled.json").write_text(json.dumps(result, indent=1))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -98,3 +98,13 @@ def test_quick_benchmark_on_cuda_writes_the_hook_overhead_table(tmp_path):
     out = bench.main(["--quick", "--device", "cuda", "--out", str(tmp_path)])
     rows = pq.read_table(out / "results.parquet").to_pylist()
     assert any(r["section"] == "hook overhead" and r["config"].endswith("on cuda") for r in rows)
+
+
+def test_quick_loggers_benchmark_times_each_logger_against_stats_alone(tmp_path):
+    from benchmarks import loggers
+
+    result = loggers.main(["--quick", "--out", str(tmp_path)])
+    assert set(result["variants"]) == {"bare", "stats", "stats + tensorboard", "stats + wandb", "stats + mlflow"}
+    assert result["variants"]["stats"]["over_stats"] == 1.0
+    assert all(v["median_s"] > 0 and v["over_bare"] > 0 for v in result["variants"].values())
+    assert (tmp_path / "loggers.json").is_file()

@@ -45,6 +45,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TENSORS
+from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_key, natural_sorted
@@ -390,15 +391,6 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
     return rows.assign(label=labels, abs_max=np.maximum(rows["max"].abs(), rows["min"].abs())
                        ).reset_index(drop=True)
 
-
-def label_of(layer: str, kind: str, slot: str, call: int) -> str:
-    """A capture's name in plots and exports: ``conv``, ``fc.bias``, ``split[1]``, ``relu #1``."""
-    name = layer or "(model)"
-    if kind == "param_grad":
-        name = f"{name}.{slot}"
-    elif slot != "0":
-        name = f"{name}[{slot}]"
-    return f"{name} #{call}" if call else name
 
 
 def abnormal(stats: pd.DataFrame) -> pd.DataFrame:

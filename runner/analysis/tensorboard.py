@@ -9,7 +9,8 @@ training run (``split == "eval"`` in ``steps.parquet``, phase ``eval`` in the ca
   ``SPLIT/HOOK/KIND/LABEL/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``);
 * histograms ``SPLIT/HOOK/KIND/LABEL`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
 
-``LABEL`` is the layer as ``runner.analysis.per_layer`` names it (``fc.bias``, ``relu #1``).
+``LABEL`` is the layer as ``runner.analysis.per_layer`` names it (``fc.bias``, ``relu #1``); the tags
+are ``common.tags``', the ones the live loggers (``logger=tensorboard``, ``runner.live``) write.
 Events are written with ``torch.utils.tensorboard`` (the ``tensorboard`` package, offline).
 """
 from __future__ import annotations
@@ -19,19 +20,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from runner.analysis.load import label_of, load_stats, load_steps, load_tensors, run_dirs
+from common.records import EVENTS_DIR
+from common.tags import capture_tag
+from runner.analysis.load import load_stats, load_steps, load_tensors, run_dirs
 
 #: Statistics written as scalars (``min``/``max`` and the counts are in the histograms or the report).
 SCALAR_STATS = ("mean", "std", "abs_mean", "l2", "zero_frac")
-#: Sub-directory of a run directory that holds its event files.
-EVENTS_DIR = "tensorboard"
 #: Step metrics written as ``SPLIT/NAME`` scalars where ``steps.parquet`` has them.
 STEP_METRICS = ("loss", "accuracy")
 
 
 def _tag(row) -> str:
-    split = "eval" if row.phase == "eval" else "train"
-    return f"{split}/{row.hook}/{row.kind}/{label_of(row.layer, row.kind, row.slot, row.call)}"
+    return capture_tag(row.phase, row.hook, row.layer, row.kind, row.slot, row.call)
 
 
 def export_run(run_dir: str | Path) -> Path:

@@ -51,7 +51,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
                 return
             if not plan.settings.fsdp.enabled:  # an FSDP2 run's rank 0 claims it for every rank (runner.store.ranks)
                 claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
-            run(plan, out_dir, claim)
+            run(plan, out_dir, claim, group=str(Path(out_dir).resolve().parent) if multirun else None)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
 

@@ -23,6 +23,7 @@ from common.errors import ConfigError, choice_error
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 import runner.config.slurm  # noqa: F401  (stores the Slurm presets' schema)
 import runner.sources  # noqa: F401  (registers the choices whose schemas presets inherit: data_schema/randn, ...)
+import runner.live  # noqa: F401  (registers the loggers: logger_schema/tensorboard, ...)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Launchers whose jobs run on other machines: CUDA is checked on the job's node, not here.

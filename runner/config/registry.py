@@ -1,4 +1,4 @@
-"""Registries of what a config names by a key: models, data kinds, losses, optimizers, metrics and plots.
+"""Registries of what a config names by a key: models, data kinds, losses, optimizers, metrics, loggers and plots.
 
 As torchvision's ``@register_model`` / ``get_model``: a module-level ``Registry`` filled by
 ``@DATA_KINDS.register("randn", schema=SyntheticData)`` where the thing is defined, so a choice
@@ -72,6 +72,8 @@ LOSSES = Registry("loss.name", "loss")
 OPTIMIZERS = Registry("optimizer.name", "optimizer", "optimizer_schema")
 #: Per-step measures of the model's output (``runner.engine.metrics``), each a ``steps.parquet`` column.
 METRICS = Registry("metric.measures", "per-step measure")
+#: Live loggers (``logger=tensorboard``): filled by ``runner.live``'s ``to_*`` modules, which import their tool lazily.
+LOGGERS = Registry("logger", "logger", "logger_schema")
 #: Filled by ``runner.analysis.plots`` (imported by the gate only when pictures are asked for: matplotlib).
 PLOTS = Registry("plots", "plot")
 

@@ -264,6 +264,7 @@ class RunConfig:
     metric: MetricConfig = field(default_factory=MetricConfig)
     optimizer: Any = MISSING
     hooks: dict[str, Any] = field(default_factory=dict)
+    logger: dict[str, Any] = field(default_factory=dict)  #: live loggers by name (``runner.live``; ``logger=[tensorboard,wandb]``)
 
 
 def hook_schema(type_name: str):

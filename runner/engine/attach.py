@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import nn
@@ -38,6 +39,8 @@ from runner.engine.plan import compile_hooks, compile_settings
 from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
+from runner.live import LiveLoggers, RunContext
+from runner.live.channel import Sink
 from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
@@ -46,6 +49,8 @@ from runner.store.ranks import rank_part
 ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output")
 
 Hooks = Sequence[str] | Mapping[str, Mapping]
+#: Live loggers, as ``attach(logger=...)`` takes them: names, or settings by name.
+Loggers = Sequence[str] | Mapping[str, Mapping]
 
 
 class EvalResult:
@@ -165,12 +170,15 @@ def _checked(metrics: dict[str, float], measures: Sequence[str], method: str) ->
 @contextlib.contextmanager
 @python_remedies
 def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
-           **settings) -> Iterator[AttachedRun]:
+           logger: Loggers = (), sinks: Mapping[str, Sink] | None = None, **settings) -> Iterator[AttachedRun]:
     """Attach hook entries to ``model`` for the block and record them into ``out_dir``.
 
     ``hooks``: preset names (``["clip", "stats"]``, as ``hooks=[clip,stats]``) or a mapping of
     entries (``{"clip": {"type": "clamp", "layers": "**", "max": 0.1}}``); ``overrides``: command-line
-    overrides (``"hooks.clip.max=0.1"``); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
+    overrides (``"hooks.clip.max=0.1"``); ``logger``: live loggers by name (``["tensorboard", "wandb"]``,
+    as ``logger=[tensorboard,wandb]``) or a mapping of their settings (``{"mlflow": {"tracking_uri": URI}}``);
+    ``sinks``: some of those loggers already open, by name (the Lightning and Hugging Face callbacks pass
+    the trainer's own: the run logs through them); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
     ``overwrite``, ``sample`` (a dict), ``output`` (a dict).
 
     Raises:
@@ -184,7 +192,7 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         ...         opt.step(); opt.zero_grad()
         ...         run.step(loss)
     """
-    config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings)
+    config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings, logger)
     if problem := compiled_problem(model):
         raise ConfigError(problem)
     for hook in hooks_built:
@@ -193,7 +201,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         if hook.own_loop_problem:
             raise ConfigError(hook.own_loop_problem)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    with open_run(model, hooks_built, s, config_yaml, lines, Path(out_dir), device, rehearse=True) as run:
+    with open_run(model, hooks_built, s, config_yaml, lines, Path(out_dir), device, rehearse=True,
+                  sinks=sinks) as run:
         yield run
 
 
@@ -201,14 +210,18 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
 def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, config_yaml: str,
              overrides: Sequence[str], out_dir: Path, device: torch.device, *, rehearse: bool = False,
              claim: RunClaim | None = None, extra: dict | None = None, first: int = 0,
-             hooks_state: dict | None = None) -> Iterator[AttachedRun]:
+             hooks_state: dict | None = None, group: str | None = None,
+             sinks: Mapping[str, Sink] | None = None) -> Iterator[AttachedRun]:
     """The one run object every loop drives: ``hooks`` attached to ``model`` (fresh state, built from
     their specs), recorded into ``out_dir`` (this rank's part under ``torch.distributed``).
 
     ``rehearse``: rehearse the entries at the model's first call (``runner.attach``; the CLI's plan
     rehearsed them already). ``claim``, ``extra``: the CLI's claim of ``out_dir`` and manifest
-    fields; ``first``, ``hooks_state``: where a resumed run goes on from. On exit the hooks leave
-    the model and the run is committed (on an exception: nothing final is written).
+    fields; ``first``, ``hooks_state``: where a resumed run goes on from; ``group``: the sweep's
+    directory, by which live loggers group its jobs; ``sinks``: live loggers already open (a
+    trainer's own, ``runner.integrations``) for some of ``settings.logger``'s. On exit the hooks leave
+    the model and the run is committed (on an exception: nothing final is written), then the
+    live loggers send their last lines.
     """
     s = settings
     recorder = Recorder(s.sample.batch, s.sample.channels, s.seed)
@@ -217,31 +230,39 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
         if hooks_state is not None:
             session.restore_run_state(hooks_state)
         found = rehearse_first_call(model, session) if rehearse else None
-        with RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),
-                        s.overwrite, claim=claim, extra={"seed": s.seed, **(extra or {}), **rank_extra},
-                        measures=step_measures(s.metric)) as outputs:
-            run = AttachedRun(StepWriter(session, outputs, s, device), first, found)
+        context = RunContext(part_dir, yaml.safe_load(config_yaml) or {}, tuple(overrides), group)
+        with LiveLoggers(s.logger, context, {hook.name: hook.spec.type for hook in hooks}, sinks) as live, \
+                RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),
+                           s.overwrite, claim=claim, extra={"seed": s.seed, **(extra or {}), **rank_extra},
+                           measures=step_measures(s.metric)) as outputs:
+            live.start()  # the directory is the run's: nothing of a refused run reaches a tool
+            run = AttachedRun(StepWriter(session, outputs, s, device, live), first, found)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes
             write_tables(session.hooks, outputs)  # run totals: units.parquet, a store's last shard
 
 
-def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict):
+def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict, logger: Loggers = ()):
     """The config, built entries, settings and command lines of an ``attach`` call, all checked."""
     for key in settings:
         if key not in ATTACH_SETTINGS:
             raise choice_error(key, key, ATTACH_SETTINGS, "setting of runner.attach")
     if isinstance(hooks, str) or not isinstance(hooks, (Sequence, Mapping)):
         raise ConfigError(f"hooks: {hooks!r} must be a list of preset names or a mapping of entries")
+    if isinstance(logger, str) or not isinstance(logger, (Sequence, Mapping)):
+        raise ConfigError(f"logger: {logger!r} must be a list of logger names or a mapping of their settings")
     entries = dict(hooks) if isinstance(hooks, Mapping) else {}
+    loggers = {name: dict(node or {}) for name, node in logger.items()} if isinstance(logger, Mapping) else {}
     lines = [f"hooks=[{','.join(map(str, hooks))}]" if not entries else "hooks=[]", *overrides]
+    if logger and not loggers:
+        lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
     composed = OmegaConf.create(OmegaConf.to_container(compose_config(lines), enum_to_str=True))
     try:
-        cfg = OmegaConf.merge(composed, {"hooks": entries}, settings)
+        cfg = OmegaConf.merge(composed, {"hooks": entries, "logger": loggers}, settings)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{getattr(exc, 'full_key', '') or 'hooks'}: {str(exc).splitlines()[0]}") from None
     typed, s = compile_settings(cfg, lines)
     built = compile_hooks(typed)
-    config_yaml = OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks"]), resolve=True)
+    config_yaml = OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks", "logger"]), resolve=True)
     return config_yaml, built, s, lines
 

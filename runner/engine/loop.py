@@ -38,11 +38,12 @@ from runner.store.provenance import provenance
 from runner.store.resume import Resume, in_scheduler_job
 
 
-def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None) -> Path:
+def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None, group: str | None = None) -> Path:
     """Run ``plan``'s steps (training or measurement passes) with its hooks; return ``out_dir``.
 
     ``claim`` is the caller's claim of ``out_dir`` (the CLI takes it before Hydra writes there);
     without one the directory is checked before the model is built and claimed for the run.
+    ``group``: the sweep's directory, for live loggers to group its jobs by.
     Nothing is written when a step fails. ``plan.settings.on_nonfinite`` decides what NaN/Inf
     in a step does.
     """
@@ -79,7 +80,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
              "provenance": provenance(plan),  # what a replay checks (runner.cli.replay)
              **({"resumed_at_step": first} if first else {})}
     with open_run(model, plan.hooks, s, plan.config_yaml, plan.overrides, out_dir, device, claim=claim, extra=extra,
-                  first=first, hooks_state=resume.hooks_state) as run, \
+                  first=first, hooks_state=resume.hooks_state, group=group) as run, \
             early_stop.stopping(model, s.stop_after, plan.hooks), OutputMetrics(model, s.metric) as measures, \
             resume.keeping(run.outputs), progress_bar(s.steps, s.progress) as bar:
         forward = _compiled(model) if s.compile else model

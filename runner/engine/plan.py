@@ -34,6 +34,7 @@ from runner.engine.metrics import check_metric, missing_metric
 from runner.engine.rehearsal import Rehearsal, rehearse
 from runner.engine import early_stop, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer
+from runner.live import typed_loggers
 from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
 from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
@@ -119,7 +120,7 @@ def compile_settings(cfg: DictConfig, overrides: Sequence[str] = ()) -> tuple[Di
     typed = _typed(cfg)
     _steps_or_epochs(typed)
     settings = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, SETTINGS)))
-    _check_settings(settings)
+    _check_settings(settings, {key: entry.get("type") for key, entry in typed.hooks.items()})
     check_metric(settings.metric, typed.model.get("num_classes"))
     _check_repeated_presets(overrides)
     return typed, settings
@@ -209,7 +210,8 @@ def _steps_or_epochs(typed: DictConfig) -> None:
         raise ConfigError(f"epochs: {typed.epochs} must be at least 1")
 
 
-def _check_settings(s: RunConfig) -> None:
+def _check_settings(s: RunConfig, entry_types: dict[str, str]) -> None:
+    """The run's settings, and its loggers (made typed: ``runner.live.typed_loggers``) against its hook entries."""
     steps = 1 if s.steps is None else s.steps  # None: epochs, counted once the data is built
     for key, value, minimum in (("steps", steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
                                 ("sample.every", s.sample.every, 1)):
@@ -225,6 +227,7 @@ def _check_settings(s: RunConfig) -> None:
     check_fsdp(s)
     if s.memory.budget is not None:
         parse_size(s.memory.budget, "memory.budget")  # a bad size fails with the settings, before any work
+    s.logger = typed_loggers(s.logger, entry_types)
 
 
 def _check_repeated_presets(overrides: Sequence[str]) -> None:

@@ -2,7 +2,7 @@
 
 Before a step: the session's lifetimes and the recorder's sampling; its clock and peak memory
 start. After it: its captures are drained, checked for NaN/Inf and handed to the writer with
-one ``steps.parquet`` row; after the first training step an entry that matched but recorded
+one ``steps.parquet`` row (and, after it on the writer's thread, to the live loggers); after the first training step an entry that matched but recorded
 nothing is said, or refused. One code path, so a user's loop writes the tables the CLI writes.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hooks.recorder import StepCaptures
 from runner.config.schema import RunConfig
 from runner.engine.memory import PeakMemory, release_freed_memory
 from runner.engine.nonfinite import NonFiniteGuard
+from runner.live import LiveLoggers
 from runner.store.outputs import RunOutputs
 
 
@@ -34,8 +35,10 @@ class SilentEntryWarning(UserWarning):
 class StepWriter:
     """``begin(step)``, ``start()`` before a step's work; ``finish(step, loss)`` after it."""
 
-    def __init__(self, session: HookSession, outputs: RunOutputs, settings: RunConfig, device: torch.device) -> None:
+    def __init__(self, session: HookSession, outputs: RunOutputs, settings: RunConfig, device: torch.device,
+                 live: LiveLoggers | None = None) -> None:
         self.session = session
+        self.live = live
         self.recorder = session.recorder
         self.outputs = outputs
         self.every = settings.sample.every
@@ -59,6 +62,8 @@ class StepWriter:
         record: ``HookSession.flush``); check silent entries after training step 0."""
         self.session.flush()
         _write_step(self, step, self.recorder.drain(), loss, split, metrics or {})
+        if self.live:
+            self.live.say_problems()
         if step == 0 and split == "train":
             report_silent(self.session, self.on_silent)
 
@@ -75,6 +80,9 @@ def _write_step(writer: StepWriter, step: int, captures: StepCaptures, loss: flo
     writer.guard.check(step, captures, loss)
     writer.outputs.write_step(step, captures, loss, wall, split=split, peak_memory_bytes=writer.peak.peak_bytes(),
                               metrics=metrics)
+    if writer.live:  # the live loggers' lines, made on the writer thread from what was just written
+        live = writer.live
+        writer.outputs.submit(lambda: live.offer(step, split, captures, loss, metrics))
     if step % TRIM_EVERY == 0:
         release_freed_memory()
 

@@ -14,12 +14,16 @@ The ``Trainer`` has no event around its ``loss.backward()`` and none for an exce
 - forward calls that activation (gradient) checkpointing repeats in backward could not be told from
   forward calls, so that setting is refused.
 
+A live logger chosen with ``logger=`` (``wandb``, ``mlflow``) logs into the run the Trainer's own
+reporting opened (``report_to``) when there is one.
+
 One optimizer step is one step; its loss is the mean of the ``loss`` the model returned for its
 micro-batches (NaN when the model returns none). Evaluation and prediction between steps are not
 recorded (the entries still act on them).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 import functools
 import weakref
@@ -32,6 +36,8 @@ from transformers import TrainerCallback
 from common.errors import ConfigError
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
+from runner.live.to_mlflow import MLflowSink
+from runner.live.to_wandb import WandbSink
 
 
 class HookCallback(TrainerCallback):
@@ -65,7 +71,7 @@ class HookCallback(TrainerCallback):
         if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:  # the name since 5.x, before
             raise ConfigError("HookCallback: activation (gradient) checkpointing is not supported (the Trainer has no "
                               "event around backward to tell recomputed calls from forward ones); use runner.attach")
-        run = self.recording.open(model)
+        run = self.recording.open(model, reported_sinks(args.report_to))
         run.session.add(model.register_forward_hook(functools.partial(_keep_loss, self._losses)))
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
@@ -87,3 +93,17 @@ def _keep_loss(losses: list[float], module: nn.Module, args, output) -> None:
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if module.training and isinstance(loss, torch.Tensor) and not loss.is_meta:
         losses.append(float(loss.detach()))
+
+
+def reported_sinks(report_to) -> dict:
+    """The runs the Trainer's own reporting opened (``report_to``, before this callback's ``on_train_begin``)
+    as live-logger sinks by tool: a chosen ``logger=`` of that tool logs into them."""
+    chosen = [report_to] if isinstance(report_to, str) else list(report_to or ())
+    sinks = {}
+    wandb = sys.modules.get("wandb")
+    if "wandb" in chosen and wandb is not None and wandb.run is not None:
+        sinks["wandb"] = WandbSink.adopt(wandb.run)
+    mlflow = sys.modules.get("mlflow")
+    if "mlflow" in chosen and mlflow is not None and mlflow.active_run() is not None:
+        sinks["mlflow"] = MLflowSink.adopt(mlflow.MlflowClient(), mlflow.active_run().info.run_id)
+    return sinks

@@ -9,7 +9,8 @@ optimizer steps. Validation inside ``fit`` is recorded as the eval passes of the
 before it (phase ``eval``, a ``split=eval`` row with the loss logged as ``eval_loss``, by
 default ``val_loss``); the sanity check before training is not recorded. When
 ``fit`` ends the hooks are removed and the run is committed; on an exception they are removed
-and nothing final is written.
+and nothing final is written. A live logger chosen with ``logger=`` logs through the trainer's
+own logger of that tool when it has one (``TensorBoardLogger``, ``WandbLogger``, ``MLFlowLogger``).
 """
 from __future__ import annotations
 
@@ -18,10 +19,14 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from common.errors import choice_error
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
+from runner.live.to_mlflow import MLflowSink
+from runner.live.to_tensorboard import TensorBoardSink
+from runner.live.to_wandb import WandbSink
 
 
 class HookCallback(Callback):
@@ -43,7 +48,7 @@ class HookCallback(Callback):
         self.eval_loss = eval_loss
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.recording.open(pl_module)
+        self.recording.open(pl_module, trainer_sinks(trainer))
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self.recording.backward_begin()
@@ -78,3 +83,16 @@ class HookCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.recording.abort(exception)
+
+
+def trainer_sinks(trainer: Trainer) -> dict:
+    """The trainer's own loggers as live-logger sinks by tool: a chosen ``logger=`` of that tool logs through them."""
+    sinks = {}
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            sinks["tensorboard"] = TensorBoardSink.adopt(logger.experiment)
+        elif isinstance(logger, WandbLogger):
+            sinks["wandb"] = WandbSink.adopt(logger.experiment)
+        elif isinstance(logger, MLFlowLogger):
+            sinks["mlflow"] = MLflowSink.adopt(logger.experiment, logger.run_id)
+    return sinks

@@ -16,6 +16,7 @@ from pathlib import Path
 from torch import nn
 
 from runner.engine.attach import AttachedRun, Hooks, attach
+from runner.live.channel import Sink
 
 
 class Recording:
@@ -32,10 +33,11 @@ class Recording:
         self._eval: contextlib.ExitStack | None = None
         self._eval_result = None
 
-    def open(self, model: nn.Module) -> AttachedRun:
-        """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached)."""
+    def open(self, model: nn.Module, sinks: Mapping[str, Sink] | None = None) -> AttachedRun:
+        """Attach the entries to ``model`` (a bad entry: one-line ``ConfigError``, nothing attached);
+        ``sinks``: the trainer's own loggers, which the chosen live loggers of the same tool log through."""
         with contextlib.ExitStack() as block:
-            self.run = block.enter_context(attach(model, **self.arguments))
+            self.run = block.enter_context(attach(model, sinks=sinks, **self.arguments))
             self._block = block.pop_all()
         return self.run
 

@@ -280,6 +280,10 @@ class RunOutputs:
             self._measured.update(m for m in self.measures if m in table.column_names and _has_value(table[m]))
         self._writer.submit(lambda: self._sinks[name].write(table.cast(self._sinks[name].schema)))
 
+    def submit(self, job) -> None:
+        """Run ``job`` on the writer thread after what is queued (a live logger's line of a written step)."""
+        self._writer.submit(job)
+
     def write_table(self, name: str, columns: dict[str, list]) -> None:
         """Append an entry's run totals (``HookType.tables``) to file ``name`` of ``RUN_TOTALS``."""
         if name not in self.RUN_TOTALS:

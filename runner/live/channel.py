@@ -1,0 +1,105 @@
+"""``Channel``: one logger's thread, fed through a bounded queue; it never makes the run wait or fail.
+
+The writer thread puts each step's line without waiting: a full queue (a logger slower than the
+steps) drops the line. The logger's thread opens the tool (``opener``: ``wandb.init``, an MLflow
+run: seconds, or a server that does not answer) and sends the lines; an error there drops the
+line and the thread goes on with the next (a server back up receives the rest). The first
+problem is kept for the run's thread to say once (``problem``); ``close`` waits for the last lines
+while the thread makes progress, and leaves it behind (a daemon) once it has sent nothing for
+``timeout_s`` (a dead server), so a slow tool finishes and a dead one costs the run's end ``timeout_s``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from runner.live.lines import LogLine
+
+
+class Sink(Protocol):
+    """A tool's side of a channel: ``log`` one line, ``close`` at the run's end (``failed``: it raised)."""
+
+    def log(self, line: LogLine) -> None: ...
+
+    def close(self, failed: bool) -> None: ...
+
+
+class Channel:
+    """The thread that sends ``name``'s lines to the sink ``opener`` returns (opened on that thread)."""
+
+    def __init__(self, name: str, opener: Callable[[], Sink], size: int, timeout_s: float) -> None:
+        self.name = name
+        self.timeout_s = timeout_s
+        self.dropped = 0
+        self._opener = opener
+        self._queue: queue.Queue[LogLine | None] = queue.Queue(maxsize=size)
+        self._problem: str | None = None
+        self._told = False  # the first problem is the one said; the later ones are counted in ``dropped``
+        self._failed = False
+        self._progress = time.monotonic()  # when the tool was opened or last took a line
+        self._thread = threading.Thread(target=self._loop, name=f"logger-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, line: LogLine) -> None:
+        """Queue ``line``, or drop it when the queue is full (never waits)."""
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            self._drop(f"fell behind the run ({self._queue.maxsize} steps waiting to be sent)")
+
+    def take_problem(self) -> str | None:
+        """The first problem since the last call (each is handed over once)."""
+        problem, self._problem = self._problem, None
+        return problem
+
+    def close(self, failed: bool = False) -> None:
+        """Send what is queued, then close the tool's run (``failed``: the run raised); give up once
+        nothing was sent for ``timeout_s``."""
+        self._failed = failed
+        started = time.monotonic()
+        stalled = lambda: time.monotonic() - max(started, self._progress) > self.timeout_s  # noqa: E731
+        end_sent = False
+        while self._thread.is_alive() and not stalled():
+            if not end_sent:
+                try:
+                    self._queue.put(None, timeout=0.1)
+                    end_sent = True
+                except queue.Full:
+                    continue
+            self._thread.join(0.1)
+        if self._thread.is_alive():
+            self._drop(f"sent nothing for close_timeout_s={self.timeout_s:g} at the run's end", count=self._queue.qsize())
+
+    def _drop(self, why: str, count: int = 1) -> None:
+        self.dropped += count
+        if not self._told:
+            self._problem, self._told = why, True
+
+    def _loop(self) -> None:
+        try:
+            sink = self._opener()
+            self._progress = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - a tool that cannot start costs the run its log lines only
+            self._drop(f"could not start: {type(exc).__name__}: {_first_line(exc)}", count=0)
+            sink = None
+        while (line := self._queue.get()) is not None:
+            if sink is None:
+                self.dropped += 1
+                continue
+            try:
+                sink.log(line)
+                self._progress = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - an unreachable server drops the line, not the run
+                self._drop(f"{type(exc).__name__}: {_first_line(exc)}")
+        if sink is not None:
+            try:
+                sink.close(self._failed)
+            except Exception as exc:  # noqa: BLE001
+                self._drop(f"could not close: {type(exc).__name__}: {_first_line(exc)}", count=0)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]

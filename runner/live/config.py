@@ -1,0 +1,110 @@
+"""What a live logger logs (``LoggerConfig``), and the check of ``logger.*`` against the registry.
+
+Every logger takes these keys; a tool's own keys (``logger.wandb.project``) are in its schema,
+registered with it in ``runner.config.registry.LOGGERS`` (``runner.live.to_tensorboard`` and the others).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from common.errors import ConfigError, choice_error
+from common.records import STAT_COLUMNS
+from runner.config.registry import LOGGERS
+
+#: The extra that installs every logger's library.
+LOGGER_EXTRA = "pip install 'hook-runner[loggers]'"
+#: Modules registering the loggers (each imports its tool only when a run opens it).
+BACKENDS = ("runner.live.to_tensorboard", "runner.live.to_wandb", "runner.live.to_mlflow")
+
+
+@dataclass
+class StatsByKind:
+    """The statistics logged of each kind of capture (``common.records.KINDS``); by default activation
+    std and per-layer gradient L2 (of module outputs and of parameters); ``[]``: none of that kind."""
+
+    input: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=lambda: ["std"])
+    grad_input: list[str] = field(default_factory=list)
+    grad_output: list[str] = field(default_factory=lambda: ["l2"])
+    param_grad: list[str] = field(default_factory=lambda: ["l2"])
+    saved: list[str] = field(default_factory=list)
+    patched: list[str] = field(default_factory=list)
+    clipped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    """``every``: log every k-th step (from step 0); ``entries``: the hook entries whose statistics are
+    logged (null: every entry of type ``stats``); ``stats``: per kind, the statistics logged
+    (``StatsByKind``); ``histograms``: every kept tensor as a histogram
+    (where the tool has them); ``queue``: steps waiting to be sent before more are dropped;
+    ``close_timeout_s``: at the run's end, how long a logger that sends nothing more is waited for."""
+
+    every: int = 1
+    entries: Optional[list[str]] = None
+    stats: StatsByKind = field(default_factory=StatsByKind)
+    histograms: bool = True
+    queue: int = 256
+    close_timeout_s: float = 60.0
+
+
+def register_backends() -> None:
+    """Import the modules that register the loggers (they import no tool's library)."""
+    for name in BACKENDS:
+        importlib.import_module(name)
+
+
+def typed_loggers(chosen: Any, entry_types: dict[str, str] | None = None) -> dict[str, LoggerConfig]:
+    """``logger.*`` as checked dataclasses by logger name: a name, key, kind or statistic that does not
+    exist, or a tool that is not installed, is one ``ConfigError`` line.
+
+    ``entry_types``: the run's hook entries and their types, to check ``entries`` against.
+    """
+    register_backends()
+    typed = {}
+    for name, node in dict(chosen or {}).items():
+        entry = LOGGERS.get(name)
+        try:
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(entry.schema), node or {}))
+        except OmegaConfBaseException as exc:
+            sub = getattr(exc, "full_key", "") or ""
+            raise ConfigError(f"logger.{name}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+        _check(name, cfg, entry_types)
+        if importlib.util.find_spec(entry.build.library) is None:
+            raise ConfigError(f"logger={name}: the '{entry.build.library}' package is not installed; {LOGGER_EXTRA}")
+        typed[name] = cfg
+    return typed
+
+
+def _check(name: str, cfg: LoggerConfig, entry_types: dict[str, str] | None) -> None:
+    for key, value in (("every", cfg.every), ("queue", cfg.queue)):
+        if value < 1:
+            raise ConfigError(f"logger.{name}.{key}: {value} must be at least 1")
+    if not cfg.close_timeout_s > 0:
+        raise ConfigError(f"logger.{name}.close_timeout_s: {cfg.close_timeout_s!r} must be a positive number of seconds")
+    for kind, stats in vars(cfg.stats).items():
+        for stat in stats:
+            if stat not in STAT_COLUMNS:
+                raise choice_error(f"logger.{name}.stats.{kind}", stat, STAT_COLUMNS, "statistic")
+    if entry_types is not None:
+        for key in cfg.entries or ():
+            if key not in entry_types:
+                raise choice_error(f"logger.{name}.entries", key, list(entry_types) or ["(no hook entries)"], "hook entry")
+
+
+def stats_by_kind(cfg: LoggerConfig) -> dict[str, list[str]]:
+    """The kinds ``cfg`` logs statistics of, with those statistics."""
+    return {kind: stats for kind, stats in vars(cfg.stats).items() if stats}
+
+
+def logged_entries(cfg: LoggerConfig, entry_types: dict[str, str]) -> frozenset[str]:
+    """The entries whose statistics ``cfg`` logs: those it names, else every ``stats`` entry."""
+    if cfg.entries is not None:
+        return frozenset(cfg.entries)
+    return frozenset(key for key, kind in entry_types.items() if kind == "stats")

@@ -1,0 +1,95 @@
+"""``LiveLoggers``: the chosen loggers of one run, fed from the background writer's thread.
+
+``open_run`` makes it before the run's outputs and starts it once the run directory is claimed
+(nothing of a refused run reaches a tool); ``offer`` is called on the writer thread after each
+step's parquet rows, ``say_problems`` on the run's thread after each step (one warning per
+logger, however many lines it then drops), and leaving the block closes every channel after the
+run's files were committed (the last lines sent within ``close_timeout_s``).
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hooks.recorder import StepCaptures
+from runner.config.registry import LOGGERS
+from runner.live.channel import Channel, Sink
+from runner.live.config import LoggerConfig, logged_entries, stats_by_kind
+from runner.live.lines import add_histograms, add_statistics, step_scalars
+
+
+class LoggerWarning(UserWarning):
+    """A live logger dropped log lines (slow, unreachable, or not started): the run went on."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a tool's run is made with: the run directory, the resolved config (a dict) and the
+    overrides (the tool's config/params), and a sweep's directory (``group``: its jobs are grouped)."""
+
+    run_dir: Path
+    config: dict = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    group: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The run's name in the tool: a sweep job's number, else the run directory's name."""
+        return self.run_dir.name
+
+
+class LiveLoggers:
+    """The loggers ``configs`` names (``typed_loggers``); ``sinks``: some of them already open (a
+    trainer's own logger of that tool, which the run then logs through instead of opening its own)."""
+
+    def __init__(self, configs: Mapping[str, LoggerConfig], context: RunContext, entry_types: dict[str, str],
+                 sinks: Mapping[str, Sink] | None = None) -> None:
+        self.configs = dict(configs)
+        self.context = context
+        self._sinks = {name: sink for name, sink in (sinks or {}).items() if name in self.configs}
+        self.entries = {name: logged_entries(cfg, entry_types) for name, cfg in self.configs.items()}
+        self.stats = {name: stats_by_kind(cfg) for name, cfg in self.configs.items()}
+        self.channels: dict[str, Channel] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.configs)
+
+    def start(self) -> None:
+        """Start one channel per logger (each opens its tool on its own thread)."""
+        for name, cfg in self.configs.items():
+            if name in self._sinks:
+                opener = (lambda sink=self._sinks[name]: sink)
+            else:
+                opener = (lambda cls=LOGGERS.get(name).build, cfg=cfg: cls(cfg, self.context))
+            self.channels[name] = Channel(name, opener, cfg.queue, cfg.close_timeout_s)
+
+    def offer(self, step: int, split: str, captures: StepCaptures, loss: float | None,
+              metrics: dict[str, float | None]) -> None:
+        """On the writer thread: each logger's line of one written step (those its ``every`` skips: none)."""
+        for name, channel in self.channels.items():
+            cfg = self.configs[name]
+            if step % cfg.every:
+                continue
+            line = step_scalars(step, split, loss, metrics)
+            add_statistics(line, captures, self.entries[name], self.stats[name])
+            if cfg.histograms:
+                add_histograms(line, captures)
+            channel.put(line)
+
+    def say_problems(self) -> None:
+        """On the run's thread: one ``LoggerWarning`` for each logger's first problem."""
+        for name, channel in self.channels.items():
+            problem = channel.take_problem()
+            if problem:
+                warnings.warn(f"logger {name}: {problem}; the lines it cannot send are dropped and the run goes on "
+                              f"(the parquet files are its record)", LoggerWarning, stacklevel=3)
+
+    def __enter__(self) -> LiveLoggers:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for channel in self.channels.values():
+            channel.close(failed=exc_type is not None)
+        self.say_problems()

@@ -1,0 +1,54 @@
+"""``logger=tensorboard``: event files under the run directory (``RUN/tensorboard``, where the export writes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from common.records import EVENTS_DIR
+from runner.config.registry import LOGGERS
+from runner.live.config import LoggerConfig
+from runner.live.lines import LogLine
+from runner.live.loggers import RunContext
+
+
+@dataclass
+class TensorBoardLogger(LoggerConfig):
+    dir: Optional[str] = None  #: where the event files go; null: the run directory's ``tensorboard/``
+
+
+@LOGGERS.register("tensorboard", schema=TensorBoardLogger)
+class TensorBoardSink:
+    """A ``SummaryWriter``; the run's config and overrides as text (``config``, ``overrides``)."""
+
+    library = "tensorboard"
+
+    def __init__(self, cfg: TensorBoardLogger, context: RunContext, writer=None) -> None:
+        self.owned = writer is None
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=str(Path(cfg.dir) if cfg.dir else context.run_dir / EVENTS_DIR))
+            writer.add_text("config", f"```\n{yaml.safe_dump(context.config, sort_keys=False)}```")
+            writer.add_text("overrides", " ".join(context.overrides) or "(none)")
+        self.writer = writer
+
+    @classmethod
+    def adopt(cls, writer) -> TensorBoardSink:
+        """A sink writing through an open ``SummaryWriter`` (a trainer's own logger's; left open at the end)."""
+        return cls(TensorBoardLogger(), RunContext(Path(".")), writer)
+
+    def log(self, line: LogLine) -> None:
+        for tag, value in line.scalars.items():
+            self.writer.add_scalar(tag, value, line.step)
+        for tag, values in line.histograms.items():
+            self.writer.add_histogram(tag, values, line.step)
+        self.writer.flush()
+
+    def close(self, failed: bool) -> None:
+        if self.owned:
+            self.writer.close()
+        else:
+            self.writer.flush()
