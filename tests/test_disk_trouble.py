@@ -7,7 +7,6 @@ they were, and every hook gone.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq

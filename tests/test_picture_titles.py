@@ -1,8 +1,6 @@
 """Pictures that say what they show: the run's model and entries, each line's override, one axis per model."""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch

@@ -9,7 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
 
 from conftest import make_config
 from runner.cli.commandline import expand

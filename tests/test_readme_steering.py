@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("### Steering and the logit lens", 1)[1].split(
@@ -36,7 +35,7 @@ def run_commands(block: str, monkeypatch) -> None:
 
 
 def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path, monkeypatch):
-    (steer_commands, lens_commands), (steer_python, lens_python) = blocks("bash"), blocks("python")
+    (steer_commands, _), (steer_python, _) = blocks("bash"), blocks("python")
     monkeypatch.chdir(tmp_path)
     run_commands(steer_commands, monkeypatch)
     scope: dict = {}

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from conftest import make_config
 from common.records import ID_COLUMNS, ID_FIELDS, KINDS, PHASES, STAT_COLUMNS, STAT_FIELDS
 from hooks import ConfigError, HOOK_TYPES, HookSession, build_hooks
-from hooks.recorder import Recorder, StepCaptures, Tally
+from hooks.recorder import Recorder, Tally
 from hooks.registry import build_hook
 
 ROW = dict(hook="h", layer="l", phase="forward", kind="output", slot="0", call=0)

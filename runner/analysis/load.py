@@ -50,7 +50,7 @@ from runner.analysis.frame import to_frame
 from runner.analysis.intact import find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
-from runner.store.ranks import is_part, rank_files
+from runner.store.ranks import rank_files
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
 STATUS = "status.json"

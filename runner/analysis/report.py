@@ -31,7 +31,7 @@ from runner.analysis.intact import CorruptRunError
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
-from runner.analysis.summary import last_value, summarize
+from runner.analysis.summary import summarize
 from runner.analysis.unit_plots import layer_histograms
 from runner.analysis.units import load_units
 

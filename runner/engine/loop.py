@@ -50,11 +50,11 @@ def run(plan: Plan, out_dir: str | Path, claim: RunClaim | None = None, group: s
     device = _available(plan.device)
     if plan.settings.fsdp.enabled:  # one rank of a torchrun launch: its part of the run (runner.engine.fsdp)
         with fsdp.process_group(device):
-            return _run(plan, Path(out_dir), None, device)
-    return _run(plan, Path(out_dir), claim, device)
+            return _run(plan, Path(out_dir), None, device, group)
+    return _run(plan, Path(out_dir), claim, device, group)
 
 
-def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device) -> Path:
+def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device, group: str | None) -> Path:
     s = plan.settings
     if claim is None and not s.fsdp.enabled:  # under FSDP2 rank 0 claims the run for every rank (rank_part)
         check_output_dir(out_dir, s.overwrite)
