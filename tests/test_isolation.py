@@ -28,8 +28,10 @@ MINI_RESNET = ("model=custom", "model._target_=models_for_tests.MiniResNet", "mo
 #: The residual preset adds the input to the output of the model itself (the tutorial's Linear);
 #: on a resnet it needs a module whose output has its input's shape.
 SHAPE_KEEPING = {"residual": ("hooks.residual.layers=relu",)}
-#: ``ablate`` and ``patch`` default to ``layer3``, which the mini resnet lacks; ``patch`` also needs a source run.
-INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hooks.patch.layers=layer4",)}
+#: ``ablate``, ``patch`` and ``attribution`` default to ``layer3``, which the mini resnet lacks; ``patch`` also
+#: needs a source run, ``attribution`` a metric to differentiate.
+INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hooks.patch.layers=layer4",),
+                       "attribution": ("hooks.attribution.layers=layer4", "metric.diff=[0,1]")}
 #: ``store`` defaults to ``layer3`` too, and needs a directory to write its shards to.
 STORE_PRESET = ("hooks.store.layers=layer4",)
 #: ``steer`` defaults to ``layer3`` too, and needs a vector of layer4's 4 channels.

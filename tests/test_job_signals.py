@@ -45,7 +45,7 @@ def _status(out_dir):
 def test_a_job_submitit_does_not_requeue_after_its_time_limit_ends_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
 
-    def timed_out(*args):  # what submitit's USR2 handler raises when the job timed out max_num_timeout times
+    def timed_out(*args, **kwargs):  # what submitit's USR2 handler raises when the job timed out max_num_timeout times
         raise UncompletedJobError("Job not requeued because: timed-out too many times.")
 
     monkeypatch.setattr(execute_module, "run", timed_out)
@@ -58,7 +58,7 @@ def test_a_job_submitit_does_not_requeue_after_its_time_limit_ends_timeout(tmp_p
 def test_a_requeued_job_says_so_until_its_next_run_ends(tmp_path, monkeypatch):
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
 
-    def requeued(*args):  # submitit's handler after `scontrol requeue`
+    def requeued(*args, **kwargs):  # submitit's handler after `scontrol requeue`
         raise SystemExit(-1)
 
     real = execute_module.run

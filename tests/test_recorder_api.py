@@ -6,6 +6,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -108,10 +109,13 @@ for _preset in PRESETS:
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("preset, key", FLOAT_KEYS)
-def test_non_finite_numeric_parameters_are_refused(preset, key, value):
+def test_non_finite_numeric_parameters_are_refused(preset, key, value, tmp_path):
     from omegaconf import OmegaConf
 
     entry = OmegaConf.to_container(make_config(f"hooks={preset}", "model=resnet18").hooks[preset], resolve=True)
+    if preset == "steer":  # otherwise refused first for having no vector
+        np.save(tmp_path / "vector.npy", np.ones(3))
+        entry["file"] = str(tmp_path / "vector.npy")
     with pytest.raises(ConfigError) as err:
         build_hook(preset, {**entry, key: value})
     message = str(err.value)  # the type's own check may speak first (e.g. "hooks.clip: min (inf) > max")

@@ -438,9 +438,11 @@ def dead_units(tensors: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(found, columns=[*keys, "units", "dead", "dead_frac"])
 
 
-def load_table(path: str | Path, name: str, columns: Sequence[str] | None = None, filters: Any = None) -> pd.DataFrame:
+def load_table(path: str | Path, name: str, columns: Sequence[str] | None = None, filters: Any = None,
+               on_corrupt: str = "error") -> pd.DataFrame:
     """The rows of the run-total file ``name`` (``common.records.RUN_TOTAL_SCHEMAS``: ``steer.parquet``,
-    ``lens.parquet``) of one run or of every run of a sweep, with each job's overrides as columns."""
+    ``lens.parquet``) of one run or of every run of a sweep, with each job's overrides as columns;
+    ``on_corrupt`` as for ``load_stats``."""
     if name not in RUN_TOTAL_SCHEMAS:
         raise ValueError(f"'{name}' is not a run-total file; valid: {', '.join(RUN_TOTAL_SCHEMAS)}")
-    return _load(path, name, columns, filters, RUN_TOTAL_SCHEMAS[name].names)
+    return _load(path, name, columns, filters, on_corrupt, RUN_TOTAL_SCHEMAS[name].names)
