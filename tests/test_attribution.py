@@ -159,6 +159,7 @@ def run_smaller(commands: list[str], cwd) -> None:
         run_readme_commands([command], cwd)
 
 
+@pytest.mark.slow
 def test_the_readme_attribution_and_path_commands_run_and_their_table_is_the_hand_computed_one(tmp_path,
                                                                                               monkeypatch):
     (_, _), (own_commands, _) = readme_patching_blocks()  # the sweep the section compares with

@@ -529,6 +529,7 @@ def run_readme_commands(commands: list[str], cwd: Path) -> None:
         assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
     (commands, python), (own_commands, own_python) = readme_patching_blocks()
     assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2] and "hooks.patch.source=clean" in own_commands[0]
