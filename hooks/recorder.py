@@ -234,7 +234,8 @@ class Recorder:
             phase = "recompute"
         tensor = tensor_kinds.plain(tensor)  # first: no code of a user's tensor subclass runs from here
         dtype = tensor.dtype  # a quantized tensor's, also when its dequantized values are read
-        tensor = tensor_kinds.ordinary(tensor, f"'{layer or '(model)'}' {kind} {slot}", values=self.statistics)
+        if tensor.is_meta or tensor.is_quantized:  # the rare kinds: the label is built only for them
+            tensor = tensor_kinds.ordinary(tensor, f"'{layer or '(model)'}' {kind} {slot}", values=self.statistics)
         if kind in BATCH_KINDS:
             tensor = self._sample(tensor)
         if tensor.is_nested:
