@@ -42,6 +42,13 @@ def run(cfg, out_dir, overrides=()) -> Path:
     return loop.run(compile_plan(cfg, overrides), out_dir)
 
 
+@pytest.fixture(autouse=True)
+def seeded_torch():
+    """Every test starts from torch's seed 0: a float32 tolerance that holds once holds on every run,
+    whichever worker and order xdist gives the test."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture
 def run_with(tmp_path):
     """Run the runner in-process with ``overrides``; return the run directory."""
