@@ -28,5 +28,5 @@ def expected_scalars(run_dir, entries=("stats",), stats=None, every=1) -> dict[t
         split = "eval" if row.phase == "eval" else "train"
         label = analysis.label_of(row.layer, row.kind, row.slot, row.call)
         for stat in stats[row.kind]:
-            out[(row.step, f"{split}/{row.hook}/{row.kind}/{label}/{stat}")] = getattr(row, stat)
+            out[(row.step, f"{split}/{row.hook}/{label}/{row.kind}/{stat}")] = getattr(row, stat)
     return out

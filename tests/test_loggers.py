@@ -41,13 +41,13 @@ def test_tensorboard_logs_every_value_parquet_holds_during_a_training_run_with_e
     for key, value in expected.items():  # TensorBoard keeps scalars as float32
         assert logged[key] == pytest.approx(np.float32(value), rel=1e-6, abs=1e-30), key
     tensors = analysis.load_tensors(run_dir)
-    assert sorted(events.Tags()["histograms"]) == ["eval/extract/output/conv", "train/extract/output/conv"]
-    for event in events.Histograms("train/extract/output/conv"):
+    assert sorted(events.Tags()["histograms"]) == ["eval/extract/conv/output", "train/extract/conv/output"]
+    for event in events.Histograms("train/extract/conv/output"):
         t = tensors[(tensors.phase == "forward") & (tensors.step == event.step)].tensor.iloc[0]
         h = event.histogram_value
         assert (h.num, h.min, h.max) == (t.size, pytest.approx(t.min()), pytest.approx(t.max()))
         assert h.sum == pytest.approx(float(t.sum(dtype=np.float64)), rel=1e-5, abs=1e-6)
-    assert [e.step for e in events.Histograms("train/extract/output/conv")] == [0, 1, 2, 3]
+    assert [e.step for e in events.Histograms("train/extract/conv/output")] == [0, 1, 2, 3]
 
 
 def test_tensorboard_every_entries_and_stats_choose_what_is_logged(run_with):
@@ -102,7 +102,7 @@ def test_wandb_offline_run_files_hold_every_value_parquet_holds(tmp_path):
     assert logged.config["hooks"]["stats"]["type"] == "stats" and logged.config["overrides"] == ["hooks=[]"]
     tensors = analysis.load_tensors(out)
     for step in range(4):
-        histogram = logged.histogram(step, "train/keep/output/2")
+        histogram = logged.histogram(step, "train/keep/2/output")
         t = tensors[(tensors.phase == "forward") & (tensors.step == step)].tensor.iloc[0]
         assert sum(histogram["values"]) == t.size
         assert histogram["bins"][0] == pytest.approx(t.min()) and histogram["bins"][-1] == pytest.approx(t.max())

@@ -28,18 +28,18 @@ def test_scalars_and_histograms_per_step_read_back(run_with, capsys):
     loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert loss == [(s, pytest.approx(v, rel=1e-6)) for s, v in analysis.load_steps(run_dir)[["step", "loss"]].values]
     fc_grad = stats[(stats.hook == "stats") & (stats.layer == "fc") & (stats.kind == "grad_output")]
-    assert [e.value for e in events.Scalars("train/stats/grad_output/fc/l2")] == pytest.approx(fc_grad.l2.tolist(), rel=1e-6)
+    assert [e.value for e in events.Scalars("train/stats/fc/grad_output/l2")] == pytest.approx(fc_grad.l2.tolist(), rel=1e-6)
 
     tensors = analysis.load_tensors(run_dir)
-    assert sorted(tags["histograms"]) == ["train/extract/grad_output/conv", "train/extract/grad_output/relu",
-                                          "train/extract/output/conv", "train/extract/output/relu"]
-    for event in events.Histograms("train/extract/output/conv"):
+    assert sorted(tags["histograms"]) == ["train/extract/conv/grad_output", "train/extract/conv/output",
+                                          "train/extract/relu/grad_output", "train/extract/relu/output"]
+    for event in events.Histograms("train/extract/conv/output"):
         t = tensors[(tensors.layer == "conv") & (tensors.kind == "output") & (tensors.step == event.step)].tensor.iloc[0]
         h = event.histogram_value
         assert (h.num, h.min, h.max) == (t.size, pytest.approx(t.min()), pytest.approx(t.max()))
         assert h.sum == pytest.approx(float(t.sum(dtype=np.float64)), rel=1e-5, abs=1e-6)
         assert sum(h.bucket) == t.size
-    assert [e.step for e in events.Histograms("train/extract/output/conv")] == [0, 1]
+    assert [e.step for e in events.Histograms("train/extract/conv/output")] == [0, 1]
 
 
 def test_sweep_export_writes_one_directory_per_run_and_replaces_old_events(tmp_path):
@@ -51,7 +51,7 @@ def test_sweep_export_writes_one_directory_per_run_and_replaces_old_events(tmp_p
     assert first == again == [tmp_path / "0" / "tensorboard", tmp_path / "1" / "tensorboard"]
     for out in again:
         assert len(list(out.glob("events.out.tfevents.*"))) == 1
-        assert "train/stats/output/(model)/mean" in read_events(out).Tags()["scalars"]
+        assert "train/stats/(model)/output/mean" in read_events(out).Tags()["scalars"]
 
 
 def test_train_and_eval_are_written_apart(run_with):
@@ -67,6 +67,6 @@ def test_train_and_eval_are_written_apart(run_with):
     stats = analysis.load_stats(run_dir)
     fc = stats[(stats.kind == "output") & (stats.layer == "fc")]
     train, evals = fc[fc.phase == "forward"], fc[fc.phase == "eval"]
-    assert [e.value for e in events.Scalars("train/stats/output/fc/mean")] == pytest.approx(train["mean"].tolist())
-    assert [(e.step, e.value) for e in events.Scalars("eval/stats/output/fc/mean")] == [
+    assert [e.value for e in events.Scalars("train/stats/fc/output/mean")] == pytest.approx(train["mean"].tolist())
+    assert [(e.step, e.value) for e in events.Scalars("eval/stats/fc/output/mean")] == [
         (s, pytest.approx(v)) for s, v in evals[["step", "mean"]].values]

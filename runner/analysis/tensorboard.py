@@ -6,8 +6,8 @@ sweep's runs side by side. Per step it holds, under ``train/`` and, for the eval
 training run (``split == "eval"`` in ``steps.parquet``, phase ``eval`` in the captures), ``eval/``:
 
 * scalars ``SPLIT/loss`` (and ``SPLIT/accuracy`` where the run has it) and
-  ``SPLIT/HOOK/KIND/LABEL/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``);
-* histograms ``SPLIT/HOOK/KIND/LABEL`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
+  ``SPLIT/HOOK/LABEL/KIND/STAT`` for every statistic row (``STAT`` in ``SCALAR_STATS``);
+* histograms ``SPLIT/HOOK/LABEL/KIND`` of every kept tensor (``capture`` entries, ``tensors.parquet``).
 
 ``LABEL`` is the layer as ``runner.analysis.per_layer`` names it (``fc.bias``, ``relu #1``); the tags
 are ``common.tags``', the ones the live loggers (``logger=tensorboard``, ``runner.live``) write.

@@ -28,7 +28,7 @@ _BAD = re.compile(r"[^/\w.\- ]")
 
 
 def metric_key(tag: str) -> str:
-    """``tag`` as an MLflow metric name: ``train/stats/output/(model) #1/std`` -> ``train/stats/output/_model_ _1/std``."""
+    """``tag`` as an MLflow metric name: ``train/stats/(model) #1/output/std`` -> ``train/stats/_model_ _1/output/std``."""
     return _BAD.sub("_", tag)
 
 
