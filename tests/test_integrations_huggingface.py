@@ -36,9 +36,9 @@ def samples() -> list[dict]:
 
 def train(model, callback, tmp_path, eval_dataset=None, **args) -> None:
     arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf-trainer"), use_cpu=True, report_to=[], max_steps=STEPS,
+        output_dir=str(tmp_path / "hf-trainer"), use_cpu=True, max_steps=STEPS,
         per_device_train_batch_size=BATCH, train_sampling_strategy="sequential", lr_scheduler_type="constant",
-        save_strategy="no", disable_tqdm=True, **{"max_grad_norm": 0.0, **args})
+        save_strategy="no", disable_tqdm=True, **{"max_grad_norm": 0.0, "report_to": [], **args})
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     transformers.Trainer(model=model, args=arguments, train_dataset=samples(), eval_dataset=eval_dataset,
                          callbacks=[callback], optimizers=(optimizer, None)).train()

@@ -230,3 +230,50 @@ def test_lightning_logs_into_the_trainers_own_wandb_run(tmp_path):
     ours = {(row[STEP_KEY], key): value for row in logged.history.values() if STEP_KEY in row
             for key, value in row.items() if key.startswith(("train/", "eval/"))}
     assert ours == expected_scalars(tmp_path / "pl")
+
+
+def test_hugging_face_logs_into_the_trainers_own_tensorboard_directory(tmp_path):
+    pytest.importorskip("transformers")
+    from test_integrations_huggingface import OVERRIDES, STEPS, tiny_gpt2, train
+
+    from runner.integrations.huggingface import HookCallback
+
+    callback = HookCallback(hooks=["stats"], overrides=OVERRIDES[1:], out_dir=tmp_path / "hf", logger=["tensorboard"])
+    train(tiny_gpt2(), callback, tmp_path, report_to=["tensorboard"], logging_steps=1)
+    assert not (tmp_path / "hf" / "tensorboard").exists()  # not a second event directory: the Trainer's own
+    (own,) = (tmp_path / "hf-trainer" / "runs").iterdir()
+    events = read_events(own)
+    logged = {(e.step, tag): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)
+              if tag.startswith("train/stats/")}
+    expected = {key: value for key, value in expected_scalars(tmp_path / "hf").items() if key[1] != "train/loss"}
+    assert set(logged) == set(expected) and {step for step, _ in logged} == set(range(STEPS))
+    assert logged == {key: pytest.approx(np.float32(value), rel=1e-6, abs=1e-30) for key, value in expected.items()}
+    # the Trainer's own loss, at its own steps, is the only one under its tag: the run's is not mixed in
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, STEPS + 1))
+    assert "args/text_summary" in events.Tags()["tensors"]  # the text the Trainer's TensorBoardCallback wrote, beside
+
+
+def test_hugging_face_logs_into_the_trainers_own_wandb_run(tmp_path):
+    pytest.importorskip("transformers")
+    from test_integrations_huggingface import OVERRIDES, STEPS, tiny_gpt2, train
+
+    from runner.integrations.huggingface import HookCallback
+    from runner.live.to_wandb import STEP_KEY
+
+    import wandb
+
+    # the user's own offline run, which the Trainer's WandbCallback reports into (W&B reads WANDB_MODE once a process)
+    own = wandb.init(mode="offline", project="hf", dir=str(tmp_path / "own"), reinit="finish_previous")
+    callback = HookCallback(hooks=["stats"], overrides=OVERRIDES[1:], out_dir=tmp_path / "hf", logger=["wandb"])
+    train(tiny_gpt2(), callback, tmp_path, report_to=["wandb"], logging_steps=1)
+    assert wandb.run is own
+    own.finish()  # the Trainer leaves the run open after train()
+    assert not (tmp_path / "hf" / "wandb").exists()
+    (logged,) = offline_runs(tmp_path / "own")
+    ours = {(row[STEP_KEY], key): value for row in logged.history.values() if STEP_KEY in row
+            for key, value in row.items() if key.startswith(("train/", "eval/")) and key != "train/global_step"}
+    expected = {key: value for key, value in expected_scalars(tmp_path / "hf").items() if key[1] != "train/loss"}
+    assert ours == expected and {step for step, _ in ours} == set(range(STEPS))
+    # the Trainer's own loss is the only one under its tag: the run's is left out of its rows
+    assert [row["train/loss"] for row in logged.history.values() if "train/loss" in row] == pytest.approx(
+        [float(v) for v in analysis.load_steps(tmp_path / "hf").loss], rel=1e-3)

@@ -14,8 +14,9 @@ The ``Trainer`` has no event around its ``loss.backward()`` and none for an exce
 - forward calls that activation (gradient) checkpointing repeats in backward could not be told from
   forward calls, so that setting is refused.
 
-A live logger chosen with ``logger=`` (``wandb``, ``mlflow``) logs into the run the Trainer's own
-reporting opened (``report_to``) when there is one.
+A live logger chosen with ``logger=`` (``tensorboard``, ``wandb``, ``mlflow``) logs into the run the
+Trainer's own reporting opened (``report_to``) when there is one: the event directory of its
+``TensorBoardCallback``, the active W&B run, the active MLflow run (``reported_sinks``).
 
 One optimizer step is one step; its loss is the mean of the ``loss`` the model returned for its
 micro-batches (NaN when the model returns none). Evaluation and prediction between steps are not
@@ -23,9 +24,10 @@ recorded (the entries still act on them).
 """
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from collections.abc import Mapping, Sequence
-import functools
 import weakref
 from pathlib import Path
 
@@ -36,7 +38,9 @@ from transformers import TrainerCallback
 from common.errors import ConfigError
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
+from runner.live.channel import WithoutMeasures
 from runner.live.to_mlflow import MLflowSink
+from runner.live.to_tensorboard import TensorBoardSink
 from runner.live.to_wandb import WandbSink
 
 
@@ -71,7 +75,7 @@ class HookCallback(TrainerCallback):
         if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:  # the name since 5.x, before
             raise ConfigError("HookCallback: activation (gradient) checkpointing is not supported (the Trainer has no "
                               "event around backward to tell recomputed calls from forward ones); use runner.attach")
-        run = self.recording.open(model, reported_sinks(args.report_to))
+        run = self.recording.open(model, reported_sinks(args))
         run.session.add(model.register_forward_hook(functools.partial(_keep_loss, self._losses)))
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
@@ -95,15 +99,27 @@ def _keep_loss(losses: list[float], module: nn.Module, args, output) -> None:
         losses.append(float(loss.detach()))
 
 
-def reported_sinks(report_to) -> dict:
-    """The runs the Trainer's own reporting opened (``report_to``, before this callback's ``on_train_begin``)
-    as live-logger sinks by tool: a chosen ``logger=`` of that tool logs into them."""
-    chosen = [report_to] if isinstance(report_to, str) else list(report_to or ())
+def reported_sinks(args) -> dict:
+    """The runs the Trainer's own reporting opened (``args.report_to``; its reporting callbacks come
+    before this one, so they are open by this callback's ``on_train_begin``) as live-logger sinks by tool:
+    a chosen ``logger=`` of that tool logs into them. Into TensorBoard and W&B the Trainer logs its own
+    ``train/loss``: there the run's loss is left out (``WithoutMeasures``), its statistics go beside."""
     sinks = {}
+    if "tensorboard" in args.report_to and (log_dir := tensorboard_dir(args)) is not None:
+        sinks["tensorboard"] = WithoutMeasures(TensorBoardSink.into(log_dir))
     wandb = sys.modules.get("wandb")
-    if "wandb" in chosen and wandb is not None and wandb.run is not None:
-        sinks["wandb"] = WandbSink.adopt(wandb.run)
+    if "wandb" in args.report_to and wandb is not None and wandb.run is not None:
+        sinks["wandb"] = WithoutMeasures(WandbSink.adopt(wandb.run))
     mlflow = sys.modules.get("mlflow")
-    if "mlflow" in chosen and mlflow is not None and mlflow.active_run() is not None:
+    if "mlflow" in args.report_to and mlflow is not None and mlflow.active_run() is not None:
         sinks["mlflow"] = MLflowSink.adopt(mlflow.MlflowClient(), mlflow.active_run().info.run_id)
     return sinks
+
+
+def tensorboard_dir(args) -> Path | None:
+    """The event directory of the Trainer's ``TensorBoardCallback``, which hands its writer to no other
+    callback: under ``TENSORBOARD_LOGGING_DIR``, else ``OUTPUT_DIR/runs`` (``DATE_HOST``, ``/TRIAL`` in a
+    hyperparameter search), the directory of the newest event file (the one it made at ``on_train_begin``)."""
+    root = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or Path(args.output_dir) / "runs").expanduser()
+    newest = max(root.rglob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime, default=None)
+    return newest.parent if newest is not None else None

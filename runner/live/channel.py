@@ -27,6 +27,21 @@ class Sink(Protocol):
     def close(self, failed: bool) -> None: ...
 
 
+class WithoutMeasures:
+    """``sink`` without the step's loss and measures: for a trainer's own run, which logs its own loss
+    under the same tag (Hugging Face's ``train/loss``, at its own step and averaged over its
+    ``logging_steps``), where two series would mix under one name."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def log(self, line: LogLine) -> None:
+        self.sink.log(line.without_measures())
+
+    def close(self, failed: bool) -> None:
+        self.sink.close(failed)
+
+
 class Channel:
     """The thread that sends ``name``'s lines to the sink ``opener`` returns (opened on that thread)."""
 

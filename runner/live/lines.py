@@ -18,11 +18,18 @@ from hooks.recorder import StepCaptures
 
 @dataclass
 class LogLine:
-    """One step of one split: ``scalars`` and ``histograms`` (float32 values) by tag."""
+    """One step of one split: ``scalars`` and ``histograms`` (float32 values) by tag; ``measures``: the
+    tags among ``scalars`` of the step's loss and measures (``SPLIT/NAME``)."""
 
     step: int
     scalars: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, np.ndarray] = field(default_factory=dict)
+    measures: set[str] = field(default_factory=set)
+
+    def without_measures(self) -> LogLine:
+        """The line without the step's loss and measures: the captures' statistics and histograms only."""
+        scalars = {tag: value for tag, value in self.scalars.items() if tag not in self.measures}
+        return LogLine(self.step, scalars, self.histograms)
 
 
 def step_scalars(step: int, split: str, loss: float | None, metrics: dict[str, float | None]) -> LogLine:
@@ -31,11 +38,12 @@ def step_scalars(step: int, split: str, loss: float | None, metrics: dict[str, f
     for name, value in {"loss": loss, **metrics}.items():
         if value is not None and not math.isnan(value):
             line.scalars[f"{split}/{name}"] = float(value)
+            line.measures.add(f"{split}/{name}")
     return line
 
 
 def add_statistics(line: LogLine, captures: StepCaptures, entries: frozenset[str], stats: dict[str, list[str]]) -> None:
-    """``SPLIT/HOOK/KIND/LABEL/STAT`` of each capture of ``entries`` whose kind ``stats`` names."""
+    """``SPLIT/HOOK/LABEL/KIND/STAT`` of each capture of ``entries`` whose kind ``stats`` names."""
     columns = captures.columns
     if not columns:
         return
@@ -50,7 +58,7 @@ def add_statistics(line: LogLine, captures: StepCaptures, entries: frozenset[str
 
 
 def add_histograms(line: LogLine, captures: StepCaptures) -> None:
-    """``SPLIT/HOOK/KIND/LABEL``: the values of every kept tensor (those ``tensors.parquet`` holds)."""
+    """``SPLIT/HOOK/LABEL/KIND``: the values of every kept tensor (those ``tensors.parquet`` holds)."""
     columns = captures.columns
     for row, tensor in zip(captures.kept_rows, captures.kept):
         if columns["phase"][row] == "recompute":

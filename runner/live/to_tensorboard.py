@@ -40,6 +40,16 @@ class TensorBoardSink:
         """A sink writing through an open ``SummaryWriter`` (a trainer's own logger's; left open at the end)."""
         return cls(TensorBoardLogger(), RunContext(Path(".")), writer)
 
+    @classmethod
+    def into(cls, log_dir: str | Path) -> TensorBoardSink:
+        """A sink with a ``SummaryWriter`` of its own in another writer's directory (a trainer's, whose
+        writer is out of reach): TensorBoard shows a directory's event files as one run. Closed at the end."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        sink = cls.adopt(SummaryWriter(log_dir=str(log_dir)))
+        sink.owned = True
+        return sink
+
     def log(self, line: LogLine) -> None:
         for tag, value in line.scalars.items():
             self.writer.add_scalar(tag, value, line.step)
