@@ -8,7 +8,7 @@ medians of the per-round ratio to ``stats`` (target <= 1.02 for resnet18 at batc
 ``bare``. Numbers from a machine other processes load are noise: read the ratios of a quiet one.
 
     python -m benchmarks.loggers            # resnet18, batch 8, 224x224, 20 rounds
-    python -m benchmarks.loggers --quick    # a small convnet, 2 rounds: the smoke test
+    python -m benchmarks.loggers --quick    # a small convnet, 2 rounds: the smoke test (wandb.watch too)
 """
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ def attached(name: str, model, x, out_dir: Path, stack: contextlib.ExitStack, lo
     return Variant(name, f"`stats`, logger={list(logger) or 'none'}", model, step)
 
 
-def variants(model, x, tmp: Path, stack: contextlib.ExitStack, peers: bool) -> list[Variant]:
+def variants(model, x, tmp: Path, stack: contextlib.ExitStack) -> list[Variant]:
     fresh = lambda: copy.deepcopy(model)  # noqa: E731
     found = [bare(fresh(), x), attached("stats", fresh(), x, tmp / "stats", stack, {}),
              attached("stats + tensorboard", fresh(), x, tmp / "tb", stack, {"tensorboard": {}}),
              attached("stats + wandb", fresh(), x, tmp / "wandb", stack, {"wandb": {}}),
              attached("stats + mlflow", fresh(), x, tmp / "mlflow", stack,
                       {"mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}"}})]
-    if peers and wandb_installed():
+    if wandb_installed():
         watch = wandb_watch(fresh(), x, "gradients")
         stack.callback(watch.close)
         found.append(watch)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         (torchvision.models.resnet18(), torch.randn(8, 3, 224, 224))
     rounds, warmup = (2, 1) if args.quick else (args.rounds, 3)
     with tempfile.TemporaryDirectory(prefix="bench-loggers-") as tmp, contextlib.ExitStack() as stack:
-        timed = variants(model, x, Path(tmp), stack, peers=not args.quick)
+        timed = variants(model, x, Path(tmp), stack)
         wall, cpu = interleaved(timed, rounds, warmup)
     result = {"model": "convnet" if args.quick else "resnet18", "batch": x.shape[0], "rounds": rounds,
               "target": TARGET, "variants": {}}
