@@ -277,3 +277,23 @@ def test_hugging_face_logs_into_the_trainers_own_wandb_run(tmp_path):
     # the Trainer's own loss is the only one under its tag: the run's is left out of its rows
     assert [row["train/loss"] for row in logged.history.values() if "train/loss" in row] == pytest.approx(
         [float(v) for v in analysis.load_steps(tmp_path / "hf").loss], rel=1e-3)
+
+
+def test_the_trainers_tensorboard_directory_gets_no_file_until_a_chosen_logger_sends_a_line(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.tensorboard import SummaryWriter
+
+    from runner.integrations.huggingface import reported_sinks
+    from runner.live.lines import LogLine
+
+    own = tmp_path / "runs" / "Nov26_06-00-00_host"
+    SummaryWriter(log_dir=str(own)).close()  # what the Trainer's TensorBoardCallback made at on_train_begin
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=["tensorboard"])
+    sink = reported_sinks(args)["tensorboard"]
+    assert len(list(own.iterdir())) == 1  # a logger not chosen leaves the Trainer's directory as it was
+    sink.log(LogLine(3, {"train/loss": 1.5, "train/stats/fc/output/std": 0.25}, measures={"train/loss"}))
+    sink.close(failed=False)
+    assert len(list(own.iterdir())) == 2
+    events = read_events(own)
+    assert events.Tags()["scalars"] == ["train/stats/fc/output/std"]
+    assert [(e.step, e.value) for e in events.Scalars("train/stats/fc/output/std")] == [(3, 0.25)]

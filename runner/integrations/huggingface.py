@@ -38,7 +38,7 @@ from transformers import TrainerCallback
 from common.errors import ConfigError
 from runner.engine.attach import Hooks
 from runner.integrations.recording import Recording
-from runner.live.channel import WithoutMeasures
+from runner.live.channel import Deferred, WithoutMeasures
 from runner.live.to_mlflow import MLflowSink
 from runner.live.to_tensorboard import TensorBoardSink
 from runner.live.to_wandb import WandbSink
@@ -106,7 +106,7 @@ def reported_sinks(args) -> dict:
     ``train/loss``: there the run's loss is left out (``WithoutMeasures``), its statistics go beside."""
     sinks = {}
     if "tensorboard" in args.report_to and (log_dir := tensorboard_dir(args)) is not None:
-        sinks["tensorboard"] = WithoutMeasures(TensorBoardSink.into(log_dir))
+        sinks["tensorboard"] = WithoutMeasures(Deferred(functools.partial(TensorBoardSink.into, log_dir)))
     wandb = sys.modules.get("wandb")
     if "wandb" in args.report_to and wandb is not None and wandb.run is not None:
         sinks["wandb"] = WithoutMeasures(WandbSink.adopt(wandb.run))

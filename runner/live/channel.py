@@ -42,6 +42,24 @@ class WithoutMeasures:
         self.sink.close(failed)
 
 
+class Deferred:
+    """The sink ``opener`` opens, opened with the first line: a trainer's tool reached by making something
+    of its own in it (an event file in its directory) is left untouched when no logger of it was chosen."""
+
+    def __init__(self, opener: Callable[[], Sink]) -> None:
+        self.opener = opener
+        self.sink: Sink | None = None
+
+    def log(self, line: LogLine) -> None:
+        if self.sink is None:
+            self.sink = self.opener()
+        self.sink.log(line)
+
+    def close(self, failed: bool) -> None:
+        if self.sink is not None:
+            self.sink.close(failed)
+
+
 class Channel:
     """The thread that sends ``name``'s lines to the sink ``opener`` returns (opened on that thread)."""
 
