@@ -13,6 +13,7 @@ import torch
 import runner
 from common.errors import ConfigError
 from conftest import assert_no_partial_output, cli, hook_snapshot, make_config
+from test_shards import one_rank_mesh  # noqa: F401  (the fixture: FSDP2 on a process group of one)
 from hooks import store_files
 from runner.engine.budget import held, parse_size, size_text
 from runner.engine.plan import compile_plan, describe
@@ -157,3 +158,43 @@ def test_the_readme_memory_example_prints_its_line(tmp_path, capsys, monkeypatch
     with pytest.raises(SystemExit) as exited:
         cli(shlex.split(command)[3:], tmp_path / "run")
     assert exited.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+
+
+class DataDependent(torch.nn.Module):
+    """A branch on a value (``.item()``): the meta device cannot run it, so nothing plans what entries hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc1(x) if x.sum().item() > 0 else x
+
+
+def test_attach_refuses_a_budget_for_a_model_its_first_call_cannot_rehearse(tmp_path):
+    model = DataDependent()
+    with pytest.raises(ConfigError) as refused:
+        with runner.attach(model, hooks={"keep": {"type": "capture", "layers": "fc1"}}, out_dir=tmp_path / "run",
+                           memory={"budget": "1GiB"}):
+            model(torch.ones(2, 4))
+    assert str(refused.value) == ("memory.budget: the model cannot run on the meta device, so what its entries hold "
+                                  "cannot be planned; run without memory.budget")
+    assert_no_partial_output(tmp_path / "run")
+    with runner.attach(model, hooks={"keep": {"type": "capture", "layers": "fc1"}}, out_dir=tmp_path / "free") as run:
+        model(torch.ones(2, 4))  # without a budget the same call runs
+        run.step()
+    assert (tmp_path / "free" / "tensors.parquet").is_file()
+
+
+def test_attach_refuses_a_budget_for_a_sharded_model_before_anything_runs(one_rank_mesh, tmp_path):
+    """FSDP2's parameters are gathered in its own pre-forward: the first call is not rehearsed, so a budget
+    has nothing to be checked against."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = fully_shard(torch.nn.Sequential(torch.nn.Linear(4, 4)), mesh=one_rank_mesh)
+    with pytest.raises(ConfigError, match=r"^memory.budget: a sharded \(FSDP2\) model is not rehearsed on the meta "
+                                          r"device, so what its entries hold cannot be planned; run without memory.budget$"):
+        with runner.attach(model, hooks={"keep": {"type": "capture", "layers": "0"}}, out_dir=tmp_path / "run",
+                           memory={"budget": "1GiB"}):
+            raise AssertionError("refused when attached, before the block")
+    assert_no_partial_output(tmp_path / "run")
