@@ -120,6 +120,7 @@ def test_the_compiled_benchmark_runs_and_counts_graph_breaks(tmp_path):
 
     result = compiled.main(["--quick", "--out", str(tmp_path)])
     assert result["bare_graph_breaks"] == 0 and result["stats_graph_breaks"] == 0  # the stats hooks trace
+    assert result["graph_breaks_per_entry"] == {"stats": 0, "extract": 0, "ablate": 0}  # each entry on its own
     assert result["stats_over_bare"] > 0 and (tmp_path / "compiled.json").is_file()
 
 
