@@ -199,6 +199,7 @@ class Recorder:
         (sampled as a step is); the recorder is left as it was."""
         saved = dict(vars(self))
         self.enabled, self.statistics, self._relabel, self._tally, self._calls_total = True, False, None, {}, {}
+        self._channel_index = {}  # the meta pass's own (its indices are on the meta device)
         self._reset()
         found: dict[tuple[str, ...], Tally] = {}
         try:

@@ -140,9 +140,10 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     records and holds, which the gate's ``check_budget`` bounds by ``budget``, ``memory.budget``).
     A mistake is a one-line ``ConfigError`` raised from that call; a model the meta device cannot
     run is left to the real call. Entries whose lifetime starts later are not attached yet, and not
-    rehearsed; neither is a sharded model (FSDP2), nor a model whose first call ``torch.compile``
-    traces (a meta pass cannot be traced; the hooks would break the graph), whose real first call
-    reports its own errors; with a ``budget`` these are refused, since nothing planned what they hold.
+    rehearsed; neither is a sharded model (FSDP2: with a ``budget`` it is refused, as nothing plans
+    what its entries hold), nor a model whose first call ``torch.compile`` traces (a meta pass cannot
+    be traced; the hooks would break the graph), whose real first call reports its own errors; with
+    a ``budget`` that call is rehearsed outside the graph, at the cost of one graph break there.
     The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
@@ -155,9 +156,12 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     handles = []
 
     def first_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling():
-            check_budget(budget, None, "a model torch.compile traces is not rehearsed on the meta device")
+        if torch.compiler.is_compiling() and budget is None:
             return  # traced by torch.compile: a meta pass cannot be traced; the compiled call reports its own errors
+        rehearse_now(module, args, kwargs)
+
+    @torch.compiler.disable  # traced, with a budget: one graph break, at the first call, for a rehearsal outside the graph
+    def rehearse_now(module: nn.Module, args: tuple, kwargs: dict) -> None:
         for handle in handles:
             handle.remove()
         ran = _rehearse_call(module, names[id(module)], args, kwargs, session, found)
