@@ -193,6 +193,22 @@ class Recorder:
             self.enabled, self._calls, self._backward_calls = saved
 
     @contextlib.contextmanager
+    def tallied_aside(self) -> Iterator[dict[tuple[str, ...], Tally]]:
+        """``aside`` for a rehearsal's meta pass (``runner.attach``'s first call) that must say what a
+        step records: the dict yielded is filled, when the block ends, with the block's ``tally()``
+        (sampled as a step is); the recorder is left as it was."""
+        saved = dict(vars(self))
+        self.enabled, self.statistics, self._relabel, self._tally, self._calls_total = True, False, None, {}, {}
+        self._channel_index = {}  # the meta pass's own (its indices are on the meta device)
+        self._reset()
+        found: dict[tuple[str, ...], Tally] = {}
+        try:
+            yield found
+            found.update(self.tally())
+        finally:
+            vars(self).update(saved)
+
+    @contextlib.contextmanager
     def backward_pass(self) -> Iterator[None]:
         """Mark the block as a backward pass (``HookSession.backward`` enters it around ``loss.backward()``).
 

@@ -120,6 +120,7 @@ def test_the_compiled_benchmark_runs_and_counts_graph_breaks(tmp_path):
 
     result = compiled.main(["--quick", "--out", str(tmp_path)])
     assert result["bare_graph_breaks"] == 0 and result["stats_graph_breaks"] == 0  # the stats hooks trace
+    assert result["graph_breaks_per_entry"] == {"stats": 0, "extract": 0, "ablate": 0}  # each entry on its own
     assert result["stats_over_bare"] > 0 and (tmp_path / "compiled.json").is_file()
 
 
@@ -151,3 +152,30 @@ def test_a_print_entry_s_graph_breaks_are_counted(run_with):
     """``print`` calls Python's ``print`` in its hook, which the graph cannot hold: counted, not hidden."""
     compiled = run_with("model=convnet", "hooks=print", "hooks.print.layers=fc", "compile=true", "loss=none")
     assert json.loads((compiled / "manifest.json").read_text())["graph_breaks"] > 0
+
+
+@pytest.mark.compiled
+def test_a_budget_is_checked_at_a_compiled_first_call_as_at_an_eager_one(tmp_path):
+    """With ``memory={"budget": ...}`` the first call's rehearsal runs outside the graph (one break there):
+    the refusal names the eager rehearsal's bytes, and under the budget the records are eager's."""
+    x = torch.randn(4, 8)
+    entries = {"keep": {"type": "capture", "layers": "0", "kinds": ["output"]}}
+    lines = []
+    for compiled in (False, True):
+        torch.compiler.reset()
+        model = mlp()
+        with pytest.raises(ConfigError) as refused:
+            with runner.attach(model, hooks=entries, out_dir=tmp_path / f"refused-{compiled}", memory={"budget": "100B"}):
+                (torch.compile(model) if compiled else model)(x)
+        lines.append(str(refused.value))
+        assert not (tmp_path / f"refused-{compiled}" / "tensors.parquet").exists()
+    assert lines[0] == lines[1] and "hooks.keep 256 B of kept tensors of one step" in lines[0]  # 4 x 16 float32
+    outs = []
+    for compiled in (False, True):
+        torch.compiler.reset()
+        model = mlp()
+        with runner.attach(model, hooks=entries, out_dir=tmp_path / f"ran-{compiled}", memory={"budget": "1KiB"}) as rec:
+            (torch.compile(model) if compiled else model)(x).sum().backward()
+            rec.step()
+        outs.append(tmp_path / f"ran-{compiled}")
+    assert_same_records(*outs)

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from common.errors import ConfigError
 from conftest import cli, make_config
 from runner.cli.callbacks import EarlyChecks
+from runner.cli.commandline import check_command_line
 from runner.engine.plan import compile_plan
 from runner.engine.fsdp import LAUNCH_ENV
 
@@ -95,3 +96,38 @@ def test_fsdp_without_the_run_directory_is_refused_in_one_line_before_hydra_writ
     config.hydra.overrides.hydra = [f"hydra.run.dir={tmp_path / 'out'}"]
     EarlyChecks().on_run_start(config)  # given: rank 0 claims it once the ranks run (runner.store.ranks)
     assert not (tmp_path / "out").exists()
+
+
+SWEEP_LINE = ("error: fsdp.enabled: a sweep (-m) under torchrun runs every job in each rank's one process, where a job "
+              "that fails on one rank leaves the others waiting; run each job as its own torchrun command without -m")
+SWEEP = ["-m", "model=mlp", "hooks=stats", "optimizer=sgd", "steps=1,2", "fsdp.enabled=true"]
+
+
+def test_a_sweep_of_an_fsdp_run_is_refused_by_the_command_line_check(monkeypatch):
+    for name, value in LAUNCHED.items():
+        monkeypatch.setenv(name, value)
+    assert check_command_line(SWEEP).problems == [SWEEP_LINE.removeprefix("error: ")]
+    assert check_command_line([*SWEEP, "plan=true"]).problems == []  # a plan shards nothing
+    assert check_command_line([o.replace("1,2", "2") for o in SWEEP[1:]]).problems == []  # one run: not a sweep
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name)
+    outside = check_command_line(SWEEP).problems  # outside torchrun the gate refuses each job (check_fsdp)
+    assert len(outside) == 3 and all("(no RANK/WORLD_SIZE)" in line for line in outside[1:])
+
+@pytest.mark.torchrun
+def test_a_sweep_of_an_fsdp_run_under_torchrun_is_refused_with_status_2_before_anything_is_written(tmp_path):
+    """Hydra's basic launcher would run both jobs in each rank's process, in sweep directories each rank's
+    clock names apart: each rank says the one line and exits with status 2 (unless torchrun ended it once
+    the first had), and nothing is written."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["torchrun", "--nproc_per_node=2", "--tee=2", "-m", "runner", *SWEEP,
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode != 0
+    ranks = re.findall(r"^\[default(\d)\]:(.*)$", done.stdout + done.stderr, re.M)
+    said = [(rank, line) for rank, line in ranks if line.startswith("error:")]
+    assert said and all(line == SWEEP_LINE for _, line in said) and len(said) == len(set(said))
+    assert not any("Traceback" in line for _, line in ranks)  # the ranks' own lines (torchrun adds its own report)
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", done.stderr))
+    assert "2" in codes and codes <= {"2", "-15"}  # torchrun ends a rank still exiting when the first fails (SIGTERM)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no sweep directory, no outputs/

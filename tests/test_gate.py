@@ -29,7 +29,7 @@ from runner.store import claim
 NOT_REACHED = {"check_hf"}
 #: What ``runner.attach`` checks of its config (it builds no model, data, loss or optimizer of its own).
 ATTACH_CHECKS = {"_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_metric",
-                 "_check_repeated_presets", "build_hooks"}
+                 "_check_repeated_presets", "build_hooks", "check_budget"}
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from runner.config.compose import LauncherError, compose_job, compose_with_hydra, parse_error
 from runner.cli.taken_dirs import held_run_dir
+from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 
 #: Flags after which Hydra does something else than run jobs (help, print the config, ...).
@@ -57,6 +58,8 @@ def check_command_line(argv: Sequence[str]) -> CommandCheck:
     for num, job in enumerate(jobs):
         try:
             cfg, remote = compose_job(job)
+            if multirun and (problem := sweep_problem(cfg)):  # the same for every such job: said once
+                return CommandCheck([problem])
             checked.plans[OmegaConf.to_yaml(cfg)] = compile_plan(cfg, job, check_device=not remote)
         except LauncherError as exc:  # the same for every job: said once
             return CommandCheck([str(exc)])

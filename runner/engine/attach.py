@@ -46,7 +46,7 @@ from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
 
 #: The run settings that mean something in the user's loop (the others describe the runner's own loop).
-ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output")
+ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output", "memory")
 
 Hooks = Sequence[str] | Mapping[str, Mapping]
 #: Live loggers, as ``attach(logger=...)`` takes them: names, or settings by name.
@@ -179,7 +179,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     as ``logger=[tensorboard,wandb]``) or a mapping of their settings (``{"mlflow": {"tracking_uri": URI}}``);
     ``sinks``: some of those loggers already open, by name (the Lightning and Hugging Face callbacks pass
     the trainer's own: the run logs through them); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
-    ``overwrite``, ``sample`` (a dict), ``output`` (a dict).
+    ``overwrite``, ``sample`` (a dict), ``output`` (a dict), ``memory`` (a dict: ``{"budget": "2GiB"}``
+    refuses, at the model's first call and before it computes anything, entries that would hold more).
 
     Raises:
         ConfigError: a bad entry, override or setting, in one line, before anything is attached or written.
@@ -229,7 +230,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             HookSession(model, [hook.fresh() for hook in hooks], recorder) as session:
         if hooks_state is not None:
             session.restore_run_state(hooks_state)
-        found = rehearse_first_call(model, session) if rehearse else None
+        found = rehearse_first_call(model, session, s.memory.budget) if rehearse else None
         context = RunContext(part_dir, yaml.safe_load(config_yaml) or {}, tuple(overrides), group)
         with LiveLoggers(s.logger, context, {hook.name: hook.spec.type for hook in hooks}, sinks) as live, \
                 RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),

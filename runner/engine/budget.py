@@ -6,8 +6,9 @@ the step's captures are written), and what it holds across steps (``HookType.hel
 ``units``' statistics, a ``store``'s shard buffers). All of it is on the host (``cpu``): kept
 tensors are copied off an accelerator, statistics and stores are kept on the CPU; under torchrun
 each rank holds its own. With ``memory.budget=2GiB`` a plan that holds more is refused in one
-line naming the entries, before anything runs. The output files' own buffers are
-``output.row_group_mb`` each, apart from this.
+line naming the entries, before anything runs (``runner.attach(..., memory={"budget": "2GiB"})``:
+at the model's first call, from its rehearsal there, before that call computes anything). The
+output files' own buffers are ``output.row_group_mb`` each, apart from this.
 """
 from __future__ import annotations
 
@@ -51,18 +52,40 @@ def held(found) -> list[tuple[str, str, int]]:
     return sorted(rows)
 
 
-def check_budget(budget: str | None, found) -> None:
-    """Refuse, in one line, a plan whose entries hold more than ``budget`` (``memory.budget``)."""
+#: The remedies' settings as the command line writes them (``runner.engine.python_errors`` has a caller's keywords).
+COMMAND_LINE = {"batch": "sample.batch=N", "budget": "memory.budget"}
+
+
+class OverBudget(ConfigError):
+    """A plan whose entries hold more than the budget; ``line(words)`` says it with the remedies' settings in
+    ``words`` (``COMMAND_LINE``'s keys), and ``str()`` as the command line does."""
+
+    def __init__(self, rows: list[tuple[str, str, int]], limit: int) -> None:
+        self.rows, self.limit = rows, limit
+        super().__init__(self.line(COMMAND_LINE))
+
+    def line(self, words: dict[str, str]) -> str:
+        total = sum(nbytes for _, _, nbytes in self.rows)
+        parts = ", ".join(f"hooks.{key} {size_text(nbytes)} of {what}" for key, what, nbytes in self.rows)
+        return (f"memory.budget: the entries hold {size_text(total)} on {DEVICE} ({parts}), over the budget of "
+                f"{size_text(self.limit)}; select fewer layers, record fewer samples ({words['batch']}), lower a "
+                f"store's shard_size, or raise {words['budget']}")
+
+
+def check_budget(budget: str | None, found, unplanned: str = "the model cannot run on the meta device") -> None:
+    """Refuse, in one line, a plan whose entries hold more than ``budget`` (``memory.budget``); ``found``
+    is the rehearsal (``None``: there was none, for the reason ``unplanned``).
+
+    Raises:
+        OverBudget: the entries hold more than ``budget``.
+        ConfigError: ``budget`` is set and there was no rehearsal to plan from.
+    """
     if budget is None:
         return
     limit = parse_size(budget, "memory.budget")
     if found is None:
-        raise ConfigError("memory.budget: the model cannot run on the meta device, so what its entries hold "
-                          "cannot be planned; run without memory.budget")
+        raise ConfigError(f"memory.budget: {unplanned}, so what its entries hold cannot be planned; "
+                          f"run without memory.budget")
     rows = held(found)
-    total = sum(nbytes for _, _, nbytes in rows)
-    if total > limit:
-        parts = ", ".join(f"hooks.{key} {size_text(nbytes)} of {what}" for key, what, nbytes in rows)
-        raise ConfigError(f"memory.budget: the entries hold {size_text(total)} on {DEVICE} ({parts}), over the "
-                          f"budget of {size_text(limit)}; select fewer layers, record fewer samples "
-                          f"(sample.batch=N), lower a store's shard_size, or raise memory.budget")
+    if sum(nbytes for _, _, nbytes in rows) > limit:
+        raise OverBudget(rows, limit)

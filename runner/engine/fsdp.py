@@ -56,6 +56,20 @@ def run_dir_problem(hydra_overrides: list[str]) -> str | None:
             "another; give it: hydra.run.dir=DIR")
 
 
+def sweep_problem(cfg) -> str | None:
+    """Under torchrun, the one line refusing a sweep (``-m``) of an FSDP2 run, else ``None``.
+
+    Hydra's basic launcher runs a sweep's jobs one after another in the process that launched it:
+    under torchrun every rank runs its own sweep, whose directory each rank's clock names apart,
+    and a job that fails on one rank (a ``status.json``, and the sweep goes on) leaves the others
+    waiting in the step's collectives. A plan (``plan=true``) shards nothing, and is let through.
+    """
+    if not sharded_run(cfg) or cfg.get("plan"):
+        return None
+    return ("fsdp.enabled: a sweep (-m) under torchrun runs every job in each rank's one process, where a job that "
+            "fails on one rank leaves the others waiting; run each job as its own torchrun command without -m")
+
+
 @contextlib.contextmanager
 def process_group(device: torch.device) -> Iterator[None]:
     """The ranks' process group for the block (gloo on CPU, nccl on CUDA), unless one is open already."""

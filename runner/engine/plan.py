@@ -89,7 +89,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
-    found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn)
+    found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn, settings.sample)
     check_budget(settings.memory.budget, found)
     for hook in hooks:
         hook.check_steps(settings.steps)

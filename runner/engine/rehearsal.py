@@ -39,6 +39,7 @@ from hooks import HookSession
 from hooks.base import HookType, explanation
 from hooks.recorder import Recorder, walk
 from hooks.shards import is_sharded
+from runner.engine.budget import check_budget
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
 from runner.sources.models import build_model, load_checkpoint
@@ -61,10 +62,11 @@ class Rehearsal:
 
 
 def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
-             loss_fn: LossFn | None) -> Rehearsal | None:
+             loss_fn: LossFn | None, sample=None) -> Rehearsal | None:
     """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable.
 
     ``hooks`` are the plan's specs: the step attaches fresh copies, so nothing it loads or counts stays in them.
+    ``sample`` (``RunConfig.sample``) samples what the step records as the run will.
     """
     hooks = [hook.fresh() for hook in hooks]
     if model_cfg.get("weights"):
@@ -83,7 +85,7 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
     for hook in hooks:
         found.matches[hook.key] = [name or "(model)" for name, _ in hook.targets(model)]
     x = torch.empty(source.input_shape, dtype=source.input_dtype, device="meta")
-    recorder = Recorder(statistics=False)
+    recorder = Recorder(*((sample.batch, sample.channels) if sample else ()), statistics=False)
     shapes = _ModuleShapes(model)
     try:
         with shapes, contextlib.redirect_stdout(io.StringIO()):  # ``print`` hooks print in the real run only
@@ -130,31 +132,40 @@ def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShape
                        f"'{name or '(model)'}' ({cls}) failed on it: {text[:240]}")
 
 
-def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
+def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | None = None) -> Rehearsal:
     """Rehearse ``session``'s attached entries at the first call of any module of ``model`` (the
     outermost one called: the model, or the part a framework calls), before that call computes anything.
 
-    Returns the ``Rehearsal`` that call fills in (``input_shape`` and ``modules``; the run's own
-    records count what the entries record). A mistake is a one-line ``ConfigError`` raised from
-    that call; a model the meta device cannot run is left to the real call. Entries whose lifetime
-    starts later are not attached yet, and not rehearsed; neither is a sharded model (FSDP2), nor a
-    model whose first call ``torch.compile`` traces (a meta pass cannot be traced; the hooks would
-    break the graph), whose real first call reports its own errors. The one-shot hooks belong to ``session``, and leave at that call.
+    Returns the ``Rehearsal`` that call fills in (``input_shape``, ``modules``, and what one step
+    records and holds, which the gate's ``check_budget`` bounds by ``budget``, ``memory.budget``).
+    A mistake is a one-line ``ConfigError`` raised from that call; a model the meta device cannot
+    run is left to the real call. Entries whose lifetime starts later are not attached yet, and not
+    rehearsed; neither is a sharded model (FSDP2: with a ``budget`` it is refused, as nothing plans
+    what its entries hold), nor a model whose first call ``torch.compile`` traces (a meta pass cannot
+    be traced; the hooks would break the graph), whose real first call reports its own errors; with
+    a ``budget`` that call is rehearsed outside the graph, at the cost of one graph break there.
+    The one-shot hooks belong to ``session``, and leave at that call.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
     if not session.hooks:
         return found  # nothing to rehearse: the model's calls stay free of one-shot hooks (a compiled bare model)
     if any(is_sharded(p) for p in model.parameters()):
+        check_budget(budget, None, "a sharded (FSDP2) model is not rehearsed on the meta device")
         return found  # FSDP2's pre-forward gathers the shards: a meta stand-in would break its state
     names = {id(m): name for name, m in model.named_modules()}
     handles = []
 
     def first_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and budget is None:
             return  # traced by torch.compile: a meta pass cannot be traced; the compiled call reports its own errors
+        rehearse_now(module, args, kwargs)
+
+    @torch.compiler.disable  # traced, with a budget: one graph break, at the first call, for a rehearsal outside the graph
+    def rehearse_now(module: nn.Module, args: tuple, kwargs: dict) -> None:
         for handle in handles:
             handle.remove()
-        _rehearse_call(module, names[id(module)], args, kwargs, session, found)
+        ran = _rehearse_call(module, names[id(module)], args, kwargs, session, found)
+        check_budget(budget, found if ran else None)
 
     for module in model.modules():
         handles.append(session.add(module.register_forward_pre_hook(first_call, prepend=True, with_kwargs=True)))
@@ -162,13 +173,15 @@ def rehearse_first_call(model: nn.Module, session: HookSession) -> Rehearsal:
 
 
 def _rehearse_call(module: nn.Module, name: str, args: tuple, kwargs: dict, session: HookSession,
-                   found: Rehearsal) -> None:
+                   found: Rehearsal) -> bool:
     """One meta pass (and, with gradients on, a backward of its outputs' sum) of ``module`` on
-    ``args``' shapes, through the session's entries; fills ``found`` or raises ``ConfigError``."""
+    ``args``' shapes, through the session's entries; fills ``found`` and returns ``True``, returns
+    ``False`` where the meta device cannot run it, or raises ``ConfigError``."""
     recorder = session.recorder
     shapes = _ModuleShapes(module, prefix=name)
     try:
-        with torch.random.fork_rng(devices=[]), recorder.aside(), shapes, contextlib.redirect_stdout(io.StringIO()):
+        with torch.random.fork_rng(devices=[]), recorder.tallied_aside() as tally, shapes, \
+                contextlib.redirect_stdout(io.StringIO()):
             state = {n: _meta(t) for n, t in [*module.named_parameters(), *module.named_buffers()]}
             out = functional_call(module, state, _meta(args), _meta(kwargs))
             outputs = [t for _, t in walk(out) if t.requires_grad and t.is_floating_point()]
@@ -182,10 +195,13 @@ def _rehearse_call(module: nn.Module, name: str, args: tuple, kwargs: dict, sess
         explained = _explain(exc, session.hooks, shapes, None)
         if explained is not None:
             raise explained from None
-        return
+        return False
     found.input_shape = [list(t.shape) for _, t in walk((args, kwargs))]
     found.modules = [(full, type(m).__name__, shapes.seen.get(full, "-"))
                      for m, full in ((m, shapes.names[id(m)]) for m in module.modules())]
+    found.records = {key: list(counts) for key, counts in tally.items()}
+    found.held = {hook.name: held for hook in session.hooks if (held := hook.held_bytes())}
+    return True
 
 
 def _meta(obj: Any) -> Any:
