@@ -2,8 +2,9 @@
 
 ``UnitStats`` keeps, per unit (a channel of a conv output, a feature of a linear or transformer
 output), everything ``units.parquet`` holds: the count, Chan's ``(mean, M2)`` pair (each batch's
-own mean and M2 computed two-pass in float64, then merged with Chan et al.'s parallel update,
-so variances do not suffer the cancellation of a sum of squares), min, max, the count above a
+own mean and M2 in float64, from sums around the unit's running mean (C kernel) or two-pass
+(eager), then merged with Chan et al.'s parallel update, so variances do not suffer the
+cancellation of a plain sum of squares), min, max, the count above a
 threshold, a relative-error quantile sketch, the top-k / bottom-k samples, and optionally the
 sum of the layer's outer products (second moment, for covariance and PCA).
 
@@ -111,13 +112,17 @@ class UnitStats:
             per_sample = self._eager(x)
         else:
             per_sample = self._kernel(kernel, x if x.dtype in (torch.float32, torch.float64) else x.float())
-        samples = samples.to(torch.int64).view(-1, 1).expand(-1, self.units)
+        samples = samples.to(torch.int64).cpu()
+        kept_last = max([int(t.max()) for t in (self.top_sample, self.bottom_sample) if t.numel()], default=-1)
+        in_order = bool((samples[1:] > samples[:-1]).all()) and int(samples[0]) > kept_last
+        samples = samples.view(-1, 1).expand(-1, self.units)
         top_value, top_position, bottom_value, bottom_position = per_sample
         self.top_value, self.top_sample, self.top_position = best(
-            self.k, True, (self.top_value, self.top_sample, self.top_position), (top_value, samples, top_position))
+            self.k, True, (self.top_value, self.top_sample, self.top_position), (top_value, samples, top_position),
+            in_order)
         self.bottom_value, self.bottom_sample, self.bottom_position = best(
             self.k, False, (self.bottom_value, self.bottom_sample, self.bottom_position),
-            (bottom_value, samples, bottom_position))
+            (bottom_value, samples, bottom_position), in_order)
         if self.second is not None:
             flat = x.to(torch.float64).transpose(1, 2).reshape(-1, self.units)
             self.second = self.second + flat.T @ flat
@@ -189,11 +194,14 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
     return n, mean, m2
 
 
-def best(k: int, largest: bool, kept: tuple, new: tuple) -> tuple:
+def best(k: int, largest: bool, kept: tuple, new: tuple, in_order: bool = False) -> tuple:
     """The ``k`` best of ``kept`` and ``new`` (each ``(values, samples, positions)`` as ``[rows, units]``):
-    by value, ties by the lower sample id."""
+    by value, ties by the lower sample id. ``in_order``: ``kept`` is this function's own answer (in
+    that order) and ``new``'s sample ids increase down the rows, all above ``kept``'s (a pass in
+    order): the rows are then already in sample order among ties, and one stable sort by value does."""
     values, samples, positions = (torch.cat([a, b]) for a, b in zip(kept, new))
-    by_sample = torch.sort(samples, dim=0, stable=True).indices
-    values, samples, positions = (t.gather(0, by_sample) for t in (values, samples, positions))
+    if not in_order:
+        by_sample = torch.sort(samples, dim=0, stable=True).indices
+        values, samples, positions = (t.gather(0, by_sample) for t in (values, samples, positions))
     order = torch.sort(values, dim=0, descending=largest, stable=True).indices[:k]
     return tuple(t.gather(0, order) for t in (values, samples, positions))
