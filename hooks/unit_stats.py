@@ -55,9 +55,9 @@ class SketchGrid:
         """The bucket of each value of ``x`` (float64), monotone in the value: bucket ``k`` for magnitudes
         in ``(gamma**(k-1), gamma**k]`` read against ``upper``, as the C kernel reads them."""
         magnitude = x.abs()
-        key = torch.searchsorted(self.upper, magnitude).clamp_(max=self.last - self.first)
+        key = torch.searchsorted(self.upper, magnitude.contiguous()).clamp_(max=self.last - self.first)
         index = torch.where(x > 0, self.side + 1 + key, self.side - 1 - key)
-        return torch.where(magnitude < self.low, torch.full_like(index, self.side), index)
+        return torch.where(magnitude >= self.low, index, torch.full_like(index, self.side))  # NaN: the zero bucket
 
     def value(self, index: torch.Tensor) -> torch.Tensor:
         """The representative value of each bucket index (0 for the zero bucket)."""

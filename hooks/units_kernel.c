@@ -51,12 +51,12 @@ static inline float log2_estimate(float m) {
 
 /* The sketch key (k - first) of magnitude m >= low from its estimate, corrected one step each way
  * against the table (the estimate is off by less than a bucket for relative errors above 3e-4; finer
- * sketches walk); upper[-1] and upper[last - first + 1] are the caller's sentinels, 0 and infinity. */
+ * sketches walk); upper[-1] is the caller's sentinel 0 (and upper[last - first + 1] infinity). */
 static inline int64_t key_of(double m, float estimate, const units_params_t *p) {
     const double *upper = p->upper;
     int64_t k = (int64_t)fminf(fmaxf(ceilf(estimate), (float)p->first), (float)p->last) - p->first;
     k -= m <= upper[k - 1];
-    k += m > upper[k];
+    k += (m > upper[k]) & (k < p->last - p->first); /* above the last edge: the last bucket, as defined */
     if (p->fine) {
         while (k > 0 && m <= upper[k - 1]) k--;
         while (k < p->last - p->first && m > upper[k]) k++;
