@@ -77,11 +77,10 @@ class Store(SampleOutputs):
         return Path(self.spec.path) / layer / (part_name(group[0]) if group else "")
 
     def held_bytes(self) -> dict[str, int]:
-        """Each layer's shard buffer at its fullest: ``shard_size - 1`` rows left from earlier calls
-        and one call's rows, in ``dtype``, with an int64 sample id each (``ShardWriter.add``)."""
+        """Each layer's shard buffer: ``shard_size`` rows in ``dtype``, with an int64 sample id each
+        (``ShardWriter.add`` copies every batch into it)."""
         itemsize = DTYPES[self.spec.dtype].itemsize
-        total = sum((self.spec.shard_size - 1 + max(shape[0] for shape in shapes))
-                    * (math.prod(shapes[0][1:]) * itemsize + 8) for shapes in self.planned.values())
+        total = sum(self.spec.shard_size * (math.prod(shapes[0][1:]) * itemsize + 8) for shapes in self.planned.values())
         return {"shard buffers": total} if total else {}
 
     def tables(self) -> dict[str, dict[str, list]]:

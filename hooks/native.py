@@ -1,4 +1,5 @@
-"""The CPU statistics kernel (``stats_kernel.c``): built once per machine, loaded with ctypes.
+"""The CPU statistics kernels (``stats_kernel.c``; ``units_kernel.c`` for ``units``): built once per
+machine, loaded with ctypes.
 
 Why a C kernel: every statistic of a tensor in one vectorised pass over memory. Eager PyTorch
 needs a pass per statistic (and its boolean counts run at 1-2 GB/s on a ReLU's output);
@@ -27,12 +28,14 @@ import torch
 from common.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("stats_kernel.c")
+UNITS_SOURCE = Path(__file__).with_name("units_kernel.c")
 
 #: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-fPIC", "-shared")
 
 _kernel = None  # the loaded ``hr_reduce``; False once the build failed
+_units_kernel = None  # the loaded ``hr_units``; False once the build failed
 
 
 def cache_dir() -> Path:
@@ -50,19 +53,19 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
-def library_path(compiler: str) -> Path:
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, *FLAGS, platform.machine(), _cpu_signature()])
+def library_path(compiler: str, source: Path = SOURCE) -> Path:
+    key = hashlib.sha256("\0".join([source.read_text(), compiler, *FLAGS, platform.machine(), _cpu_signature()])
                          .encode()).hexdigest()[:16]
-    return cache_dir() / f"stats_kernel-{key}.so"
+    return cache_dir() / f"{source.stem}-{key}.so"
 
 
-def build(compiler: str, target: Path) -> None:
+def build(compiler: str, target: Path, source: Path = SOURCE) -> None:
     """Compile into a temporary file and rename it into place: jobs of a sweep may build at once."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *FLAGS, "-o", tmp, str(source)], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -73,21 +76,38 @@ def kernel():
     """The ``hr_reduce`` C function, built on first use; None where it cannot be built (one warning)."""
     global _kernel
     if _kernel is None:
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-        try:
-            path = library_path(compiler)
-            if not path.exists():
-                build(compiler, path)
-            fn = ctypes.CDLL(str(path)).hr_reduce
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-            fn.restype = None
-            _kernel = fn
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else exc
-            warnings.warn(f"the statistics kernel could not be built ({detail}); statistics use eager "
-                          f"PyTorch reductions, which are slower", RuntimeWarning, stacklevel=2)
-            _kernel = False
+        _kernel = _load(SOURCE, "hr_reduce", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p])
     return _kernel or None
+
+
+def units_kernel():
+    """The ``hr_units`` C function (``units_kernel.c`` says what it takes), built on first use; None
+    where it cannot be built (one warning): ``units`` then takes eager PyTorch passes."""
+    global _units_kernel
+    if _units_kernel is None:
+        i64, f64, ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+        _units_kernel = _load(UNITS_SOURCE, "hr_units", [ptr, ctypes.c_int, i64, i64, i64, ptr, f64, f64, f64, i64,
+                                                         i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr])
+    return _units_kernel or None
+
+
+def _load(source: Path, symbol: str, argtypes: list):
+    """``symbol`` of ``source`` built (or found in the cache) and loaded; False, with one warning, where it
+    cannot be built."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    try:
+        path = library_path(compiler, source)
+        if not path.exists():
+            build(compiler, path, source)
+        fn = getattr(ctypes.CDLL(str(path)), symbol)
+        fn.argtypes = argtypes
+        fn.restype = None
+        return fn
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else exc
+        warnings.warn(f"the {source.stem.replace('_', ' ')} could not be built ({detail}); statistics use eager "
+                      f"PyTorch reductions, which are slower", RuntimeWarning, stacklevel=3)
+        return False
 
 
 def readable(flat: torch.Tensor) -> bool:

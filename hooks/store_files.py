@@ -56,7 +56,7 @@ def read_store_manifest(path: Path) -> dict | None:
 class ShardWriter:
     """Streams one layer's per-sample activations into a store; resumes a store a killed pass left.
 
-    ``add(x, samples)`` takes a batch in sample order; rows whose ids the listed shards already
+    ``add(x, samples)`` takes a batch of consecutive sample ids; rows whose ids the listed shards already
     hold are skipped, so a resumed pass starts writing at the first incomplete shard (the
     runner's pass does not run the model on the stored items: ``Store.samples_held``).
     ``finish()`` writes the last (possibly smaller) shard and marks the store complete.
@@ -78,8 +78,9 @@ class ShardWriter:
             left.unlink(missing_ok=True)
         shards = self.manifest["shards"]
         self.last = shards[-1]["last"] if shards else -1  #: the last sample id taken (listed or buffered)
-        self._rows: list[torch.Tensor] = []
-        self._ids: list[torch.Tensor] = []
+        self._rows: torch.Tensor | None = None  # the shard being filled: one buffer, reused for every shard
+        self._ids = torch.empty(shard_size, dtype=torch.int64)
+        self._filled = 0
 
     @property
     def complete(self) -> bool:
@@ -89,58 +90,80 @@ class ShardWriter:
         keep = samples > self.last
         if self.complete or not bool(keep.any()):
             return
-        first = int(samples[keep][0])
+        x, ids = x.detach(), samples.to(torch.int64).cpu()
+        if not bool(keep.all()):
+            x, ids = x[keep], ids[keep.cpu()]
+        first = int(ids[0])
         if self.last >= 0 and first != self.last + 1:  # never a store with a hole in it
-            raise ValueError(f"store '{self.path}': samples {self.last + 1}..{first - 1} never came; a store takes "
-                             f"a contiguous part of the data in order (under torch.distributed: each rank its "
-                             f"own range, not every world_size-th sample); run the pass again from its start, "
-                             f"the complete shards stay")
-        x = x.detach()[keep].to("cpu", self.dtype)
+            self._refuse(f"samples {self.last + 1}..{first - 1} never came")
+        if len(ids) > 1 and not bool((ids[1:] - ids[:-1] == 1).all()):  # nor one within a batch, from the first
+            self._refuse(f"a batch holds samples {_listed(ids)}, not consecutive ones")
         shape = list(x.shape[1:])
         if self.manifest["item_shape"] not in (None, shape):
             raise ValueError(f"store '{self.path}': items of shape {shape}, the store holds {self.manifest['item_shape']}")
         self.manifest["item_shape"] = shape
-        self._rows.append(x)
-        self._ids.append(samples[keep].to(torch.int64).cpu())
-        self.last = int(self._ids[-1][-1])
-        while sum(len(i) for i in self._ids) >= self.shard_size:
-            self._write_shard(self.shard_size)
+        if self._rows is None:
+            self._rows = torch.empty(self.shard_size, *shape, dtype=self.dtype)
+        self.last = int(ids[-1])
+        taken = 0
+        while taken < len(ids):  # copied (and converted) straight into the shard's buffer: no other copy
+            n = min(len(ids) - taken, self.shard_size - self._filled)
+            self._rows[self._filled:self._filled + n].copy_(x[taken:taken + n])
+            self._ids[self._filled:self._filled + n] = ids[taken:taken + n]
+            self._filled, taken = self._filled + n, taken + n
+            if self._filled == self.shard_size:
+                self._write_shard()
+
+    def _refuse(self, what: str) -> None:
+        raise ValueError(f"store '{self.path}': {what}; a store takes a contiguous part of the data in order "
+                         f"(under torch.distributed: each rank its own range, not every world_size-th sample, "
+                         f"as a DistributedSampler deals them); run the pass again from its start, the complete "
+                         f"shards stay")
 
     def finish(self) -> None:
         """Write the buffered rows as the last shard and mark the store complete."""
-        if self._ids:
-            self._write_shard(sum(len(i) for i in self._ids))
+        if self._filled:
+            self._write_shard()
         self.manifest["complete"] = True
         self._write_manifest()
 
-    def _write_shard(self, rows: int) -> None:
-        x, ids = torch.cat(self._rows), torch.cat(self._ids)
-        index = len(self.manifest["shards"])
-        values = x[:rows].contiguous()
+    def _write_shard(self) -> None:
+        """The buffer's rows as the next shard: both files whole under their names, then listed in the
+        manifest; one fsync of the directory after the manifest's rename makes all three renames durable."""
+        rows, index = self._filled, len(self.manifest["shards"])
+        values, ids = self._rows[:rows], self._ids[:rows]
         if self.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, as int16
             values = values.view(torch.int16)
         _save(self.path / shard_name("shard", index), values.numpy())
-        _save(self.path / shard_name("samples", index), ids[:rows].numpy())
-        self._rows, self._ids = ([x[rows:]], [ids[rows:]]) if len(ids) > rows else ([], [])
-        self.manifest["shards"].append({"index": index, "rows": rows, "first": int(ids[0]), "last": int(ids[rows - 1])})
+        _save(self.path / shard_name("samples", index), ids.numpy())
+        self.manifest["shards"].append({"index": index, "rows": rows, "first": int(ids[0]), "last": int(ids[-1])})
+        self._filled = 0
         self._write_manifest()
 
     def _write_manifest(self) -> None:
         _durable(self.path / MANIFEST, lambda f: f.write((json.dumps(self.manifest, indent=1) + "\n").encode()))
 
 
+def _listed(ids: torch.Tensor) -> str:
+    shown = ", ".join(str(i) for i in ids[:5].tolist())
+    return f"{shown}, ..." if len(ids) > 5 else shown
+
+
 def _save(path: Path, array: np.ndarray) -> None:
-    _durable(path, lambda f: np.save(f, array))
+    _durable(path, lambda f: np.save(f, array), sync_directory=False)
 
 
-def _durable(path: Path, write) -> None:
-    """``write(file)`` under a hidden temporary name, fsynced, then renamed to ``path``: a listed shard is whole."""
+def _durable(path: Path, write, sync_directory: bool = True) -> None:
+    """``write(file)`` under a hidden temporary name, fsynced, then renamed to ``path``: a listed shard is
+    whole. ``sync_directory``: fsync the directory too, making this rename and every earlier one durable."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if not sync_directory:
+        return
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)

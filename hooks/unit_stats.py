@@ -2,8 +2,9 @@
 
 ``UnitStats`` keeps, per unit (a channel of a conv output, a feature of a linear or transformer
 output), everything ``units.parquet`` holds: the count, Chan's ``(mean, M2)`` pair (each batch's
-own mean and M2 computed two-pass in float64, then merged with Chan et al.'s parallel update,
-so variances do not suffer the cancellation of a sum of squares), min, max, the count above a
+own mean and M2 in float64, from sums around the unit's running mean (C kernel) or two-pass
+(eager), then merged with Chan et al.'s parallel update, so variances do not suffer the
+cancellation of a plain sum of squares), min, max, the count above a
 threshold, a relative-error quantile sketch, the top-k / bottom-k samples, and optionally the
 sum of the layer's outer products (second moment, for covariance and PCA).
 
@@ -24,6 +25,8 @@ import math
 
 import torch
 
+from hooks import native
+
 STATE_KEYS = ("count", "mean", "m2", "min", "max", "above", "sketch", "top_value", "top_sample", "top_position",
               "bottom_value", "bottom_sample", "bottom_position", "second")
 
@@ -38,14 +41,23 @@ class SketchGrid:
         self.last = math.ceil(math.log(high) / self.log_gamma)
         self.side = self.last - self.first + 1
         self.size = 2 * self.side + 1
+        #: ``upper[k - first] = gamma**k``: bucket k's upper edge, what the C kernel compares against
+        self.upper = torch.exp(torch.arange(self.first, self.last + 1, dtype=torch.float64) * self.log_gamma)
+        #: ``upper`` between the sentinels 0 and infinity, for the kernel's branchless correction
+        self.padded_upper = torch.cat([torch.zeros(1, dtype=torch.float64), self.upper,
+                                       torch.full((1,), math.inf, dtype=torch.float64)])
+
+    @property
+    def log2_gamma(self) -> float:
+        return self.log_gamma / math.log(2)
 
     def index(self, x: torch.Tensor) -> torch.Tensor:
-        """The bucket of each value of ``x`` (float64), monotone in the value."""
+        """The bucket of each value of ``x`` (float64), monotone in the value: bucket ``k`` for magnitudes
+        in ``(gamma**(k-1), gamma**k]`` read against ``upper``, as the C kernel reads them."""
         magnitude = x.abs()
-        key = torch.ceil(torch.log(magnitude.clamp(min=self.low)) / self.log_gamma).clamp_(self.first, self.last)
-        offset = (key - self.first + 1).to(torch.int64)
-        index = torch.where(x > 0, self.side + offset, self.side - offset)
-        return torch.where(magnitude < self.low, torch.full_like(index, self.side), index)
+        key = torch.searchsorted(self.upper, magnitude.contiguous()).clamp_(max=self.last - self.first)
+        index = torch.where(x > 0, self.side + 1 + key, self.side - 1 - key)
+        return torch.where(magnitude >= self.low, index, torch.full_like(index, self.side))  # NaN: the zero bucket
 
     def value(self, index: torch.Tensor) -> torch.Tensor:
         """The representative value of each bucket index (0 for the zero bucket)."""
@@ -57,7 +69,7 @@ class SketchGrid:
 
 
 class UnitStats:
-    """The running statistics of ``units`` units; ``update(x, samples)`` with ``x`` as ``[batch, positions, units]``."""
+    """The running statistics of ``units`` units; ``update(x, samples)`` with ``x`` as ``[batch, units, positions]``."""
 
     def __init__(self, units: int, k: int, threshold: float, grid: SketchGrid, second_moment: bool,
                  position_shape: list[int]) -> None:
@@ -71,6 +83,7 @@ class UnitStats:
         self.max = torch.full((units,), -math.inf, dtype=f64)
         self.above = torch.zeros(units, dtype=i64)
         self.sketch = torch.zeros(units, grid.size, dtype=i64)
+        self._sketch_shared = False  # True once ``state()`` handed the sketch out: copy before adding to it
         empty_v, empty_i = torch.empty(0, units, dtype=f64), torch.empty(0, units, dtype=i64)
         self.top_value, self.top_sample, self.top_position = empty_v, empty_i, empty_i
         self.bottom_value, self.bottom_sample, self.bottom_position = empty_v, empty_i, empty_i
@@ -84,32 +97,76 @@ class UnitStats:
         return 8 * units * (4 + 1 + grid_size + 6 * k + (units if second_moment else 0))
 
     def update(self, x: torch.Tensor, samples: torch.Tensor) -> None:
-        """Fold in one batch ``x`` of shape ``[batch, positions, units]``; ``samples``: the batch's sample ids."""
-        x = x.detach().to("cpu", torch.float64)
-        flat = x.reshape(-1, self.units)
-        n = flat.shape[0]
-        if n == 0:
+        """Fold in one batch ``x`` of shape ``[batch, units, positions]``; ``samples``: the batch's sample ids.
+
+        CPU float tensors take one pass of the C kernel (``units_kernel.c``), which reads ``x`` as it is
+        (no float64 copy) and sums each (sample, unit) row in double; other tensors, or a machine
+        without a C compiler, take eager PyTorch passes over a float64 copy. Both give the same
+        statistics: the kernel's sums run around the unit's running mean, so ``M2`` does not cancel.
+        """
+        x = x.detach()
+        if x.numel() == 0:
             return
+        kernel = native.units_kernel() if x.device.type == "cpu" and x.is_floating_point() else None
+        if kernel is None:
+            per_sample = self._eager(x)
+        else:
+            per_sample = self._kernel(kernel, x if x.dtype in (torch.float32, torch.float64) else x.float())
+        samples = samples.to(torch.int64).cpu()
+        kept_last = max([int(t.max()) for t in (self.top_sample, self.bottom_sample) if t.numel()], default=-1)
+        in_order = bool((samples[1:] > samples[:-1]).all()) and int(samples[0]) > kept_last
+        samples = samples.view(-1, 1).expand(-1, self.units)
+        top_value, top_position, bottom_value, bottom_position = per_sample
+        self.top_value, self.top_sample, self.top_position = best(
+            self.k, True, (self.top_value, self.top_sample, self.top_position), (top_value, samples, top_position),
+            in_order)
+        self.bottom_value, self.bottom_sample, self.bottom_position = best(
+            self.k, False, (self.bottom_value, self.bottom_sample, self.bottom_position),
+            (bottom_value, samples, bottom_position), in_order)
+        if self.second is not None:
+            flat = x.to(torch.float64).transpose(1, 2).reshape(-1, self.units)
+            self.second = self.second + flat.T @ flat
+
+    def _kernel(self, kernel, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The batch's moments, extremes, count above and sketch from the C kernel; its per-sample
+        maxima and minima with their positions, each ``[batch, units]``."""
+        x = x.contiguous()
+        batch, positions = x.shape[0], x.shape[2]
+        shift = (self.mean if self.count else x[0, :, 0].to(torch.float64)).contiguous()
+        f64, i64 = torch.float64, torch.int64
+        s1, s2, lo, hi = (torch.empty(batch, self.units, dtype=f64) for _ in range(4))
+        above, at_lo, at_hi = (torch.empty(batch, self.units, dtype=i64) for _ in range(3))
+        if self._sketch_shared:  # copy on write: ``state()`` handed this sketch out
+            self.sketch, self._sketch_shared = self.sketch.clone(), False
+        g = self.grid
+        kernel(x.data_ptr(), x.dtype == f64, batch, self.units, positions, shift.data_ptr(), self.threshold,
+               g.low, 1 / g.log2_gamma, g.first, g.last, g.side, g.size, g.padded_upper[1:].data_ptr(), self.sketch.data_ptr(),
+               s1.data_ptr(), s2.data_ptr(), lo.data_ptr(), hi.data_ptr(), above.data_ptr(), at_lo.data_ptr(),
+               at_hi.data_ptr())
+        n = batch * positions
+        sum1, sum2 = s1.sum(0), s2.sum(0)
+        self._merge_moments(n, shift + sum1 / n, (sum2 - sum1 * sum1 / n).clamp_(min=0))
+        self.min = torch.minimum(self.min, lo.amin(0))
+        self.max = torch.maximum(self.max, hi.amax(0))
+        self.above = self.above + above.sum(0)
+        return hi, at_hi, lo, at_lo
+
+    def _eager(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``_kernel``'s work in eager PyTorch passes over a float64 copy of ``x``."""
+        x = x.to("cpu", torch.float64).transpose(1, 2)
+        flat = x.reshape(-1, self.units)
         batch_mean = flat.mean(0)
         centred = flat - batch_mean
-        self._merge_moments(n, batch_mean, (centred * centred).sum(0))
+        self._merge_moments(flat.shape[0], batch_mean, (centred * centred).sum(0))
         self.min = torch.minimum(self.min, flat.amin(0))
         self.max = torch.maximum(self.max, flat.amax(0))
         self.above = self.above + (flat > self.threshold).sum(0)
         buckets = self.grid.index(flat) + torch.arange(self.units) * self.grid.size
         self.sketch = self.sketch + torch.bincount(buckets.reshape(-1), minlength=self.units * self.grid.size).view(
             self.units, self.grid.size)
-        if self.second is not None:
-            self.second = self.second + flat.T @ flat
-        samples = samples.to(torch.int64).view(-1, 1).expand(-1, self.units)
-        top_position = x.argmax(1)
-        bottom_position = x.argmin(1)
-        self.top_value, self.top_sample, self.top_position = best(
-            self.k, True, (self.top_value, self.top_sample, self.top_position),
-            (x.gather(1, top_position.unsqueeze(1)).squeeze(1), samples, top_position))
-        self.bottom_value, self.bottom_sample, self.bottom_position = best(
-            self.k, False, (self.bottom_value, self.bottom_sample, self.bottom_position),
-            (x.gather(1, bottom_position.unsqueeze(1)).squeeze(1), samples, bottom_position))
+        top, top_position = x.max(1)
+        bottom, bottom_position = x.min(1)
+        return top, top_position, bottom, bottom_position
 
     def _merge_moments(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
         """Chan et al.'s parallel update of ``(count, mean, M2)`` with another part's."""
@@ -117,12 +174,15 @@ class UnitStats:
 
     def state(self) -> dict[str, object]:
         """Every accumulator by name (``STATE_KEYS``): what a resumed run goes on from. ``update``
-        replaces the tensors rather than changing them in place, so this is a snapshot without a copy."""
+        replaces the tensors rather than changing them in place, except the sketch, which the kernel
+        adds to and copies first once handed out here: a snapshot without a copy."""
+        self._sketch_shared = True
         return {key: getattr(self, key) for key in STATE_KEYS}
 
     def restore(self, state: dict[str, object]) -> None:
         for key in STATE_KEYS:
             setattr(self, key, state[key])
+        self._sketch_shared = True
 
 
 def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
@@ -134,11 +194,14 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
     return n, mean, m2
 
 
-def best(k: int, largest: bool, kept: tuple, new: tuple) -> tuple:
+def best(k: int, largest: bool, kept: tuple, new: tuple, in_order: bool = False) -> tuple:
     """The ``k`` best of ``kept`` and ``new`` (each ``(values, samples, positions)`` as ``[rows, units]``):
-    by value, ties by the lower sample id."""
+    by value, ties by the lower sample id. ``in_order``: ``kept`` is this function's own answer (in
+    that order) and ``new``'s sample ids increase down the rows, all above ``kept``'s (a pass in
+    order): the rows are then already in sample order among ties, and one stable sort by value does."""
     values, samples, positions = (torch.cat([a, b]) for a, b in zip(kept, new))
-    by_sample = torch.sort(samples, dim=0, stable=True).indices
-    values, samples, positions = (t.gather(0, by_sample) for t in (values, samples, positions))
+    if not in_order:
+        by_sample = torch.sort(samples, dim=0, stable=True).indices
+        values, samples, positions = (t.gather(0, by_sample) for t in (values, samples, positions))
     order = torch.sort(values, dim=0, descending=largest, stable=True).indices[:k]
     return tuple(t.gather(0, order) for t in (values, samples, positions))

@@ -79,7 +79,7 @@ class Units(SampleOutputs):
         stats = self.stats.get((layer, call))
         if stats is None:
             stats = self.stats[(layer, call)] = UnitStats(
-                view.shape[2], self.spec.top_k, self.spec.threshold, self.grid, self.spec.second_moment,
+                view.shape[1], self.spec.top_k, self.spec.threshold, self.grid, self.spec.second_moment,
                 _position_shape(x, self._axis(x)))
         stats.update(view, samples)
 
@@ -93,13 +93,12 @@ class Units(SampleOutputs):
         return axis % dims if -dims <= axis < dims else axis
 
     def _units_view(self, layer: str, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as ``[batch, positions, units]``."""
+        """``x`` as ``[batch, units, positions]``: a conv output's ``[batch, channels, pixels]`` without a copy."""
         axis = self._axis(x)
         if x.dim() < 2 or not 1 <= axis < x.dim():
             raise ConfigError(f"{self.key}.unit_axis: {self.spec.unit_axis} is not a dim after the batch of "
                               f"{layer}'s output of shape {list(x.shape)}; valid: 1..{x.dim() - 1}")
-        moved = x.movedim(axis, -1)
-        return moved.reshape(x.shape[0], -1, x.shape[axis])
+        return x.movedim(axis, 1).reshape(x.shape[0], x.shape[axis], -1)
 
     def held_bytes(self) -> dict[str, int]:
         """The statistics of every (layer, call) it will keep, once ``top_k`` samples were seen."""

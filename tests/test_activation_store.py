@@ -174,3 +174,21 @@ def test_a_store_of_ranks_is_read_only_with_every_ranks_part_complete(tmp_path):
     store = ActivationStore(layer)
     assert [store[i][1] for i in range(6)] == list(range(6))
     assert torch.equal(torch.stack([store[i][0] for i in range(6)]), rows)
+
+
+def test_a_rank_share_dealt_every_world_size_th_sample_is_refused_at_its_first_batch(tmp_path):
+    """What a ``DistributedSampler`` gives rank 0 of 2 (samples 0, 2, 4, ...): refused before a row is
+    kept, not a batch later; a hole between two batches is refused too, and the store keeps its shards."""
+    from hooks.store_files import ShardWriter
+
+    writer = ShardWriter(tmp_path / "dealt", "fc", 4, "float32", (0, 2))
+    with pytest.raises(ValueError, match=r"a batch holds samples 0, 2, 4, 6, not consecutive ones; .*world_size-th"):
+        writer.add(torch.randn(4, 3), torch.tensor([0, 2, 4, 6]))
+    assert writer._filled == 0 and sorted(p.name for p in (tmp_path / "dealt").iterdir()) == []
+    writer = ShardWriter(tmp_path / "gap", "fc", 4, "float32")
+    rows = torch.randn(10, 3)
+    writer.add(rows[:5], torch.arange(5))
+    with pytest.raises(ValueError, match=r"samples 5\.\.6 never came"):
+        writer.add(rows[7:], torch.arange(7, 10))
+    assert json.loads((tmp_path / "gap" / "store.json").read_text())["shards"][0]["rows"] == 4
+    assert torch.equal(torch.from_numpy(np.load(tmp_path / "gap" / "shard-00000.npy")), rows[:4])

@@ -62,13 +62,13 @@ def test_a_store_s_shard_buffers_are_stated_as_their_fullest(tmp_path, monkeypat
     fullest = []
     write_shard = store_files.ShardWriter._write_shard
 
-    def measured(writer, rows):
-        fullest.append(sum(t.nbytes for t in writer._rows) + sum(t.nbytes for t in writer._ids))
-        write_shard(writer, rows)
+    def measured(writer):
+        fullest.append(writer._rows.nbytes + writer._ids.nbytes)
+        write_shard(writer)
 
     monkeypatch.setattr(store_files.ShardWriter, "_write_shard", measured)
     cli([*overrides, "quiet=true"], tmp_path / "run")
-    assert max(fullest) == (5 - 1 + 8) * (200 * 2 + 8)  # 4 rows left over, then a batch of 8: float16 + int64 ids
+    assert max(fullest) == 5 * (200 * 2 + 8)  # one shard's buffer, batches of 8 copied in: float16 + int64 ids
     assert stated(plan) == {("store", "shard buffers"): max(fullest)}
 
 

@@ -230,3 +230,42 @@ def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
     empty = run(make_config("model=digits_cnn", "data=digits", "steps=1", "hooks=stats", "progress=false"),
                 tmp_path / "plain")
     assert "Left out: no run here has a units entry" in report.render(empty)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("relative_error", [0.01, 1e-4])  # 1e-4: finer than the kernel's log2 estimate
+def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_magnitude(monkeypatch, dtype,
+                                                                                       relative_error):
+    """Zeros, values below ``sketch_low``, above ``sketch_high``, infinities and bucket edges: every
+    accumulator of the kernel equals the eager float64 passes', and the moments equal numpy's."""
+    from hooks import native
+    from hooks.unit_stats import SketchGrid, UnitStats
+
+    assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
+    grid = SketchGrid(relative_error, 1e-6, 1e6)
+    special = torch.tensor([0.0, -0.0, 1e-7, -1e-6, 1e6, -2e6, 3e30, 1.0, -1.0, float(grid.upper[40])])
+    batches = [torch.randn(5, 3, 12, dtype=dtype) * 50 + 1000 for _ in range(3)]
+    batches[1][2, 1, :len(special)] = special.to(dtype)
+    infinite = torch.randn(4, 3, 7, dtype=dtype)
+    infinite[1, 2, 3], infinite[2, 0, 0] = float("inf"), float("-inf")
+    both = []
+    for use_kernel in (True, False):
+        if not use_kernel:
+            monkeypatch.setattr(native, "_units_kernel", False)
+        stats, extremes = UnitStats(3, 4, 0.5, grid, False, [12]), UnitStats(3, 4, 0.5, grid, False, [7])
+        for i, x in enumerate(batches):
+            stats.update(x, torch.arange(5 * i, 5 * i + 5))
+        extremes.update(infinite, torch.arange(4))
+        both.append((stats.state(), {k: extremes.state()[k] for k in ("sketch", "min", "max", "above", "top_position")}))
+    for kernel, eager in zip(*both):
+        for key, value in kernel.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and key in ("mean", "m2"):
+                torch.testing.assert_close(value, eager[key], rtol=1e-12, atol=0, msg=key)
+            elif isinstance(value, torch.Tensor):
+                assert torch.equal(value, eager[key]), key
+            else:
+                assert value == eager[key], key
+    flat = torch.cat(batches).transpose(1, 2).reshape(-1, 3).double().numpy()
+    kernel = both[0][0]
+    np.testing.assert_allclose(kernel["mean"].numpy(), flat.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(kernel["m2"].numpy() / kernel["count"], flat.var(0), rtol=1e-9)
