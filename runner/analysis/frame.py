@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 #: Rows gathered from a sweep's small files before they are converted together: the per-column
 #: work then runs once per 16,384 rows, not once per file.
-GROUP_ROWS = 1 << 14
+GROUP_ROWS = 1 << 12
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
