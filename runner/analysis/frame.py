@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 #: Rows gathered from a sweep's small files before they are converted together: the per-column
-#: work then runs once per 16,384 rows, not once per file.
+#: work then runs once per 4,096 rows, not once per file. Each group is in memory twice (its
+#: batches, then combined) beside the frame: groups of 16,384 rows held 11 MiB of Arrow memory
+#: at the peak of a 10,000-job sweep's load (a 14 MiB frame), groups of 4,096 under 4 MiB.
 GROUP_ROWS = 1 << 12
 
 
