@@ -20,7 +20,7 @@ import runner.analysis as analysis
 from common.errors import ConfigError
 from conftest import make_config, run
 from runner.analysis.intact import CorruptRunError, PendingRunsWarning, SkippedRunsWarning
-from runner.analysis.report import main as report_main
+from runner.analysis.report import main as report_main, render
 from runner.analysis.summary import summarize
 
 OVERRIDES = ["model=mlp", "hooks=stats", "steps=2"]
@@ -156,6 +156,27 @@ def test_the_report_names_a_damaged_file_in_one_line(sweep, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {sweep / '2' / 'manifest.json'}: not a JSON manifest") and err.count("\n") == 1
     assert not (sweep / "report.html").exists()
+
+
+def test_the_report_skips_damaged_runs_on_request_with_one_warning_line(sweep, capsys):
+    """A truncated parquet file in one job and a corrupt manifest in another: ``--on-corrupt skip``
+    writes the page over the others, and says once, in one line, which files it left out."""
+    shutil.copytree(sweep / "0", sweep / "3")
+    data = (sweep / "1" / "stats.parquet").read_bytes()
+    (sweep / "1" / "stats.parquet").write_bytes(data[:len(data) // 2])
+    (sweep / "2" / "manifest.json").write_text("not json")
+    report_main([str(sweep), "--on-corrupt", "skip"])
+    out, err = capsys.readouterr()
+    assert out == f"{sweep / 'report.html'}\n"
+    assert err.startswith(f"warning: skipped 2 damaged run(s): {sweep / '1' / 'stats.parquet'}: ") and err.count("\n") == 1
+    assert f"; {sweep / '2' / 'manifest.json'}: not a JSON manifest" in err
+    rows = expected_stats(sweep / "0", sweep / "3").num_rows
+    assert f": 2 run(s), {rows} statistic rows;" in (sweep / "report.html").read_text()
+    with warnings.catch_warnings(record=True) as record:  # the same through the Python API: one warning
+        warnings.simplefilter("always")
+        page = render(sweep, on_corrupt="skip")
+    assert only(record, SkippedRunsWarning).startswith("skipped 2 damaged run(s): ")
+    assert f": 2 run(s), {rows} statistic rows;" in page
 
 
 def test_on_corrupt_takes_error_or_skip(sweep):
