@@ -6,8 +6,8 @@ many such jobs there are is one warning line (``PendingRunsWarning``). A committ
 damaged when its manifest is not a JSON object, or a file it lists is missing, or a listed
 parquet file no longer has the size the manifest records and its footer cannot be read (a
 truncated copy, a disk that filled under another tool); a run of several ranks is damaged when
-one rank's part is (its ``rank-N/manifest.json`` or a file it lists). ``on_corrupt="error"`` (the default)
-raises ``CorruptRunError``, one line naming the file; ``on_corrupt="skip"`` reads the other runs
+one rank's part is (its ``rank-N/manifest.json`` or a file it lists). ``on_corrupt="error"`` (the
+default) raises ``CorruptRunError``, one line naming the file; ``on_corrupt="skip"`` reads the other runs
 and warns once, listing every file it skipped (``SkippedRunsWarning``). A run is skipped whole,
 so every table of a sweep holds the same runs.
 """
@@ -124,8 +124,9 @@ def intact(runs: Iterable[Path], on_corrupt: str, table: str | None = None
             parts = []
             for rank, folder, own in _parts(Path(run), manifest):
                 committed = _check_files(folder, own, footers)
-                if table is not None and (table in committed or os.path.isfile(os.path.join(folder, table))):
-                    parts.append(Part(rank, os.path.abspath(os.path.join(folder, table)), *committed.get(table, (0, None))))
+                file = None if table is None else os.path.abspath(os.path.join(folder, table))
+                if file is not None and (table in committed or os.path.isfile(file)):  # unlisted: an old run
+                    parts.append(Part(rank, file, *committed.get(table, (0, None))))
         except CorruptRunError as exc:
             if on_corrupt == "error":
                 raise CorruptRunError(f"{exc}; to read the other runs: on_corrupt='skip'") from None

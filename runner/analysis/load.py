@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -182,7 +181,7 @@ def _dataset(files: list[str], fingerprints: list[str | None], footers: dict[str
 
     Files written by other versions may differ in columns: the schema unifies the files' schemas,
     so a column only some files have is kept (null in the others' rows). A file's schema is read
-    from its footer once per distinct ``fingerprints`` entry (``_fingerprint``; ``None``: the
+    from its footer once per distinct ``fingerprints`` entry (``intact.Part.schema``; ``None``: the
     file's own footer), not once per file: reading 1,000 footers took about 0.2 s, as long as a
     projected read of the whole sweep. No footer is kept; ``footers`` are those already read.
     """
