@@ -5,8 +5,9 @@ still writing has no manifest yet (it is renamed into place last), so it is not 
 many such jobs there are is one warning line (``PendingRunsWarning``). A committed run is
 damaged when its manifest is not a JSON object, or a file it lists is missing, or a listed
 parquet file no longer has the size the manifest records and its footer cannot be read (a
-truncated copy, a disk that filled under another tool). ``on_corrupt="error"`` (the default)
-raises ``CorruptRunError``, one line naming the file; ``on_corrupt="skip"`` reads the other runs
+truncated copy, a disk that filled under another tool); a run of several ranks is damaged when
+one rank's part is (its ``rank-N/manifest.json`` or a file it lists). ``on_corrupt="error"`` (the
+default) raises ``CorruptRunError``, one line naming the file; ``on_corrupt="skip"`` reads the other runs
 and warns once, listing every file it skipped (``SkippedRunsWarning``). A run is skipped whole,
 so every table of a sweep holds the same runs.
 """
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import choice_error
+from common.ranks import part_rank
 from common.records import MANIFEST
 from runner.store.commit import TMP_MARK
 from runner.store.lock import LOCK
@@ -29,9 +33,6 @@ from runner.store.ranks import is_part
 
 #: What the loaders do with a damaged run: raise (``error``) or read the others (``skip``).
 ON_CORRUPT = ("error", "skip")
-#: What the loaders read of a manifest; the rest (versions, provenance, lifetimes) is not kept
-#: for each of a sweep's jobs: 10,000 whole manifests held 45 MiB beside a 15 MiB frame.
-_KEPT = ("files", "overrides", "ranks")
 #: Where a job ended without data (``runner.cli.execute.STATUS``); it is not pending.
 _STATUS = "status.json"
 
@@ -88,42 +89,93 @@ def check_on_corrupt(on_corrupt: str) -> None:
         raise choice_error("on_corrupt", on_corrupt, ON_CORRUPT, "policy")
 
 
-def intact(runs: Iterable[Path], on_corrupt: str) -> tuple[dict[Path, dict], dict[str, pa.Schema]]:
-    """What the loaders read of the manifests (``_KEPT``) of the ``runs`` that are whole, by run (a
-    damaged one raises or is skipped: ``on_corrupt``), and the schemas of the files whose footers
-    were read to tell (by absolute path), which the loaders need not read again."""
+class Part(NamedTuple):
+    """One file of the table the loaders read, from one rank's part of a run (rank 0 if not distributed)."""
+
+    rank: int
+    file: str  # absolute
+    rows: int  # as committed (0 if the manifest does not say)
+    schema: str | None  # the committed schema fingerprint, if the file still has its committed size
+
+
+class Run(NamedTuple):
+    """What the loaders keep of a whole run: its overrides and the parts of the table they read.
+
+    Not the manifest: 10,000 jobs' manifests (even cut to their file lists) held more than the frame.
+    """
+
+    overrides: tuple[str, ...]
+    parts: tuple[Part, ...]
+
+
+def intact(runs: Iterable[Path], on_corrupt: str, table: str | None = None
+           ) -> tuple[dict[str, Run], dict[str, pa.Schema]]:
+    """The ``runs`` that are whole, by path, each with what the loaders need of it to read ``table``
+    (a damaged one raises or is skipped: ``on_corrupt``), and the schemas of the files whose footers
+    were read to tell (by absolute path), which the loaders need not read again.
+
+    A run of several ranks is whole when each rank's part is: its manifest, and the files it lists.
+    """
     check_on_corrupt(on_corrupt)
     whole, damaged, footers = {}, [], {}
     for run in runs:
         try:
             manifest = read_manifest(run)
-            footers.update(_check_files(run, manifest))
+            parts = []
+            for rank, folder, own in _parts(Path(run), manifest):
+                committed = _check_files(folder, own, footers)
+                file = None if table is None else os.path.abspath(os.path.join(folder, table))
+                if file is not None and (table in committed or os.path.isfile(file)):  # unlisted: an old run
+                    parts.append(Part(rank, file, *committed.get(table, (0, None))))
         except CorruptRunError as exc:
             if on_corrupt == "error":
                 raise CorruptRunError(f"{exc}; to read the other runs: on_corrupt='skip'") from None
             damaged.append(str(exc))
             continue
-        whole[run] = {key: manifest[key] for key in _KEPT if key in manifest}
+        whole[str(run)] = Run(tuple(manifest.get("overrides") or ()), tuple(parts))
     if damaged:
         warnings.warn(f"skipped {len(damaged)} damaged run(s): {'; '.join(damaged)}", SkippedRunsWarning,
                       stacklevel=4)
     return whole, footers
 
 
-def _check_files(run: Path, manifest: dict) -> dict[str, pa.Schema]:
+def _parts(run: Path, manifest: dict) -> list[tuple[int, Path, dict]]:
+    """``(rank, folder, manifest)`` of each part of ``run``: itself (rank 0, or the rank of a part read
+    on its own), or each rank's part its manifest lists (``runner.store.ranks``), whose manifest must read."""
+    ranks = manifest.get("ranks")
+    if not ranks:
+        return [(part_rank(run) or 0, run, manifest)]
+    found = []
+    for rank, part in ranks.items():
+        folder = run / part
+        if not (folder / MANIFEST).is_file():
+            raise CorruptRunError(f"{folder / MANIFEST}: rank {rank}'s part, listed in {run / MANIFEST}, but missing")
+        found.append((int(rank), folder, read_manifest(folder)))
+    return sorted(found, key=lambda part: part[0])
+
+
+def _check_files(run: Path, manifest: dict, footers: dict[str, pa.Schema]) -> dict[str, tuple[int, str | None]]:
     """``CorruptRunError`` naming the first file ``manifest`` lists that is missing or unreadable;
-    else the schemas of the files whose footer was read (those of another size than committed)."""
-    footers = {}
+    else, by name, each parquet file's committed rows and schema fingerprint (``None`` if its size
+    is not the committed one: its footer, read to tell, is put in ``footers``)."""
+    committed = {}
     for name, entry in (manifest.get("files") or {}).items():
+        entry = entry or {}
         file = os.path.abspath(os.path.join(run, name))
         try:
             size = os.path.getsize(file)
         except OSError:
             raise CorruptRunError(f"{file}: listed in {MANIFEST} but missing") from None
-        if name.endswith(".parquet") and size != (entry or {}).get("bytes"):
-            try:  # another size than committed: whole only if its footer still reads
-                footers[file] = pq.read_schema(file)
-            except (pa.ArrowException, OSError) as exc:
-                raise CorruptRunError(f"{file}: {size} bytes, {entry.get('bytes')} committed; not readable "
-                                      f"({str(exc).splitlines()[0]})") from None
-    return footers
+        if not name.endswith(".parquet"):
+            continue
+        if size == entry.get("bytes"):
+            fingerprint = entry.get("schema")
+            committed[name] = (int(entry.get("rows", 0)), sys.intern(fingerprint) if fingerprint else None)
+            continue
+        try:  # another size than committed: whole only if its footer still reads
+            footers[file] = pq.read_schema(file)
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptRunError(f"{file}: {size} bytes, {entry.get('bytes')} committed; not readable "
+                                  f"({str(exc).splitlines()[0]})") from None
+        committed[name] = (int(entry.get("rows", 0)), None)
+    return committed

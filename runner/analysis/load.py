@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +46,9 @@ from omegaconf.errors import OmegaConfBaseException
 from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TENSORS
 from common.tags import label_of
 from runner.analysis.frame import to_frame
-from runner.analysis.intact import find_jobs, intact, read_manifest, warn_pending
+from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_key, natural_sorted
 from runner.analysis.sweep_jobs import listed_failures, listed_runs
-from runner.store.ranks import rank_files
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
 STATUS = "status.json"
@@ -71,11 +69,12 @@ def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
     Jobs still writing are not read (one ``PendingRunsWarning`` says how many); a damaged run raises
     ``CorruptRunError`` naming its file, or is left out with ``on_corrupt="skip"`` (``runner.analysis.intact``).
     """
-    return list(_committed(Path(path), on_corrupt)[0])
+    return [Path(run) for run in _committed(Path(path), on_corrupt)[0]]
 
 
-def _committed(path: Path, on_corrupt: str) -> tuple[dict[Path, dict], dict[str, pa.Schema]]:
-    """``run_dirs``' runs with their manifests, in job order, and the footers read to check them (``intact``)."""
+def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[dict[str, Run], dict[str, pa.Schema]]:
+    """``run_dirs``' runs with what the loaders need of each to read ``table``, in job order, and
+    the footers read to check them (``intact``)."""
     if (path / MANIFEST).is_file():
         found, pending = [path], []
     else:
@@ -85,7 +84,7 @@ def _committed(path: Path, on_corrupt: str) -> tuple[dict[Path, dict], dict[str,
     warn_pending(path, pending, len(found))
     if not found:
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
-    runs, footers = intact(natural_sorted(found), on_corrupt)
+    runs, footers = intact(natural_sorted(found), on_corrupt, table)
     if not runs:
         raise FileNotFoundError(f"no undamaged complete run at or under '{path}'")
     return runs, footers
@@ -142,12 +141,12 @@ def config_of(run_dir: Path) -> str | None:
 
 def overrides_of(run_dir: Path) -> dict[str, Any]:
     """The job's Hydra overrides as ``{key: value}``, values parsed as YAML scalars where they are."""
-    return _overrides(read_manifest(run_dir))
+    return _overrides(read_manifest(run_dir).get("overrides", []))
 
 
-def _overrides(manifest: dict) -> dict[str, Any]:
+def _overrides(items: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for item in manifest.get("overrides", []):
+    for item in items:
         key, _, raw = item.partition("=")
         out[key.lstrip("+~")] = _value(raw)
     return out
@@ -182,7 +181,7 @@ def _dataset(files: list[str], fingerprints: list[str | None], footers: dict[str
 
     Files written by other versions may differ in columns: the schema unifies the files' schemas,
     so a column only some files have is kept (null in the others' rows). A file's schema is read
-    from its footer once per distinct ``fingerprints`` entry (``_fingerprint``; ``None``: the
+    from its footer once per distinct ``fingerprints`` entry (``intact.Part.schema``; ``None``: the
     file's own footer), not once per file: reading 1,000 footers took about 0.2 s, as long as a
     projected read of the whole sweep. No footer is kept; ``footers`` are those already read.
     """
@@ -233,22 +232,6 @@ def _scan(dataset: ds.Dataset, columns: list[str], expression: Any, position: di
     return to_frame(batches, schema, rows)
 
 
-def _fingerprint(file: str, entry: dict) -> str | None:
-    """The schema fingerprint the manifest lists for ``file``, if it still describes the file:
-    ``None`` for a run written before manifests had one, or a file whose size is not the size
-    the manifest records (changed since the run, e.g. rewritten by another tool)."""
-    fingerprint = entry.get("schema")
-    return fingerprint if fingerprint and os.path.getsize(file) == entry.get("bytes") else None
-
-
-def _listed(file: str, manifests: dict[str, dict]) -> dict:
-    """What the manifest beside ``file`` says of it (``rows``, ``schema``; empty if nothing)."""
-    folder, name = os.path.split(file)
-    if folder not in manifests:  # a rank's part of a distributed run
-        manifests[folder] = read_manifest(folder)
-    return manifests[folder].get("files", {}).get(name, {})
-
-
 def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
     """Per-row column from per-run ``values`` and each row's run index ``codes``.
 
@@ -278,31 +261,48 @@ def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
         return pd.Categorical.from_codes(per_run[codes], categories=[str(c) for c in categories])
 
 
+def _override_values(runs: Sequence[Run]) -> dict[str, list]:
+    """Each override key of ``runs`` with its value in each run (``None`` where a run has none):
+    one list per key, not one dict per run."""
+    values: dict[str, list] = {}
+    for i, run in enumerate(runs):
+        for key, value in _overrides(run.overrides).items():
+            values.setdefault(key, [None] * len(runs))[i] = value
+    return values
+
+
 def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: Any, on_corrupt: str,
           empty_columns: Sequence[str] = _CAPTURE_COLUMNS) -> pd.DataFrame:
-    committed, footers = _committed(Path(path), on_corrupt)
-    parts = [(r, rank, file) for r in committed for rank, file in rank_files(r, name)]
-    have = [r for r, _, _ in parts]  # a run of several ranks: once per rank
-    if not have:  # e.g. tensors.parquet of runs that kept no tensor
+    committed, footers = _committed(Path(path), on_corrupt, name)
+    committed = {run: kept for run, kept in committed.items() if kept.parts}  # e.g. no tensors.parquet
+    if not committed:
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
         return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
-    files = [os.path.abspath(file) for _, _, file in parts]
-    manifests = {os.path.abspath(r): committed[r] for r in dict.fromkeys(have)}
-    listed = [_listed(file, manifests) for file in files]
-    dataset = _dataset(files, [_fingerprint(file, entry) for file, entry in zip(files, listed)], footers)
+    # Of each file (one per rank of a run), what the scan needs, as columns: what a sweep keeps
+    # beside its rows is a few small objects per job, not a record (``intact.Run``) per job.
+    parts = [(i, part) for i, kept in enumerate(committed.values()) for part in kept.parts]
+    run_of = np.array([i for i, _ in parts], dtype=np.int32)
+    ranks = np.array([part.rank for _, part in parts], dtype=np.int64)  # 0 unless under torchrun
+    files = [part.file for _, part in parts]
+    fingerprints = [part.schema for _, part in parts]
+    rows = sum(part.rows for _, part in parts)
+    runs, overridden = list(committed), _override_values(list(committed.values()))
+    del parts, committed
+    dataset = _dataset(files, fingerprints, footers)
+    del fingerprints, footers
     stored = dataset.schema.names
     wanted = None if columns is None else [c for c in stored if c in columns or RENAMED.get(c) in columns]
     expression = pq.filters_to_expression(filters) if isinstance(filters, (list, tuple)) else filters
-    rows = sum(int(entry.get("rows", 0)) for entry in listed)
     df, codes = _scan(dataset, wanted if wanted is not None else stored, expression,
                       {file: i for i, file in enumerate(files)}, rows)
-    overrides = [_overrides(manifests[os.path.abspath(r)]) for r in have]
-    for key in dict.fromkeys(k for own in overrides for k in own):
+    del dataset, files
+    run_codes = run_of[codes]
+    for key, values in overridden.items():
         if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
-            df[key] = _per_row(codes, [own.get(key) for own in overrides])
-    df["rank"] = np.array([rank for _, rank, _ in parts], dtype=np.int64)[codes]  # 0 unless under torchrun
-    df["run_dir"] = _categorical(codes, [str(r) for r in have])
-    df.attrs["overrides"] = [k for k in dict.fromkeys(k for own in overrides for k in own) if k in df.columns]
+            df[key] = _per_row(run_codes, values)
+    df["rank"] = ranks[codes]
+    df["run_dir"] = pd.Categorical.from_codes(run_codes, categories=runs)  # runs are in job order, distinct
+    df.attrs["overrides"] = [k for k in overridden if k in df.columns]
     return df
 
 

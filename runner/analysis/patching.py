@@ -44,7 +44,8 @@ def mean_metric(path: str | Path, metric: str) -> float:
 
 
 def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path | None = None,
-                   corrupted: str | Path | None = None, metric: str = "logit_diff") -> pd.DataFrame:
+                   corrupted: str | Path | None = None, metric: str = "logit_diff", on_corrupt: str = "error"
+                   ) -> pd.DataFrame:
     """One row per method, layer (and receiver) and index, in that order (``h.2`` before ``h.10``):
     ``method`` (``patch``, ``path``, ``attribution``), ``layer``, ``receiver`` (a path's; else
     missing), ``index`` (what was patched; ``"all"`` without an index), ``patched``, ``clean``,
@@ -53,11 +54,11 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
     ``sweep`` is a patching sweep, an attribution run, a directory above both, or a list of them
     (one table). ``clean`` and ``corrupted`` are the stored runs of a sweep patched from a stored
     run; without them, each job's own clean and corrupted passes (``source: clean``; always so for
-    attribution)."""
+    attribution). ``on_corrupt`` (as for ``load_stats``) applies to ``sweep``."""
     if (clean is None) != (corrupted is None):
         raise ValueError("give both the clean and the corrupted run, or neither (jobs patched from their own clean pass)")
     paths = [sweep] if isinstance(sweep, (str, Path)) else list(sweep)
-    parts = [part for path in paths for part in _rows(path, clean, corrupted, metric)]
+    parts = [part for path in paths for part in _rows(path, clean, corrupted, metric, on_corrupt)]
     table = pd.concat(parts, ignore_index=True)[[c for c in PATCHING_COLUMNS if c != "recovered"]]
     table["layer"] = table["layer"].astype(str)
     order = {method: i for i, method in enumerate(METHODS)}
@@ -74,10 +75,10 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
     return table
 
 
-def _rows(path: str | Path, clean, corrupted, metric: str) -> list[pd.DataFrame]:
+def _rows(path: str | Path, clean, corrupted, metric: str, on_corrupt: str) -> list[pd.DataFrame]:
     """The rows of the patching jobs and of the attribution runs at or under ``path``."""
-    steps = load_steps(path)
-    estimates = load_tensors(path, filters=[("kind", "=", ATTRIBUTION)])
+    steps = load_steps(path, on_corrupt=on_corrupt)
+    estimates = load_tensors(path, filters=[("kind", "=", ATTRIBUTION)], on_corrupt=on_corrupt)
     if LAYER not in steps.columns and estimates.empty:
         raise ValueError(f"'{path}' is neither a patching sweep (its jobs do not override {LAYER}) nor an "
                          f"attribution run (no kind '{ATTRIBUTION}' kept: hooks=attribution)")

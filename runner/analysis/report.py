@@ -21,13 +21,15 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import sys
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from runner.analysis import plots
-from runner.analysis.intact import CorruptRunError
+from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
@@ -53,22 +55,32 @@ th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
 img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.ok{color:#2a7a2a}.bad{color:#b00020}.note{color:#777}"""
 
 
-def render(path: str | Path, corrupted: str | Path | None = None) -> str:
+def render(path: str | Path, corrupted: str | Path | None = None, on_corrupt: str = "error") -> str:
     """The report of the run or sweep at ``path`` as an HTML string (``corrupted``: the baseline run
-    of a patching sweep, for its recovered fractions)."""
+    of a patching sweep, for its recovered fractions).
+
+    ``on_corrupt`` as for ``load_stats``: a damaged run raises ``CorruptRunError`` naming its file,
+    or with ``"skip"`` is left out of every section, said once (``SkippedRunsWarning``)."""
     path = Path(path)
-    runs = run_dirs(path)
+    runs = run_dirs(path, on_corrupt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedRunsWarning)  # said above: each table skips the same runs
+        return _page(path, runs, corrupted, on_corrupt)
+
+
+def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt: str) -> str:
     job = job_names(path, runs)
-    stats = load_stats(path)
+    stats = load_stats(path, on_corrupt=on_corrupt)
     stats.insert(0, "job", stats["run_dir"].astype(str).map(job))
-    steps = load_steps(path)
+    steps = load_steps(path, on_corrupt=on_corrupt)
     patching = LAYER in steps.columns
+    outputs = load_tensors(path, filters=[("kind", "=", "output")], on_corrupt=on_corrupt)
     body = {
-        "summary": f'<pre class="summary">{html.escape(summarize(path))}</pre>',
-        "abnormal": _abnormal(stats, load_tensors(path, filters=[("kind", "=", "output")]), job),
+        "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt))}</pre>',
+        "abnormal": _abnormal(stats, outputs, job),
         "pictures": _pictures(runs, job, stats, steps, patching),
-        "units": _units(path),
-        "patching": _patching(path, steps, corrupted),
+        "units": _units(path, on_corrupt),
+        "patching": _patching(path, steps, corrupted, on_corrupt),
         "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
         "failed": _failed(path),
         "layers": _layers(stats, many=len(runs) > MOST_TABLE_JOBS),
@@ -82,10 +94,12 @@ def render(path: str | Path, corrupted: str | Path | None = None) -> str:
             f"made {when}.</p>\n{sections}\n</body></html>\n")
 
 
-def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None) -> Path:
-    """Write the report of ``path`` to ``out`` (default ``PATH/report.html``) and return where."""
+def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None,
+                 on_corrupt: str = "error") -> Path:
+    """Write the report of ``path`` to ``out`` (default ``PATH/report.html``) and return where
+    (``on_corrupt`` as for ``render``)."""
     out = Path(out) if out else Path(path) / REPORT
-    out.write_text(render(path, corrupted), encoding="utf-8")
+    out.write_text(render(path, corrupted, on_corrupt), encoding="utf-8")
     return out
 
 
@@ -214,12 +228,12 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
     return "\n".join(parts) + f'<p class="note">{checked}</p>'
 
 
-def _units(path: Path) -> str:
+def _units(path: Path, on_corrupt: str) -> str:
     """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
     layer: its units, the values each unit saw, the mean of the unit means, the units never above
     the threshold (dead); then the layers' histograms of unit means and dead fractions."""
     try:
-        units = load_units(path)
+        units = load_units(path, on_corrupt)
     except FileNotFoundError:
         return _note("Left out: no run here has a units entry (hooks=units over a whole dataset).")
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
@@ -268,10 +282,11 @@ def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFram
     return "\n".join(parts)
 
 
-def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None) -> str:
+def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_corrupt: str) -> str:
     """The heatmaps and table of a patching sweep or an attribution run (``runner.analysis.patching``;
     where both are under ``path``, the estimate against real patching too), or one line why not."""
-    attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)]).empty
+    attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)],
+                                  on_corrupt=on_corrupt).empty
     if LAYER not in steps.columns and not attributed:
         return _note(f"Not a patching sweep (no job overrides {LAYER}) nor an attribution run (hooks=attribution).")
     stored = None
@@ -285,7 +300,7 @@ def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None) -> 
                 return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
             stored = (sources[0], corrupted)
     try:
-        table = patching_table(path, *(stored or (None, None)), _patching_metric(steps))
+        table = patching_table(path, *(stored or (None, None)), _patching_metric(steps), on_corrupt)
     except (FileNotFoundError, ValueError) as exc:
         return _note(f"Left out: {exc}")
     return _img(plots.patching_heatmap(table), "recovered fraction per layer and index") + _table(table)
@@ -297,16 +312,31 @@ def _patching_metric(steps: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m runner.report PATH [--out FILE]``: write the page and print its path."""
+    """``python -m runner.report PATH [--out FILE] [--on-corrupt skip]``: write the page and print its path.
+
+    What the loaders warn of (jobs still writing, damaged runs skipped) is one ``warning: ...`` line each."""
     parser = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run directory or a sweep directory")
     parser.add_argument("--out", help=f"where to write the page (default PATH/{REPORT})")
     parser.add_argument("--corrupted", help="a patching sweep's corrupted (unpatched) run, for the recovered fraction")
+    parser.add_argument("--on-corrupt", choices=ON_CORRUPT, default="error",
+                        help="a damaged run (truncated file, corrupt manifest): stop naming it (error), or leave it out (skip)")
     args = parser.parse_args(argv)
-    try:
-        out = write_report(args.path, args.out, args.corrupted)
-    except (FileNotFoundError, CorruptRunError) as exc:  # no run, or a damaged one: one line
-        parser.exit(2, f"error: {exc}\n")
+    out, failed = None, None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", PendingRunsWarning)
+        warnings.simplefilter("always", SkippedRunsWarning)
+        try:
+            out = write_report(args.path, args.out, args.corrupted, args.on_corrupt)
+        except (FileNotFoundError, CorruptRunError) as exc:  # no run, or a damaged one: one line
+            failed = exc
+    for warning in said:
+        if issubclass(warning.category, (PendingRunsWarning, SkippedRunsWarning)):
+            print(f"warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    if failed is not None:
+        parser.exit(2, f"error: {failed}\n")
     print(out)
 
 

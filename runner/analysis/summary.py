@@ -94,11 +94,11 @@ def entry_types(run_dir: Path) -> dict[str, str]:
     return {name: str((entry or {}).get("type", "?")) for name, entry in (hooks or {}).items()}
 
 
-def summarize_run(run_dir: str | Path) -> list[str]:
-    """The lines of one run: the run itself, then one or two per hook entry."""
+def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
+    """The lines of one run: the run itself, then one or two per hook entry (``on_corrupt`` as for ``load_stats``)."""
     run_dir = Path(run_dir)
-    steps = load_steps(run_dir)
-    stats = load_stats(run_dir, columns=COLUMNS)
+    steps = load_steps(run_dir, on_corrupt=on_corrupt)
+    stats = load_stats(run_dir, columns=COLUMNS, on_corrupt=on_corrupt)
     lines = [f"run {run_dir}: {_steps_line(steps)}"]
     totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
@@ -166,16 +166,17 @@ def _steps_line(steps: pd.DataFrame) -> str:
     return text
 
 
-def sweep_table(path: str | Path) -> pd.DataFrame:
+def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     """One row per job of the sweep at ``path``, in job order (by the swept values, numbers as
     numbers): the swept overrides, ``loss`` (the last train loss, when the jobs had one) and the headline statistic,
-    ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``."""
-    steps = load_steps(path, columns=["step", "split", "loss"])
-    stats = load_stats(path, columns=COLUMNS)
+    ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``.
+    ``on_corrupt`` as for ``load_stats``."""
+    steps = load_steps(path, columns=["step", "split", "loss"], on_corrupt=on_corrupt)
+    stats = load_stats(path, columns=COLUMNS, on_corrupt=on_corrupt)
     stats = stats[stats["phase"] != "eval"]
     firsts = steps.drop_duplicates("run_dir").set_index("run_dir")
     swept = [c for c in override_columns(steps) if firsts[c].astype(str).nunique() > 1]
-    runs = [str(run) for run in run_dirs(path)]
+    runs = [str(run) for run in run_dirs(path, on_corrupt)]
     table = firsts.loc[runs, swept].reset_index(drop=True)
     by_run = steps[steps["split"] == "train"].groupby("run_dir", observed=True)["loss"].last()  # skips NaN
     if by_run.notna().any():  # loss=none: no column of NaN
@@ -199,14 +200,15 @@ def sweep_table(path: str | Path) -> pd.DataFrame:
     return table
 
 
-def summarize(path: str | Path) -> str:
-    """The summary of the run or sweep at ``path`` and the command that writes its report."""
+def summarize(path: str | Path, on_corrupt: str = "error") -> str:
+    """The summary of the run or sweep at ``path`` and the command that writes its report
+    (``on_corrupt`` as for ``load_stats``)."""
     path = Path(path)
-    runs = run_dirs(path)
+    runs = run_dirs(path, on_corrupt)
     if len(runs) == 1 and runs[0] == path:
-        lines = summarize_run(path)
+        lines = summarize_run(path, on_corrupt)
     else:
-        table = sweep_table(path)
+        table = sweep_table(path, on_corrupt)
         lines = [f"sweep {path}: {len(runs)} complete job(s)"]
         shown = table.head(MOST_JOBS)
         text = shown.to_string(index=False, formatters={"clipped": _percent}, float_format=lambda v: f"{v:.4g}")

@@ -29,15 +29,15 @@ _TOP = ("top_value", "top_sample", "top_position")
 _BOTTOM = ("bottom_value", "bottom_sample", "bottom_position")
 
 
-def load_units(path: str | Path) -> pd.DataFrame:
+def load_units(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     """The unit statistics of the run at ``path``, or of every run under it merged (a sharded sweep),
-    each run's ranks merged too.
+    each run's ranks merged too; ``on_corrupt`` as for ``load_stats``.
 
     Example:
         >>> units = load_units("outputs/multirun/2026-11-26/10-00-00")
         >>> units[units.layer == "layer3"].nlargest(5, "mean")[["unit", "mean", "top_sample"]]
     """
-    tables = [pq.read_table(file) for run in run_dirs(path) for _, file in rank_files(run, UNITS)]
+    tables = [pq.read_table(file) for run in run_dirs(path, on_corrupt) for _, file in rank_files(run, UNITS)]
     if not tables:
         raise FileNotFoundError(f"no run at or under '{path}' wrote {UNITS} (add a units entry: hooks=units)")
     frame = pa.concat_tables(tables).to_pandas()
