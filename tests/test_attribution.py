@@ -109,8 +109,8 @@ def test_attribution_rows_join_real_patching_and_path_rows_in_one_table(run_with
              "hooks.patch.receiver=transformer.h.1", "hooks.patch.index=15")
     attributed = run_with(*GPT, "data.seed=1", "hooks=attribution", r"hooks.attribution.layers=re:transformer\.h\.\d+")
     table = patching_table(tmp_path)
-    assert list(table.columns) == ["method", "layer", "receiver", "index", "patched", "clean", "corrupted",
-                                   "recovered"]
+    assert list(table.columns) == ["method", "layer", "receiver", "index", "scale", "patched", "clean", "corrupted",
+                                   "recovered", "kl"]
     assert table.groupby("method").size().to_dict() == {"attribution": 32, "patch": 3, "path": 1}
     assert list(table.method.drop_duplicates()) == ["patch", "attribution", "path"]  # common.records.METHODS order
     estimates = stored_estimates(attributed)
