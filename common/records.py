@@ -151,8 +151,9 @@ PHASES = ("forward", "backward", "after_backward", "eval", "recompute")
 #: The patching table (``runner.analysis.patching.patching_table``): one row per method, layer
 #: (with ``path``: sender and ``receiver``) and index. ``method`` says how ``patched`` was found:
 #: ``patch`` (a job that patched the output), ``path`` (a job that patched what a sender sends one
-#: receiver), ``attribution`` (the first-order estimate of one attribution run), ``steer``; rows of
-#: runs stored before the column existed are ``patch``.
+#: receiver), ``attribution`` (the first-order estimate of one attribution run), ``steer`` (a job that
+#: added ``scale`` times a vector: ``patched`` steered, ``corrupted`` unsteered, no clean run, and ``kl``);
+#: rows of runs stored before the column existed are ``patch``.
 METHOD = "method"
 METHODS = ("patch", "attribution", "path", "steer")
-PATCHING_COLUMNS = (METHOD, "layer", "receiver", "index", "patched", "clean", "corrupted", "recovered")
+PATCHING_COLUMNS = (METHOD, "layer", "receiver", "index", "scale", "patched", "clean", "corrupted", "recovered", "kl")

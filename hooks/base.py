@@ -101,6 +101,11 @@ class HookType:
         """The same entry (name and spec) with none of the state an attach gave this one."""
         return type(self)(self.name, self.spec)
 
+    #: Whether this entry needs the clean pass of the passes beside each step (``side_mode("capture")``);
+    #: an entry that compares the step with its own batch unchanged (``steer``) needs only the second
+    #: (``side_mode("off")``), and the runner skips the first when no entry needs it.
+    side_clean: ClassVar[bool] = True
+
     @property
     def side_data(self) -> dict | None:
         """Data keys, over the run's ``data``, of a batch to run beside each step (``patch`` with

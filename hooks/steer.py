@@ -12,11 +12,11 @@ comes from
 A vector of another width than the layer's units is a one-line ``ConfigError`` in the plan's rehearsal.
 
 With ``baseline: true`` (the default) the runner's loop runs each step's batch once more beside the
-step, unsteered (``side_data``: the run's own data), and the entry writes ``steer.parquet``
-(``common.records.STEER_SCHEMA``): per training step and sample, the model's next-token distribution at
-the last position (a classifier's class distribution), steered and unsteered, as ``top_k`` ids with
-their probabilities, and ``kl`` = KL(unsteered || steered). The unsteered pass's metrics are the step
-row's ``corrupted_*`` columns (the side passes' clean pass is unsteered too, ``clean_*``).
+step, unsteered (``side_data``: the run's own data; one pass, ``side_clean`` is false), and the entry
+writes ``steer.parquet`` (``common.records.STEER_SCHEMA``): per training step and sample, the model's
+next-token distribution at the last position (a classifier's class distribution), steered and
+unsteered, as ``top_k`` ids with their probabilities, and ``kl`` = KL(unsteered || steered). The
+unsteered pass's metrics are the step row's ``corrupted_*`` columns.
 """
 from __future__ import annotations
 
@@ -109,6 +109,7 @@ class Steer(Tap):
 
     spec_class = SteerSpec
     writes = (STEER,)
+    side_clean = False  # the unsteered pass is the step's own batch: no clean pass before it
 
     def __init__(self, name: str, spec: SteerSpec) -> None:
         super().__init__(name, spec)
@@ -135,7 +136,8 @@ class Steer(Tap):
 
     @contextlib.contextmanager
     def side_mode(self, mode: str) -> Iterator[None]:
-        """Both passes beside a step are unsteered; the second (``off``) is the baseline the step is compared to."""
+        """Every pass beside a step is unsteered; the ``off`` pass is the baseline the step is compared to (a
+        ``capture`` pass runs only for another entry's clean pass)."""
         before, self._mode = self._mode, mode
         try:
             yield

@@ -9,9 +9,7 @@ from common.errors import ConfigError
 from conftest import make_config
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model, gpt2_tiny
-from test_interventions import (GPT, README, RESNET, logit_diff, randn_batch, readme_patching_blocks,
-                                run_readme_commands, tokens)
-from test_path_patching import hand_path_patched
+from test_interventions import GPT, RESNET, randn_batch, tokens
 
 
 def hand_attribution(model: torch.nn.Module, layers: list[str], clean: torch.Tensor, corrupted: torch.Tensor,
@@ -109,8 +107,8 @@ def test_attribution_rows_join_real_patching_and_path_rows_in_one_table(run_with
              "hooks.patch.receiver=transformer.h.1", "hooks.patch.index=15")
     attributed = run_with(*GPT, "data.seed=1", "hooks=attribution", r"hooks.attribution.layers=re:transformer\.h\.\d+")
     table = patching_table(tmp_path)
-    assert list(table.columns) == ["method", "layer", "receiver", "index", "patched", "clean", "corrupted",
-                                   "recovered"]
+    assert list(table.columns) == ["method", "layer", "receiver", "index", "scale", "patched", "clean", "corrupted",
+                                   "recovered", "kl"]
     assert table.groupby("method").size().to_dict() == {"attribution": 32, "patch": 3, "path": 1}
     assert list(table.method.drop_duplicates()) == ["patch", "attribution", "path"]  # common.records.METHODS order
     estimates = stored_estimates(attributed)
@@ -135,56 +133,7 @@ def test_attribution_rows_join_real_patching_and_path_rows_in_one_table(run_with
         "attribution": 32, "patch": 1}
 
 
-# -- the README's section "Attribution and path patching" ------------------------------------------
-#: What the test changes in the README's commands: 3 blocks, positions 14 and 15.
-SMALLER = {"model.n_layer=4": "model.n_layer=3", "range(0,16)": "range(14,16)",
-           "transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3":
-           "transformer.h.0,transformer.h.1,transformer.h.2",
-           "hooks.patch.receiver=transformer.h.1,transformer.h.2,transformer.h.3":
-           "hooks.patch.receiver=transformer.h.1,transformer.h.2"}
-
-
-def readme_section_blocks(title: str) -> tuple[list[str], list[str]]:
-    """The shell commands (one per line, continuations joined) and the Python blocks of a README section."""
-    section = README.read_text().split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
-    bash = [block.split("```", 1)[0].replace("\\\n", " ") for block in section.split("```bash\n")[1:]]
-    python = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
-    return [line for block in bash for line in block.splitlines() if line.strip()], python
-
-
-def run_smaller(commands: list[str], cwd) -> None:
-    for command in commands:
-        for big, small in SMALLER.items():
-            command = command.replace(big, small)
-        run_readme_commands([command], cwd)
-
-
-@pytest.mark.slow
-def test_the_readme_attribution_and_path_commands_run_and_their_table_is_the_hand_computed_one(tmp_path,
-                                                                                              monkeypatch):
-    (_, _), (own_commands, _) = readme_patching_blocks()  # the sweep the section compares with
-    commands, (python,) = readme_section_blocks("Attribution and path patching")
-    assert len(commands) == 3 and "hooks=attribution" in commands[0] and "hooks.patch.receiver" in commands[2]
-    run_smaller([own_commands[0], *commands], tmp_path)
-    monkeypatch.chdir(tmp_path)
-    scope: dict = {}
-    exec(compile(python, "README.md (Attribution and path patching)", "exec"), scope)
-    table, both, r = scope["table"], scope["both"], scope["r"]
-    assert table.groupby("method").size().to_dict() == {"patch": 6, "attribution": 48, "path": 4}
-    assert len(both) == 6 and -1 <= r <= 1
-    assert (tmp_path / "runs" / "methods.png").stat().st_size > 0
-    for receiver in (1, 2):  # each path cell is the hand-written two-pass loop's
-        row = table[(table.method == "path") & (table.receiver == f"transformer.h.{receiver}")
-                    & (table["index"] == 15)].iloc[0]
-        patched, _ = hand_path_patched(0, receiver, 15, n_layer=3)
-        assert row.patched == pytest.approx(logit_diff(patched), abs=1e-6)
-    estimates = stored_estimates(tmp_path / "runs" / "attribution")
-    assert set(estimates) == {"transformer.h.0", "transformer.h.1", "transformer.h.2"}
-    page = (tmp_path / "runs" / "attribution" / "report.html").read_text()
-    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
-    assert 'alt="recovered fraction per layer and index"' in section and "<td>attribution</td>" in section
-
-
+@pytest.mark.slow  # a warm-up and a round of three runs: over 20 s on 2 cores
 def test_the_quick_attribution_benchmark_writes_its_table(tmp_path):
     """The smoke run of ``python -m benchmarks.attribution``: both measures and the correlation land in
     its tables (no time is judged)."""

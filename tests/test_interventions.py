@@ -2,11 +2,6 @@
 written by hand in plain PyTorch on the same model, weights and data."""
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,11 +198,12 @@ def test_a_stored_reference_without_the_layer_or_of_another_shape_is_one_line(ru
 
 
 # -- patch on gpt2_tiny ----------------------------------------------------------------------------
-def hand_patched_logits(layer: int, position: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clean, corrupted and patched logits of gpt2_tiny, by a plain loop: the clean block output is
-    captured, then put into the corrupted pass (all positions, or one)."""
+def hand_patched_logits(layer: int, position: int | None,
+                        n_layer: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clean, corrupted and patched logits of gpt2_tiny (``n_layer`` blocks), by a plain loop: the clean
+    block output is captured, then put into the corrupted pass (all positions, or one)."""
     torch.manual_seed(0)
-    model = gpt2_tiny().eval()
+    model = gpt2_tiny(n_layer=n_layer).eval()
     block = model.transformer.h[layer]
     with torch.no_grad():
         saved = {}
@@ -500,65 +496,6 @@ def test_patching_whole_resnet_layers_from_a_clean_run_gives_its_output_at_every
         assert torch.equal(kept(out, "fc"), kept(clean, "fc"))
     assert not torch.equal(kept(run_with(*RESNET, "data.seed=1", "hooks=extract", "hooks.extract.layers=fc"), "fc"),
                            kept(clean, "fc"))
-
-
-# -- the README's patching sweep ------------------------------------------------------------------
-README = Path(__file__).resolve().parents[1] / "README.md"
-#: What the test changes in the README's commands (the README says so): 2 blocks, positions 14 and 15.
-SMALLER = {"model.n_layer=4": "model.n_layer=2", "range(0,16)": "range(14,16)",
-           "hooks.patch.layers=transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3":
-           "hooks.patch.layers=transformer.h.0,transformer.h.1"}
-
-
-def readme_patching_blocks() -> list[tuple[list[str], str]]:
-    """Each way of the section: its shell commands and its Python block."""
-    section = README.read_text().split("### Activation patching", 1)[1].split("\n### ", 1)[0]
-    bash = [block.split("```", 1)[0].replace("\\\n", " ") for block in section.split("```bash\n")[1:]]
-    python = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
-    return [([line for line in b.splitlines() if line.strip()], p) for b, p in zip(bash, python)]
-
-
-def run_readme_commands(commands: list[str], cwd: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(README.parent)}
-    for command in commands:
-        for big, small in SMALLER.items():
-            command = command.replace(big, small)
-        words = shlex.split(command, comments=True)
-        quiet = ["progress=false"] if words[2] == "runner" else []
-        done = subprocess.run([sys.executable, *words[1:], *quiet], cwd=cwd, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_the_readme_patching_sweep_runs_and_its_heatmap_numbers_are_the_hand_computed_ones(tmp_path, monkeypatch):
-    (commands, python), (own_commands, own_python) = readme_patching_blocks()
-    assert len(commands) == 4 and "-m model=gpt2_tiny" in commands[2] and "hooks.patch.source=clean" in own_commands[0]
-    run_readme_commands(commands, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    scope: dict = {}
-    exec(compile(python, "README.md (Activation patching)", "exec"), scope)
-    table = scope["table"]
-    assert (tmp_path / "runs" / "patching.png").stat().st_size > 0
-    assert len(table) == 4
-    for row in table.itertuples():
-        clean, corrupted, patched = hand_patched_logits(int(row.layer.rsplit(".", 1)[1]), int(row.index))
-        by_hand = (logit_diff(patched) - logit_diff(corrupted)) / (logit_diff(clean) - logit_diff(corrupted))
-        assert row.recovered == pytest.approx(by_hand, rel=1e-4, abs=1e-6), row
-    last = table[(table.layer == "transformer.h.1") & (table["index"] == 15)].recovered.item()
-    assert last == 1.0  # the last block at the last position: exactly the clean output
-    page = (tmp_path / "runs" / "patching" / "report.html").read_text()
-    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
-    assert 'alt="recovered fraction per layer and index"' in section and "transformer.h.1" in section
-    # the second way: each job's own clean and corrupted passes, the same table cell for cell
-    run_readme_commands(own_commands, tmp_path)
-    exec(compile(own_python, "README.md (Activation patching, source=clean)", "exec"), scope)
-    own = scope["table"].set_index(["layer", "index"]).sort_index()
-    theirs = table.set_index(["layer", "index"]).sort_index()
-    assert (own[["patched", "clean", "corrupted", "recovered"]] == theirs[["patched", "clean", "corrupted",
-                                                                          "recovered"]]).all().all()
-    page = (tmp_path / "runs" / "patching_clean" / "report.html").read_text()
-    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
-    assert 'alt="recovered fraction per layer and index"' in section
 
 
 def test_a_patch_entry_whose_module_never_ran_is_reported_silent(run_with):

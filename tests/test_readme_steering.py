@@ -4,40 +4,58 @@ What the numbers are is checked against plain PyTorch in ``tests/test_steering.p
 ``tests/test_logit_lens.py``; here, what the section says of its own results."""
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("### Steering and the logit lens", 1)[1].split(
     "\n### ", 1)[0]
+FIXED = re.compile(r"\bhydra\.(?:run|sweep)\.dir=(\S+)")
 
 
 def blocks(language: str) -> list[str]:
     return [block.split("```", 1)[0] for block in SECTION.split(f"```{language}\n")[1:]]
 
 
-def run_commands(block: str, monkeypatch) -> None:
-    from runner.__main__ import main
-
+def run_commands(block: str, monkeypatch, capsys) -> None:
+    """Each command as written; each names its directory, so it runs twice and the second is refused with one line
+    naming it, the directory as it was."""
     for command in block.replace("\\\n", " ").splitlines():
         if not command.strip():
             continue
         words = shlex.split(command, comments=True)
         assert words[:3] == ["python", "-m", "runner"], command
-        monkeypatch.setattr(sys, "argv", ["runner", *words[3:], "progress=false"])
-        try:
-            main()
-        except SystemExit as exc:
-            assert exc.code in (0, None), command
+        assert run_cli(words, monkeypatch) in (0, None), command
+        where = Path(FIXED.search(command).group(1))
+        before = sorted((p, p.stat().st_mtime_ns) for p in where.rglob("*"))
+        capsys.readouterr()
+        assert run_cli(words, monkeypatch) == 2, command
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"error: overwrite: '{where}' already holds a "), line
+        assert sorted((p, p.stat().st_mtime_ns) for p in where.rglob("*")) == before
 
 
-def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path, monkeypatch):
+def run_cli(words: list[str], monkeypatch) -> int | None:
+    from runner.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["runner", *words[3:], "progress=false"])
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+@pytest.mark.slow  # a sweep of 6 jobs beside 2 runs, each twice: over 2 minutes on 2 busy cores
+def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path, monkeypatch, capsys):
     (steer_commands, _), (steer_python, _) = blocks("bash"), blocks("python")
     monkeypatch.chdir(tmp_path)
-    run_commands(steer_commands, monkeypatch)
+    run_commands(steer_commands, monkeypatch, capsys)
     scope: dict = {}
     exec(compile(steer_python, "README.md (Steering)", "exec"), scope)
     table = scope["table"]
@@ -48,11 +66,17 @@ def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path
     assert (still.kl == 0).all() and (still.steered == still.unsteered).all()
     for _, rows in table.groupby("layers"):
         assert np.all(np.diff(rows.sort_values("scale").kl.to_numpy()) > 0)  # further from unsteered as the scale grows
+    rows = scope["rows"]  # the one table's steer rows: the same jobs, the same numbers
+    assert set(rows.method) == {"steer"} and rows.clean.isna().all()
+    same = table.rename(columns={"layers": "layer", "steered": "patched", "unsteered": "corrupted"})
+    columns = ["layer", "scale", "patched", "corrupted", "kl"]
+    assert rows[columns].reset_index(drop=True).equals(same[columns].reset_index(drop=True))
 
 
-def test_the_logit_lens_example_runs_as_written_and_its_last_block_is_the_model_s_prediction(tmp_path, monkeypatch):
+def test_the_logit_lens_example_runs_as_written_and_its_last_block_is_the_model_s_prediction(tmp_path, monkeypatch,
+                                                                                            capsys):
     monkeypatch.chdir(tmp_path)
-    run_commands(blocks("bash")[1], monkeypatch)
+    run_commands(blocks("bash")[1], monkeypatch, capsys)
     scope: dict = {}
     exec(compile(blocks("python")[1], "README.md (Logit lens)", "exec"), scope)
     ranks = scope["ranks"]

@@ -99,11 +99,28 @@ def test_the_vector_is_the_float64_mean_difference_of_the_stored_outputs(stored)
     np.testing.assert_allclose(vector.numpy(), hand_mean(stored["pos"]) - hand_mean(stored["neg"]), rtol=1e-12)
 
 
+def model_calls(overrides: tuple[str, ...], out_dir) -> int:
+    """How many times the run of ``overrides`` calls the whole model (a global forward hook counting the
+    calls of the top module's type); the run's directory is ``out_dir``."""
+    calls = []
+    counting = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: calls.append(type(module).__name__ == "GPT2LMHeadModel"))
+    try:
+        run(make_config(*overrides), out_dir, overrides)
+    finally:
+        counting.remove()
+    return sum(calls)
+
+
 def test_kl_and_top_tokens_are_the_hand_written_steered_and_unsteered_passes(stored, tmp_path):
+    """The steered and unsteered distributions and metrics of each step are those of a hand-written hook and a
+    plain forward, and the unsteered one costs one forward per step: the model runs once more per step than
+    in the same run without the entry."""
     overrides = (*GPT2, "hooks=steer", f"hooks.steer.layers={LAYER}", f"hooks.steer.positive={stored['pos']}",
                  f"hooks.steer.negative={stored['neg']}", "hooks.steer.scale=8", "hooks.steer.top_k=3",
                  "metric.diff=[1,2]", "steps=2")
-    out = run(make_config(*overrides), tmp_path / "steer", overrides)
+    out = tmp_path / "steer"
+    assert model_calls(overrides, out) - model_calls((*GPT2, "metric.diff=[1,2]", "steps=2"), tmp_path / "plain") == 2
     batches = compile_plan(make_config(*overrides)).data.batches(0, torch.device("cpu"))
     vector = torch.from_numpy(hand_mean(stored["pos"]) - hand_mean(stored["neg"]))
     model = gpt2()
@@ -128,9 +145,47 @@ def test_kl_and_top_tokens_are_the_hand_written_steered_and_unsteered_passes(sto
         unsteered = model(x).logits[:, -1].detach()
         assert row.corrupted_logit_diff == pytest.approx(float((unsteered[:, 1] - unsteered[:, 2]).double().mean()),
                                                          rel=1e-6)
+        assert "clean_logit_diff" not in steps  # no clean pass ran
     assert set(rows.method) == {"steer"} and (rows.kl > 0).all()
     table = steering_table(out)
     assert table.loc[0, "method"] == "steer" and table.loc[0, "kl"] == pytest.approx(rows.kl.mean())
+
+
+def test_steering_jobs_are_rows_of_the_one_methods_table_with_their_steer_parquet_values(stored, tmp_path):
+    """Three steering jobs (one at positions 14 and 15) beside a patching job: ``patching_table`` gives a ``steer``
+    row per job whose ``kl`` is the mean of its ``steer.parquet`` and whose ``patched`` and ``corrupted`` are its
+    steps' metric and unsteered metric; the heatmap draws the steering rows as layer x scale."""
+    from runner.analysis.patching import patching_table
+    from runner.analysis.patching_plots import patching_heatmap
+
+    vector = ("metric.diff=[1,2]", "steps=2", "hooks=steer", f"hooks.steer.layers={LAYER}",
+              f"hooks.steer.positive={stored['pos']}", f"hooks.steer.negative={stored['neg']}")
+    jobs = {(0.0, "all"): ("hooks.steer.scale=0",), (8.0, "all"): ("hooks.steer.scale=8",),
+            (8.0, ":, 14:16"): ("hooks.steer.scale=8", "hooks.steer.index=':, 14:16'")}
+    for i, extra in enumerate(jobs.values()):
+        overrides = (*GPT2, *vector, *extra)
+        run(make_config(*overrides), tmp_path / "methods" / f"steer{i}", overrides)
+    overrides = (*GPT2, "metric.diff=[1,2]", "data.seed=1", "hooks=patch", "hooks.patch.source=clean",
+                 "hooks.patch.layers=transformer.h.0", "hooks.patch.index=15")
+    run(make_config(*overrides), tmp_path / "methods" / "patch", overrides)
+    table = patching_table(tmp_path / "methods", metric="logit_diff")
+    assert table.groupby("method").size().to_dict() == {"patch": 1, "steer": 3}
+    assert table[table.method == "patch"][["scale", "kl"]].isna().all().all()
+    steer = table[table.method == "steer"]
+    assert (steer.layer == LAYER).all() and steer.clean.isna().all() and steer.recovered.isna().all()
+    assert sorted(zip(steer.scale, steer["index"])) == sorted(jobs)
+    for i, (scale, index) in enumerate(jobs):
+        row = steer[(steer.scale == scale) & (steer["index"] == index)].iloc[0]
+        kl = pq.read_table(tmp_path / "methods" / f"steer{i}" / "steer.parquet").column("kl").to_numpy()
+        steps = pq.read_table(tmp_path / "methods" / f"steer{i}" / "steps.parquet").to_pandas()
+        steps = steps[steps.split == "train"]
+        assert len(kl) == 4 and row.kl == pytest.approx(kl.mean(), rel=1e-12)
+        assert row.patched == pytest.approx(steps.logit_diff.mean(), rel=1e-12)
+        assert row.corrupted == pytest.approx(steps.corrupted_logit_diff.mean(), rel=1e-12)
+        assert (row.patched == row.corrupted) == (scale == 0)
+    figure = patching_heatmap(table)
+    titles = [ax.get_title() for ax in figure.axes]
+    assert {"steering: change of logit_diff", "activation patching: recovered fraction of logit_diff"} <= set(titles)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -8,8 +8,11 @@ each job holding its clean and corrupted metric beside its own (``clean_*``, ``c
 A job whose patch has a ``receiver`` patched a path (method ``path``: what its layer sends the
 receiver). An attribution run (``hooks=attribution``) holds every layer and index of its entry at
 once, as kept tensors of kind ``attribution`` (method ``attribution``: ``patched`` is the corrupted
-metric plus the estimate). ``recovered = (patched - corrupted) / (clean - corrupted)``: 0 where
-patching changed nothing, 1 where it restored the clean metric. Metrics are the mean over each
+metric plus the estimate). A steering job (``hooks=steer``, ``steer.parquet``) adds ``scale`` times a
+vector instead (method ``steer``): ``patched`` is the steered metric, ``corrupted`` the unsteered pass's
+beside each step, ``kl`` the mean KL(unsteered || steered) of the next-token distribution; it has no clean
+run, so no ``clean`` and no ``recovered``. ``recovered = (patched - corrupted) / (clean - corrupted)``: 0
+where patching changed nothing, 1 where it restored the clean metric. Metrics are the mean over each
 run's training steps. The columns are ``common.records.PATCHING_COLUMNS``.
 """
 from __future__ import annotations
@@ -21,9 +24,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from common.records import METHOD, METHODS, PATCHING_COLUMNS
+from common.records import METHOD, METHODS, PATCHING_COLUMNS, STEER
 from runner.analysis.load import config_path, load_steps, load_tensors
 from runner.analysis.order import natural_key
+from runner.analysis.steering import steer_jobs
 
 #: The sweep's override columns naming what each job patched (``RECEIVER``: a path's receiver).
 LAYER, INDEX, RECEIVER = "hooks.patch.layers", "hooks.patch.index", "hooks.patch.receiver"
@@ -46,25 +50,27 @@ def mean_metric(path: str | Path, metric: str) -> float:
 def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path | None = None,
                    corrupted: str | Path | None = None, metric: str = "logit_diff", on_corrupt: str = "error"
                    ) -> pd.DataFrame:
-    """One row per method, layer (and receiver) and index, in that order (``h.2`` before ``h.10``):
-    ``method`` (``patch``, ``path``, ``attribution``), ``layer``, ``receiver`` (a path's; else
-    missing), ``index`` (what was patched; ``"all"`` without an index), ``patched``, ``clean``,
-    ``corrupted`` (the metric's means) and ``recovered``.
+    """One row per method, layer (and receiver), index and scale, in that order (``h.2`` before ``h.10``):
+    ``method`` (``patch``, ``attribution``, ``path``, ``steer``), ``layer`` (a steer job's layers, joined
+    by commas), ``receiver`` (a path's; else missing), ``index`` (what was patched or steered; ``"all"``
+    without an index), ``scale`` (a steer job's; else missing), ``patched``, ``clean``, ``corrupted`` (the
+    metric's means), ``recovered`` and ``kl`` (a steer job's).
 
-    ``sweep`` is a patching sweep, an attribution run, a directory above both, or a list of them
-    (one table). ``clean`` and ``corrupted`` are the stored runs of a sweep patched from a stored
+    ``sweep`` is a patching sweep, an attribution run, a steering sweep, a directory above them, or a list
+    of them (one table). ``clean`` and ``corrupted`` are the stored runs of a sweep patched from a stored
     run; without them, each job's own clean and corrupted passes (``source: clean``; always so for
     attribution). ``on_corrupt`` (as for ``load_stats``) applies to ``sweep``."""
     if (clean is None) != (corrupted is None):
         raise ValueError("give both the clean and the corrupted run, or neither (jobs patched from their own clean pass)")
     paths = [sweep] if isinstance(sweep, (str, Path)) else list(sweep)
     parts = [part for path in paths for part in _rows(path, clean, corrupted, metric, on_corrupt)]
-    table = pd.concat(parts, ignore_index=True)[[c for c in PATCHING_COLUMNS if c != "recovered"]]
-    table["layer"] = table["layer"].astype(str)
+    table = pd.concat([part.reindex(columns=PATCHING_COLUMNS) for part in parts], ignore_index=True)
+    table = table.astype({"layer": str, "scale": float, "patched": float, "clean": float, "corrupted": float,
+                          "kl": float})
     order = {method: i for i, method in enumerate(METHODS)}
-    table = table.sort_values([METHOD, "layer", "receiver", "index"], ignore_index=True,
-                              key=lambda c: c.map(order) if c.name == METHOD else c.map(natural_key))
-    cell = [METHOD, "layer", "receiver", "index"]
+    cell = [METHOD, "layer", "receiver", "index", "scale"]
+    table = table.sort_values(cell, ignore_index=True, key=lambda c: (
+        c.map(order) if c.name == METHOD else c if c.name == "scale" else c.map(natural_key)))
     twice = table[table.duplicated(cell, keep=False)]
     if len(twice):
         raise ValueError(f"two results for {dict(twice.iloc[0][cell].dropna())}: load those runs apart")
@@ -76,16 +82,39 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
 
 
 def _rows(path: str | Path, clean, corrupted, metric: str, on_corrupt: str) -> list[pd.DataFrame]:
-    """The rows of the patching jobs and of the attribution runs at or under ``path``."""
+    """The rows of the patching jobs, the attribution runs and the steering jobs at or under ``path``."""
     steps = load_steps(path, on_corrupt=on_corrupt)
     estimates = load_tensors(path, filters=[("kind", "=", ATTRIBUTION)], on_corrupt=on_corrupt)
-    if LAYER not in steps.columns and estimates.empty:
+    steered = steer_jobs(path, metric, steps, on_corrupt)
+    if LAYER not in steps.columns and estimates.empty and steered.empty:
         raise ValueError(f"'{path}' is neither a patching sweep (its jobs do not override {LAYER}) nor an "
-                         f"attribution run (no kind '{ATTRIBUTION}' kept: hooks=attribution)")
+                         f"attribution run (no kind '{ATTRIBUTION}' kept: hooks=attribution) nor a steering run "
+                         f"(no {STEER}: hooks=steer)")
     parts = [] if estimates.empty else [_attribution_rows(estimates, steps, metric)]
     if LAYER in steps.columns:
         parts.append(_patch_rows(path, steps[steps[LAYER].notna()], clean, corrupted, metric))
+    if not steered.empty:
+        parts.append(_steer_rows(path, steered, metric))
     return parts
+
+
+def _steer_rows(path: str | Path, jobs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One row per steering job and entry (``runner.analysis.steering.steer_jobs``): the metric steered
+    (``patched``) and unsteered (``corrupted``), ``scale``, ``kl`` and the entry's ``index``."""
+    if "steered" not in jobs.columns or jobs[["steered", "unsteered"]].isna().any().any():
+        raise ValueError(f"the steering runs at or under '{path}' have no {metric} and corrupted_{metric} in every "
+                         f"step: set metric.target or metric.diff")
+    return pd.DataFrame({METHOD: "steer", "layer": jobs["layers"], "receiver": None,
+                         "index": [_entry_index(run_dir, hook) for run_dir, hook in zip(jobs["run_dir"], jobs["hook"])],
+                         "scale": jobs["scale"], "patched": jobs["steered"], "clean": np.nan,
+                         "corrupted": jobs["unsteered"], "kl": jobs["kl"]})
+
+
+def _entry_index(run_dir: str, hook: str) -> int | str:
+    """The ``index`` of entry ``hook`` in the run's saved config (``"all"`` without one)."""
+    path = config_path(run_dir)
+    index = OmegaConf.load(path).get("hooks", {}).get(hook, {}).get("index") if path is not None else None
+    return "all" if index is None else index if isinstance(index, int) else str(index)
 
 
 def _patch_rows(sweep: str | Path, steps: pd.DataFrame, clean, corrupted, metric: str) -> pd.DataFrame:

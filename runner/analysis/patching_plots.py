@@ -3,9 +3,10 @@
 ``patching_heatmap`` draws ``runner.analysis.patching.patching_table``: for each method in it
 (``patch``, ``attribution``, ``path``) layers (rows; a path's rows are ``sender → receiver``) x
 index (columns: positions or channels, in numeric order), coloured by the recovered fraction and
-each cell labelled with it. Where an attribution run and real patching hold the same cells, a
-scatter of the one against the other beside them, with their Pearson correlation: how far the
-first-order estimate can stand in for the sweep it costs a fraction of.
+each cell labelled with it; for ``steer`` (nothing to recover: no clean run) steered layers x scale,
+the change of the metric the vector made (steered minus unsteered). Where an attribution run and
+real patching hold the same cells, a scatter of the one against the other beside them, with their
+Pearson correlation: how far the first-order estimate can stand in for the sweep it costs a fraction of.
 """
 from __future__ import annotations
 
@@ -37,9 +38,12 @@ def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
     metric = table.attrs.get("metric", "metric")
     for method, grid in grids.items():  # each its own colour scale: an estimate may overshoot the real cells
         image = _heatmap(axes[method], grid, max(1.0, float(np.nanmax(np.abs(grid.to_numpy(dtype=float))))))
-        own = title if title and len(methods) == 1 else f"{TITLES.get(method, method)}: recovered fraction of {metric}"
-        axes[method].set_title(own)
-        fig.colorbar(image, ax=axes[method], label="recovered fraction")
+        what = f"change of {metric}" if method == "steer" else f"recovered fraction of {metric}"
+        axes[method].set_title(title if title and len(methods) == 1 else f"{TITLES.get(method, method)}: {what}")
+        fig.colorbar(image, ax=axes[method], label=what.split(" of ")[0])
+        if method == "steer":
+            axes[method].set_xlabel("scale")
+            axes[method].set_ylabel("steered layer")
     if both is not None:
         _scatter(axes["scatter"], both, r)
     if title and len(methods) > 1:
@@ -48,10 +52,17 @@ def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
 
 
 def _grid(rows: pd.DataFrame) -> pd.DataFrame:
-    """Layers (a path's: ``sender → receiver``) x index, the recovered fraction, both in natural order."""
+    """Layers (a path's: ``sender → receiver``) x index, the recovered fraction, both in natural order;
+    steering rows: layers x scale, the steered metric minus the unsteered."""
     rows = rows.assign(row=[layer if not isinstance(receiver, str) else f"{layer} → {receiver}"
                             for layer, receiver in zip(rows["layer"], rows.get("receiver", [None] * len(rows)))])
-    grid = rows.pivot(index="row", columns="index", values="recovered")
+    if (rows[METHOD] == "steer").all():  # a row per steered layer and index
+        rows = rows.assign(row=[row if index == "all" else f"{row} [{index}]" for row, index in zip(rows["row"],
+                                                                                                   rows["index"])])
+        grid = rows.assign(change=rows["patched"] - rows["corrupted"]).pivot(index="row", columns="scale",
+                                                                             values="change")
+    else:
+        grid = rows.pivot(index="row", columns="index", values="recovered")
     return grid.loc[sorted(grid.index, key=natural_key), sorted(grid.columns, key=natural_key)]
 
 

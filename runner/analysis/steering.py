@@ -18,23 +18,36 @@ from runner.analysis.order import natural_key
 def steering_table(path: str | Path, metric: str = "logit_diff") -> pd.DataFrame:
     """One row per steering job (and entry) at or under ``path``: ``method`` (``steer``), ``hook``,
     ``layers``, ``scale``, the job's overrides, ``kl`` and, when the runs measured ``metric``,
-    ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale."""
-    rows = load_table(path, STEER)
-    if rows.empty:
+    ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale.
+    ``runner.analysis.patching.patching_table`` shows the same jobs beside the patching rows."""
+    table = steer_jobs(path, metric)
+    if table.empty:
         raise ValueError(f"no run at or under '{path}' wrote {STEER} (a steer entry with baseline=true)")
+    table = table.sort_values(["layers", "scale"], key=lambda c: c.map(natural_key) if c.name == "layers" else c,
+                              ignore_index=True)
+    table.attrs["metric"] = metric
+    return table
+
+
+def steer_jobs(path: str | Path, metric: str, steps: pd.DataFrame | None = None,
+               on_corrupt: str = "error") -> pd.DataFrame:
+    """The steering jobs at or under ``path`` (empty where none wrote ``steer.parquet``), one row per job and
+    entry: ``run_dir``, ``hook``, ``method``, ``layers``, ``scale``, the overrides, ``kl`` and, when measured,
+    ``steered`` and ``unsteered``. ``steps``: the runs' step rows, when the caller has them already;
+    ``on_corrupt`` as for ``load_stats``."""
+    rows = load_table(path, STEER, on_corrupt=on_corrupt)
+    if rows.empty:
+        return rows
     rows["layers"] = rows["layers"].map(",".join)
     keys = ["run_dir", "hook", "method", "layers", "scale", *override_columns(rows)]
     table = rows.groupby(keys, observed=True, dropna=False)["kl"].mean().reset_index()
-    steps = load_steps(path)
+    steps = load_steps(path, on_corrupt=on_corrupt) if steps is None else steps
     train = steps[steps["split"] == "train"]
     measured = [metric, f"corrupted_{metric}"]
     if set(measured) <= set(train.columns) and not train[measured].isna().all().any():
         means = train.groupby("run_dir", observed=True)[measured].mean()
         means.columns = ["steered", "unsteered"]
         table = table.join(means, on="run_dir")
-    table = table.sort_values(["layers", "scale"], key=lambda c: c.map(natural_key) if c.name == "layers" else c,
-                              ignore_index=True)
-    table.attrs["metric"] = metric
     return table
 
 

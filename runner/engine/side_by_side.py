@@ -9,11 +9,13 @@ the run's other entries acting as they do in every pass, and leave the model's b
 running statistics) and the random number generators as they found them: each pass draws the
 dropout masks the step proper then draws, so in train mode a patched layer's clean value meets the
 same masks downstream in both passes, and the run's later randomness is that of a run without them.
-Their metrics (``metric.target``/``metric.diff``) become ``clean_*`` and ``corrupted_*`` columns of
-the step's ``steps.parquet`` row, so one job holds the clean, corrupted and patched values of its
-recovered fraction. An entry that asks for a metric's gradient (``HookType.side_metric``:
-``attribution``) gets it in the corrupted pass, which then runs with gradients, and takes what
-it needs there (``side_backward``): one clean pass, one corrupted pass and one backward.
+The clean pass runs only when an entry needs it (``HookType.side_clean``: ``steer`` compares the
+step with its own batch unsteered, the second pass alone). Their metrics (``metric.target``,
+``metric.diff``) become ``clean_*`` and ``corrupted_*`` columns of the step's ``steps.parquet`` row,
+so one job holds the clean, corrupted and patched values of its recovered fraction. An entry that
+asks for a metric's gradient (``HookType.side_metric``: ``attribution``) gets it in the corrupted
+pass, which then runs with gradients, and takes what it needs there (``side_backward``): one clean
+pass, one corrupted pass and one backward.
 """
 from __future__ import annotations
 
@@ -31,14 +33,15 @@ from runner.sources.losses import first_tensor
 
 def clean_and_corrupted(forward: Forward, model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor,
                         entries: list[HookType], recorder: Recorder, measures: OutputMetrics) -> dict[str, float]:
-    """Run the clean pass (``entries`` keep their values) and the unpatched corrupted pass; return
-    their metrics, prefixed ``clean_`` and ``corrupted_``. Entries with a ``side_metric`` get
+    """Run the clean pass (``entries`` keep their values; when one needs it) and the unpatched corrupted
+    pass; return their metrics, prefixed ``clean_`` and ``corrupted_``. Entries with a ``side_metric`` get
     that metric of the corrupted pass, which then runs with gradients (``side_backward``)."""
     buffers = [(b, b.clone()) for b in model.buffers()]
     differentiating = [entry for entry in entries if entry.side_metric is not None]
     metrics: dict[str, float] = {}
     try:
-        for side, batch, mode in (("clean", clean, "capture"), ("corrupted", corrupted, "off")):
+        passes = [("clean", clean, "capture")] if any(entry.side_clean for entry in entries) else []
+        for side, batch, mode in (*passes, ("corrupted", corrupted, "off")):
             gradients = side == "corrupted" and bool(differentiating)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(recorder.aside())  # each pass counts its calls as the step proper does
