@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import multiprocessing
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ from benchmarks.run import RESULTS, Report, interleaved, paired_ratio
 from hooks import HookSession, build_hooks
 from hooks.store_files import ShardWriter
 from runner.engine.early_stop import forward_until_stop, stopping
+from runner.engine.memory import PeakMemory
 from runner.store.activations import ActivationStore
 
 TARGETS = {"units": "<= 1.15", "store write": ">= 0.8", "store read": ">= 0.8", "peak memory": "<= 1.1"}
@@ -159,8 +159,13 @@ def _read_store(path: Path) -> list[torch.Tensor]:
 
 
 def _store_pass_peak(batches: int, batch: int, side: int, shard_rows: int, queue) -> None:
-    """In a fresh process: a store pass of resnet18 ``layer3`` over ``batches`` batches; its peak RSS."""
+    """In a fresh process: a store pass of resnet18 ``layer3`` over ``batches`` batches; its peak RSS.
+
+    ``VmHWM`` (``PeakMemory``), not ``ru_maxrss``: Linux carries ``ru_maxrss`` over ``fork`` and
+    ``exec`` from the parent, whose gigabytes then hide the pass (both sizes measured the parent)."""
     model = _resnet()
+    peak = PeakMemory(torch.device("cpu"))
+    peak.reset()
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         writer = ShardWriter(Path(tmp), "layer3", shard_rows, "float16")
         for i in range(batches):
@@ -168,7 +173,7 @@ def _store_pass_peak(batches: int, batch: int, side: int, shard_rows: int, queue
                 torch.randn(batch, 3, side, side))))))))
             writer.add(out, torch.arange(i * batch, (i + 1) * batch))
         writer.finish()
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    queue.put(peak.peak_bytes())
 
 
 def peak_memory(report: Report, s: Sizes) -> None:

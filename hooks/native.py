@@ -33,6 +33,9 @@ UNITS_SOURCE = Path(__file__).with_name("units_kernel.c")
 #: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-fPIC", "-shared")
+#: The units kernel splits its units over OpenMP threads (PyTorch's libgomp, loaded first); a compiler
+#: without OpenMP builds it without, on one thread.
+OPENMP = ("-fopenmp",)
 
 _kernel = None  # the loaded ``hr_reduce``; False once the build failed
 _units_kernel = None  # the loaded ``hr_units``; False once the build failed
@@ -53,19 +56,20 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
-def library_path(compiler: str, source: Path = SOURCE) -> Path:
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, *FLAGS, platform.machine(), _cpu_signature()])
-                         .encode()).hexdigest()[:16]
+def library_path(compiler: str, source: Path = SOURCE, extra: tuple[str, ...] = ()) -> Path:
+    key = hashlib.sha256("\0".join([source.read_text(), compiler, *FLAGS, *extra, platform.machine(),
+                                    _cpu_signature()]).encode()).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
 
 
-def build(compiler: str, target: Path, source: Path = SOURCE) -> None:
+def build(compiler: str, target: Path, source: Path = SOURCE, extra: tuple[str, ...] = ()) -> None:
     """Compile into a temporary file and rename it into place: jobs of a sweep may build at once."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(source)], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *FLAGS, *extra, "-o", tmp, str(source)], check=True, capture_output=True,
+                       text=True)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -87,18 +91,30 @@ def units_kernel():
     if _units_kernel is None:
         i64, f64, ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
         _units_kernel = _load(UNITS_SOURCE, "hr_units", [ptr, ctypes.c_int, i64, i64, i64, ptr, f64, f64, f64, i64,
-                                                         i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr])
+                                                         i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr],
+                              (OPENMP, ()))
     return _units_kernel or None
 
 
-def _load(source: Path, symbol: str, argtypes: list):
-    """``symbol`` of ``source`` built (or found in the cache) and loaded; False, with one warning, where it
-    cannot be built."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+def compiler_command() -> str:
+    """The C compiler the kernels are built with: ``$CC``, else ``cc`` or ``gcc`` on the path."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+
+
+def _load(source: Path, symbol: str, argtypes: list, extras: tuple[tuple[str, ...], ...] = ((),)):
+    """``symbol`` of ``source`` built (or found in the cache) and loaded, with the first of ``extras`` (flags
+    beyond ``FLAGS``) the compiler accepts; False, with one warning, where it cannot be built."""
+    compiler = compiler_command()
     try:
-        path = library_path(compiler, source)
-        if not path.exists():
-            build(compiler, path, source)
+        for i, extra in enumerate(extras):
+            path = library_path(compiler, source, extra)
+            try:
+                if not path.exists():
+                    build(compiler, path, source, extra)
+                break
+            except subprocess.CalledProcessError:
+                if i == len(extras) - 1:
+                    raise
         fn = getattr(ctypes.CDLL(str(path)), symbol)
         fn.argtypes = argtypes
         fn.restype = None

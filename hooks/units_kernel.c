@@ -1,7 +1,7 @@
 /* One pass over a batch of layer outputs for every per-unit statistic of hooks.unit_stats.
  *
- * Built and loaded by hooks/native.py like stats_kernel.c; called through ctypes (the GIL is
- * released), on the calling thread (hooks/native.py says why).
+ * Built and loaded by hooks/native.py like stats_kernel.c, with OpenMP; called through ctypes (the
+ * GIL is released); the units are split over PyTorch's OpenMP threads.
  *
  * The input is [batch, units, positions], contiguous, float32 or float64: one row per (sample,
  * unit), its positions (pixels, tokens) next to each other. Per row it writes the sum and the sum
@@ -134,8 +134,12 @@ void hr_units(const void *x, int is_double, int64_t batch, int64_t units, int64_
               double *s2, double *lo, double *hi, int64_t *above, int64_t *at_lo, int64_t *at_hi) {
     const units_params_t p = {threshold, low, inv_log2_gamma, first, last, side, size, upper,
                              inv_log2_gamma > 1000};
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t u = 0; u < units; u++) {
+    /* Units apart on PyTorch's own OpenMP threads (torch loaded libgomp first, so this is its pool,
+     * already awake after the layer's operator): a unit's sketch row and its (sample, unit) outputs
+     * are written by one thread only. */
+#pragma omp parallel for schedule(static)
+    for (int64_t u = 0; u < units; u++) {
+        for (int64_t b = 0; b < batch; b++) {
             const int64_t r = b * units + u;
             if (is_double)
                 row_double((const double *)x + r * positions, positions, shift[u], &p, sketch + u * size,

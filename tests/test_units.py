@@ -269,3 +269,45 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
     kernel = both[0][0]
     np.testing.assert_allclose(kernel["mean"].numpy(), flat.mean(0), rtol=1e-12)
     np.testing.assert_allclose(kernel["m2"].numpy() / kernel["count"], flat.var(0), rtol=1e-9)
+
+
+def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
+    """The kernel splits units over PyTorch's OpenMP threads: each unit's sketch row and sums are one
+    thread's, so the state is bit for bit the single-threaded one."""
+    from hooks.unit_stats import SketchGrid, UnitStats
+
+    grid = SketchGrid(0.01, 1e-6, 1e6)
+    batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
+    states, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            stats = UnitStats(37, 5, 0.0, grid, False, [50])
+            for i, x in enumerate(batches):
+                stats.update(x, torch.arange(6 * i, 6 * i + 6))
+            states.append(stats.state())
+    finally:
+        torch.set_num_threads(threads)
+    for key, value in states[0].items():
+        assert torch.equal(value, states[1][key]) if isinstance(value, torch.Tensor) else value == states[1][key], key
+
+
+def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monkeypatch, tmp_path):
+    """The flags beyond the common ones are tried in order: a compiler that refuses OpenMP's (here a flag
+    no compiler knows) still builds the kernel, without them, and its statistics are the eager ones."""
+    from hooks import native
+    from hooks.unit_stats import SketchGrid, UnitStats
+
+    monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "OPENMP", ("-fno-such-flag-anywhere",))
+    monkeypatch.setattr(native, "_units_kernel", None)
+    assert native.units_kernel() is not None
+    assert [p.name for p in tmp_path.iterdir()] == [native.library_path(native.compiler_command(), native.UNITS_SOURCE).name]
+    x, grid = torch.randn(4, 3, 9), SketchGrid(0.01, 1e-6, 1e6)
+    kernel = UnitStats(3, 2, 0.0, grid, False, [9])
+    kernel.update(x, torch.arange(4))
+    monkeypatch.setattr(native, "_units_kernel", False)
+    eager = UnitStats(3, 2, 0.0, grid, False, [9])
+    eager.update(x, torch.arange(4))
+    assert torch.equal(kernel.state()["sketch"], eager.state()["sketch"])
+    torch.testing.assert_close(kernel.state()["mean"], eager.state()["mean"], rtol=1e-12, atol=0)
