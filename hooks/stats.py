@@ -108,12 +108,15 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     NaN and ±Inf, ``x != x`` exactly at NaN. Small tensors (below ``COMPILE_MIN_NUMEL``) and CUDA
     tensors are summed in float64 outright; a large float32 CPU tensor is summed in float32 (the
     fast path), and again in float64 only when a sum overflowed although every element is finite.
+    A hook that ``torch.compile`` traces sums in float64 outright: that check reads a tensor's value
+    in Python (a graph break per call), while the graph fuses the widening into the reduction.
     """
     lo, hi = torch.aminmax(flat)
     nonfinite = torch.count_nonzero(flat - flat)
     nans = torch.count_nonzero(flat != flat)
     shift = _shift(flat)
-    narrow = flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
+    narrow = (flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
+              and not torch.compiler.is_compiling())
     sums = _sums(flat, shift) if narrow else _sums(flat.double(), shift.double())
     if narrow and not bool(torch.isfinite(torch.stack(sums)).all()) and not bool(nonfinite):
         sums = _sums(flat.double(), shift.double())

@@ -179,3 +179,24 @@ def test_a_budget_is_checked_at_a_compiled_first_call_as_at_an_eager_one(tmp_pat
             rec.step()
         outs.append(tmp_path / f"ran-{compiled}")
     assert_same_records(*outs)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("preset", ["stats", "extract", "ablate"])
+def test_resnet18_compiles_each_preset_into_one_graph_without_a_break(tmp_path, preset):
+    """The README's "no graph break" at a real model's size: resnet18's activations are large enough
+    to take the float32 sums of ``eager_reductions``, whose overflow check (a Python ``bool`` of a
+    tensor) broke the graph once per recorded layer before compiled hooks summed in float64."""
+    import torchvision
+    from benchmarks.compiled import ENTRIES
+
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet18(), torch.randn(2, 3, 64, 64)
+    with runner.attach(model, hooks=[preset], overrides=ENTRIES[preset], out_dir=tmp_path / "run") as session:
+        fast = torch.compile(model)
+        counters.clear()
+        loss = F.log_softmax(fast(x), dim=1).mean()
+        session.backward(loss)
+        session.step(loss)
+        breaks, graphs = dict(counters["graph_break"]), counters["stats"]["unique_graphs"]
+    assert breaks == {} and graphs == 1
