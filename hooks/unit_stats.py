@@ -140,9 +140,9 @@ class UnitStats:
             self.sketch, self._sketch_shared = self.sketch.clone(), False
         g = self.grid
         kernel(x.data_ptr(), x.dtype == f64, batch, self.units, positions, shift.data_ptr(), self.threshold,
-               g.low, 1 / g.log2_gamma, g.first, g.last, g.side, g.size, g.padded_upper[1:].data_ptr(), self.sketch.data_ptr(),
-               s1.data_ptr(), s2.data_ptr(), lo.data_ptr(), hi.data_ptr(), above.data_ptr(), at_lo.data_ptr(),
-               at_hi.data_ptr())
+               g.low, 1 / g.log2_gamma, g.first, g.last, g.side, g.size, g.padded_upper[1:].data_ptr(),
+               self.sketch.data_ptr(), s1.data_ptr(), s2.data_ptr(), lo.data_ptr(), hi.data_ptr(), above.data_ptr(),
+               at_lo.data_ptr(), at_hi.data_ptr())
         n = batch * positions
         sum1, sum2 = s1.sum(0), s2.sum(0)
         self._merge_moments(n, shift + sum1 / n, (sum2 - sum1 * sum1 / n).clamp_(min=0))

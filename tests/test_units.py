@@ -278,6 +278,11 @@ def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
 
     grid = SketchGrid(0.01, 1e-6, 1e6)
     batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
+    from hooks import native
+
+    assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
+    built = native.library_path(native.compiler_command(), native.UNITS_SOURCE, native.OPENMP)
+    assert b"GOMP_parallel" in built.read_bytes(), "the kernel was built without OpenMP: one thread only"
     states, threads = [], torch.get_num_threads()
     try:
         for n in (1, 2):
