@@ -99,6 +99,7 @@ UNITS_SCHEMA = pa.schema([
     pa.field("count", _I64), pa.field("mean", _F64), pa.field("m2", _F64), pa.field("min", _F64),
     pa.field("max", _F64), pa.field("threshold", _F64), pa.field("above", _I64), pa.field("top_k", _I64),
     pa.field("relative_error", _F64), pa.field("sketch_low", _F64), pa.field("sketch_high", _F64),
+    pa.field("sketch_mapping", pa.string()),
     pa.field("sketch_index", pa.list_(pa.int32())), pa.field("sketch_count", pa.list_(_I64)),
     pa.field("top_value", pa.list_(_F64)), pa.field("top_sample", pa.list_(_I64)),
     pa.field("top_position", pa.list_(_I64)), pa.field("bottom_value", pa.list_(_F64)),

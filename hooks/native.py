@@ -91,7 +91,7 @@ def units_kernel():
     if _units_kernel is None:
         i64, f64, ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
         _units_kernel = _load(UNITS_SOURCE, "hr_units", [ptr, ctypes.c_int, i64, i64, i64, ptr, f64, f64, f64, i64,
-                                                         i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr],
+                                                         i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr],
                               (OPENMP, ()))
     return _units_kernel or None
 

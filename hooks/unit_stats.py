@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from hooks import native
@@ -32,39 +33,57 @@ STATE_KEYS = ("count", "mean", "m2", "min", "max", "above", "sketch", "top_value
 
 
 class SketchGrid:
-    """The bucket layout shared by every unit of a run: ``2 K + 1`` buckets, the zero bucket in the middle."""
+    """The bucket layout shared by every unit of a run: ``2 K + 1`` buckets, the zero bucket in the middle.
+
+    A magnitude is bucketed as float32: its bit pattern ``b`` (an integer, piecewise linear in
+    ``log2``) gives the key ``floor(b * multiplier)``, DDSketch's linearly interpolated mapping.
+    A bucket then spans magnitudes whose ratio is at most ``1 + 1 / c + 2**-23`` (``c`` buckets per
+    octave), and ``multiplier = c / 2**23`` is chosen so that this is ``gamma``: the representative
+    ``2 lo hi / (lo + hi)`` is within ``relative_error`` of every magnitude in ``[lo, hi)``. It costs
+    the C kernel one product and a floor per value, where the exact logarithm cost a lookup.
+    """
+
+    #: ``units.parquet``'s ``sketch_mapping``: files with another mapping are refused, not misread
+    MAPPING = "float32-linear"
 
     def __init__(self, relative_error: float, low: float, high: float) -> None:
         self.relative_error, self.low, self.high = relative_error, low, high
-        self.log_gamma = math.log((1 + relative_error) / (1 - relative_error))
-        self.first = math.floor(math.log(low) / self.log_gamma)
-        self.last = math.ceil(math.log(high) / self.log_gamma)
+        gamma = (1 + relative_error) / (1 - relative_error)
+        self.multiplier = 1 / (gamma - 1 - 2.0 ** -23) / 2.0 ** 23
+        #: the zero bucket holds magnitudes below ``low32``, the largest float32 not above ``low``
+        self.low32 = float(np.nextafter(np.float32(low), np.float32(0)) if np.float32(low) > low else np.float32(low))
+        self.first, self.last = (int(self.key(torch.tensor([v], dtype=torch.float32))) for v in (self.low32, high))
         self.side = self.last - self.first + 1
         self.size = 2 * self.side + 1
-        #: ``upper[k - first] = gamma**k``: bucket k's upper edge, what the C kernel compares against
-        self.upper = torch.exp(torch.arange(self.first, self.last + 1, dtype=torch.float64) * self.log_gamma)
-        #: ``upper`` between the sentinels 0 and infinity, for the kernel's branchless correction
-        self.padded_upper = torch.cat([torch.zeros(1, dtype=torch.float64), self.upper,
-                                       torch.full((1,), math.inf, dtype=torch.float64)])
 
-    @property
-    def log2_gamma(self) -> float:
-        return self.log_gamma / math.log(2)
+    def key(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """``floor(bits * multiplier)`` of float32 magnitudes, in float64 as the C kernel computes it."""
+        return torch.floor(magnitude.view(torch.int32).to(torch.float64) * self.multiplier).to(torch.int64)
 
     def index(self, x: torch.Tensor) -> torch.Tensor:
-        """The bucket of each value of ``x`` (float64), monotone in the value: bucket ``k`` for magnitudes
-        in ``(gamma**(k-1), gamma**k]`` read against ``upper``, as the C kernel reads them."""
-        magnitude = x.abs()
-        key = torch.searchsorted(self.upper, magnitude.contiguous()).clamp_(max=self.last - self.first)
+        """The bucket of each value of ``x``, monotone in the value, as the C kernel gives it."""
+        magnitude = x.to(torch.float32).abs()
+        key = (self.key(magnitude) - self.first).clamp_(0, self.last - self.first)
         index = torch.where(x > 0, self.side + 1 + key, self.side - 1 - key)
-        return torch.where(magnitude >= self.low, index, torch.full_like(index, self.side))  # NaN: the zero bucket
+        return torch.where(magnitude >= self.low32, index, torch.full_like(index, self.side))  # NaN: the zero bucket
+
+    def edges(self, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The magnitudes ``[lo, hi)`` of bucket keys ``key`` (absolute, ``first`` <= key <= ``last``): the
+        smallest float32 of each key and of the next, found from ``ceil(key / multiplier)`` and
+        corrected by the product itself."""
+        bounds = []
+        for k in (key, key + 1):
+            bits = torch.ceil(k.to(torch.float64) / self.multiplier)
+            bits = bits + (torch.floor(bits * self.multiplier) < k).to(torch.float64)
+            bits = bits - (torch.floor((bits - 1) * self.multiplier) >= k).to(torch.float64)
+            bounds.append(bits.clamp(max=0x7F800000).to(torch.int32).view(torch.float32).to(torch.float64))
+        return bounds[0], bounds[1]
 
     def value(self, index: torch.Tensor) -> torch.Tensor:
-        """The representative value of each bucket index (0 for the zero bucket)."""
-        offset = (index - self.side).to(torch.float64)
-        key = offset.abs() - 1 + self.first
-        gamma = math.exp(self.log_gamma)
-        magnitude = 2 * torch.exp(key * self.log_gamma) / (gamma + 1)
+        """The representative value of each bucket index (0 for the zero bucket): ``2 lo hi / (lo + hi)``."""
+        offset = index - self.side
+        lo, hi = self.edges(offset.abs() - 1 + self.first)
+        magnitude = 2 * lo * hi / (lo + hi)
         return torch.where(offset == 0, torch.zeros_like(magnitude), torch.sign(offset) * magnitude)
 
 
@@ -140,9 +159,8 @@ class UnitStats:
             self.sketch, self._sketch_shared = self.sketch.clone(), False
         g = self.grid
         kernel(x.data_ptr(), x.dtype == f64, batch, self.units, positions, shift.data_ptr(), self.threshold,
-               g.low, 1 / g.log2_gamma, g.first, g.last, g.side, g.size, g.padded_upper[1:].data_ptr(),
-               self.sketch.data_ptr(), s1.data_ptr(), s2.data_ptr(), lo.data_ptr(), hi.data_ptr(), above.data_ptr(),
-               at_lo.data_ptr(), at_hi.data_ptr())
+               g.low32, g.multiplier, g.first, g.last, g.side, self.sketch.data_ptr(), s1.data_ptr(), s2.data_ptr(),
+               lo.data_ptr(), hi.data_ptr(), above.data_ptr(), at_lo.data_ptr(), at_hi.data_ptr())
         n = batch * positions
         sum1, sum2 = s1.sum(0), s2.sum(0)
         self._merge_moments(n, shift + sum1 / n, (sum2 - sum1 * sum1 / n).clamp_(min=0))

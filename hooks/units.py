@@ -23,6 +23,8 @@ from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.unit_stats import SketchGrid, UnitStats
 
+FLOAT32 = torch.finfo(torch.float32)
+
 
 #: The columns of ``units.parquet`` (types: ``common.records.UNITS_SCHEMA``).
 
@@ -42,11 +44,12 @@ class UnitsSpec(SampleOutputsSpec):
     def check(self, key: str) -> None:
         if self.top_k < 0:
             raise ConfigError(f"{key}.top_k: {self.top_k} must be >= 0")
-        if not 0 < self.relative_error < 1:
-            raise ConfigError(f"{key}.relative_error: {self.relative_error} must be in (0, 1), e.g. 0.01")
-        if not 0 < self.sketch_low < self.sketch_high:
-            raise ConfigError(f"{key}.sketch_low: {self.sketch_low} must be > 0 and below "
-                              f"sketch_high={self.sketch_high}")
+        if not 1e-6 <= self.relative_error < 1:
+            raise ConfigError(f"{key}.relative_error: {self.relative_error} must be in [1e-6, 1), e.g. 0.01")
+        if not FLOAT32.tiny <= self.sketch_low < self.sketch_high <= FLOAT32.max:
+            raise ConfigError(f"{key}.sketch_low, sketch_high: {self.sketch_low}, {self.sketch_high} must satisfy "
+                              f"{FLOAT32.tiny:g} <= sketch_low < sketch_high <= {FLOAT32.max:g} (the sketch "
+                              f"buckets float32 magnitudes)")
 
 
 @register("units")
@@ -124,6 +127,7 @@ class Units(SampleOutputs):
             columns["relative_error"] += [self.spec.relative_error] * n
             columns["sketch_low"] += [self.spec.sketch_low] * n
             columns["sketch_high"] += [self.spec.sketch_high] * n
+            columns["sketch_mapping"] += [SketchGrid.MAPPING] * n
             for key in ("mean", "m2", "min", "max", "above"):
                 columns[key] += getattr(stats, key).tolist()
             nonzero = [row.nonzero().view(-1) for row in stats.sketch]

@@ -6,6 +6,8 @@ forward hooks keeping every output in float64; statistics by numpy over all of t
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -164,7 +166,8 @@ def test_four_shards_cover_the_dataset_once_and_merge_to_the_one_job_table(tmp_p
 @pytest.mark.parametrize("overrides, message", [
     (("data.shard=4", "data.num_shards=4"), "data.shard: 4 must be in [0, 3] (data.num_shards=4)"),
     (("data.num_shards=2", "mode=train"), "data.num_shards: 2 but data=digits is a training stream"),
-    (("hooks.units.relative_error=2",), "hooks.units.relative_error: 2.0 must be in (0, 1)"),
+    (("hooks.units.relative_error=2",), "hooks.units.relative_error: 2.0 must be in [1e-6, 1)"),
+    (("hooks.units.sketch_high=1e39",), "hooks.units.sketch_low, sketch_high: 1e-06, 1e+39 must satisfy"),
     (("eval_every=1",), "hooks.units: 'units' sums over the run's own pass"),
 ])
 def test_bad_settings_fail_before_the_run_naming_the_key(overrides, message):
@@ -233,7 +236,7 @@ def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("relative_error", [0.01, 1e-4])  # 1e-4: finer than the kernel's log2 estimate
+@pytest.mark.parametrize("relative_error", [0.01, 1e-4])
 def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_magnitude(monkeypatch, dtype,
                                                                                        relative_error):
     """Zeros, values below ``sketch_low``, above ``sketch_high``, infinities and bucket edges: every
@@ -243,7 +246,9 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
 
     assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
     grid = SketchGrid(relative_error, 1e-6, 1e6)
-    special = torch.tensor([0.0, -0.0, 1e-7, -1e-6, 1e6, -2e6, 3e30, 1.0, -1.0, float(grid.upper[40])])
+    edge = grid.edges(torch.tensor([grid.first + 40]))[0]  # a bucket's smallest float32, and the float32 below it
+    below = torch.nextafter(edge.float(), torch.zeros(1)).double()
+    special = torch.tensor([0.0, -0.0, 1e-7, -1e-6, 1e6, -2e6, 3e30, 1.0, -1.0, float(edge), -float(below)])
     batches = [torch.randn(5, 3, 12, dtype=dtype) * 50 + 1000 for _ in range(3)]
     batches[1][2, 1, :len(special)] = special.to(dtype)
     infinite = torch.randn(4, 3, 7, dtype=dtype)
@@ -269,6 +274,42 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
     kernel = both[0][0]
     np.testing.assert_allclose(kernel["mean"].numpy(), flat.mean(0), rtol=1e-12)
     np.testing.assert_allclose(kernel["m2"].numpy() / kernel["count"], flat.var(0), rtol=1e-9)
+
+
+@pytest.mark.parametrize("relative_error", [0.05, 0.01, 1e-4])
+def test_every_magnitude_is_within_the_relative_error_of_its_buckets_value(relative_error):
+    """The sketch's promise, bucket by bucket: random magnitudes over [sketch_low, sketch_high] and both
+    sides of every bucket edge, each read back as its bucket's value, within relative_error (float64)."""
+    from hooks.unit_stats import SketchGrid
+
+    grid = SketchGrid(relative_error, 1e-6, 1e6)
+    per_octave = grid.multiplier * 2 ** 23  # the README: about 50 at 1%, 1.4 times the log mapping's 35
+    assert abs(per_octave / (1 / math.log2((1 + relative_error) / (1 - relative_error))) - 1 / math.log(2)) < 0.01
+    keys = torch.arange(grid.first + 1, grid.last, step=max(1, (grid.last - grid.first) // 2000))
+    edge = grid.edges(keys)[0].float()
+    below = torch.nextafter(edge, torch.zeros(1))
+    assert (grid.index(edge.double()) == grid.index(below.double()) + 1).all(), "an edge starts the next bucket"
+    magnitudes = torch.cat([10 ** (torch.rand(200_000, dtype=torch.float64) * 12 - 6), edge.double(), below.double()])
+    x = (magnitudes * torch.where(torch.rand(len(magnitudes)) < 0.5, -1.0, 1.0).double()).float().double()
+    inside = (x.abs() >= 1e-6) & (x.abs() <= 1e6)
+    error = (grid.value(grid.index(x)) - x).abs()
+    assert inside.sum() > 200_000 and (error[inside] <= relative_error * x.abs()[inside]).all()
+    assert (grid.value(grid.index(torch.tensor([0.0, 5e-7, -5e-7], dtype=torch.float64))) == 0).all()
+
+
+def test_a_units_table_of_another_sketch_mapping_is_refused_naming_the_file(tmp_path):
+    """A ``units.parquet`` of an earlier version (log buckets, no ``sketch_mapping``) would give wrong
+    quantiles: ``load_units`` refuses it in one line naming the file."""
+    import pyarrow.parquet as pq
+
+    out = run(make_config("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
+                          "hooks=units", "hooks.units.layers=[fc]"), tmp_path / "run")
+    assert set(load_units(out).sketch_mapping) == {"float32-linear"}
+    file = next(out.rglob("units.parquet"))
+    pq.write_table(pq.read_table(file).drop(["sketch_mapping"]), file)
+    with pytest.raises(ValueError, match="another bucket mapping") as info:
+        load_units(out)
+    assert str(file) in str(info.value)
 
 
 def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():

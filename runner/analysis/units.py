@@ -37,7 +37,7 @@ def load_units(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
         >>> units = load_units("outputs/multirun/2026-11-26/10-00-00")
         >>> units[units.layer == "layer3"].nlargest(5, "mean")[["unit", "mean", "top_sample"]]
     """
-    tables = [pq.read_table(file) for run in run_dirs(path, on_corrupt) for _, file in rank_files(run, UNITS)]
+    tables = [_read(file) for run in run_dirs(path, on_corrupt) for _, file in rank_files(run, UNITS)]
     if not tables:
         raise FileNotFoundError(f"no run at or under '{path}' wrote {UNITS} (add a units entry: hooks=units)")
     frame = pa.concat_tables(tables).to_pandas()
@@ -47,6 +47,17 @@ def load_units(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     merged["std"] = np.sqrt(merged.variance)
     merged["fraction_above"] = merged.above / merged["count"]
     return merged
+
+
+def _read(file: Path) -> pa.Table:
+    """One ``units.parquet``; one whose sketches use another bucket mapping (written by an earlier
+    version) is refused: its quantiles would be read with the wrong buckets."""
+    table = pq.read_table(file)
+    mappings = set(table.column("sketch_mapping").to_pylist()) if "sketch_mapping" in table.column_names else {None}
+    if mappings != {SketchGrid.MAPPING}:
+        raise ValueError(f"'{file}' holds quantile sketches of another bucket mapping ({sorted(map(str, mappings))}, "
+                         f"expected '{SketchGrid.MAPPING}'): written by an earlier version; run it again")
+    return table
 
 
 def _merge(rows: pd.DataFrame) -> dict:
