@@ -151,7 +151,8 @@ class UnitStats:
         maxima and minima with their positions, each ``[batch, units]``."""
         x = x.contiguous()
         batch, positions = x.shape[0], x.shape[2]
-        shift = (self.mean if self.count else x[0, :, 0].to(torch.float64)).contiguous()
+        # around a finite shift: an infinite one would make every difference infinite or NaN
+        shift = torch.nan_to_num(self.mean if self.count else x[0, :, 0].to(torch.float64), 0.0, 0.0, 0.0).contiguous()
         f64, i64 = torch.float64, torch.int64
         s1, s2, lo, hi = (torch.empty(batch, self.units, dtype=f64) for _ in range(4))
         above, at_lo, at_hi = (torch.empty(batch, self.units, dtype=i64) for _ in range(3))
