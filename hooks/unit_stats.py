@@ -154,20 +154,19 @@ class UnitStats:
         # around a finite shift: an infinite one would make every difference infinite or NaN
         shift = torch.nan_to_num(self.mean if self.count else x[0, :, 0].to(torch.float64), 0.0, 0.0, 0.0).contiguous()
         f64, i64 = torch.float64, torch.int64
-        s1, s2, lo, hi = (torch.empty(batch, self.units, dtype=f64) for _ in range(4))
-        above, at_lo, at_hi = (torch.empty(batch, self.units, dtype=i64) for _ in range(3))
+        sum1, sum2, above = (torch.empty(self.units, dtype=t) for t in (f64, f64, i64))
+        lo, hi, at_lo, at_hi = (torch.empty(batch, self.units, dtype=t) for t in (f64, f64, i64, i64))
         if self._sketch_shared:  # copy on write: ``state()`` handed this sketch out
             self.sketch, self._sketch_shared = self.sketch.clone(), False
         g = self.grid
         kernel(x.data_ptr(), x.dtype == f64, batch, self.units, positions, shift.data_ptr(), self.threshold,
-               g.low32, g.multiplier, g.first, g.last, g.side, self.sketch.data_ptr(), s1.data_ptr(), s2.data_ptr(),
-               lo.data_ptr(), hi.data_ptr(), above.data_ptr(), at_lo.data_ptr(), at_hi.data_ptr())
+               g.low32, g.multiplier, g.first, g.last, g.side, self.sketch.data_ptr(), sum1.data_ptr(), sum2.data_ptr(),
+               above.data_ptr(), lo.data_ptr(), hi.data_ptr(), at_lo.data_ptr(), at_hi.data_ptr())
         n = batch * positions
-        sum1, sum2 = s1.sum(0), s2.sum(0)
         self._merge_moments(n, shift + sum1 / n, (sum2 - sum1 * sum1 / n).clamp_(min=0))
         self.min = torch.minimum(self.min, lo.amin(0))
         self.max = torch.maximum(self.max, hi.amax(0))
-        self.above = self.above + above.sum(0)
+        self.above = self.above + above
         return hi, at_hi, lo, at_lo
 
     def _eager(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -4,10 +4,11 @@
  * GIL is released); the units are split over PyTorch's OpenMP threads.
  *
  * The input is [batch, units, positions], contiguous, float32 or float64: one row per (sample,
- * unit), its positions (pixels, tokens) next to each other. Per row it writes the sum and the sum
+ * unit), its positions (pixels, tokens) next to each other. Per unit it writes the sum and the sum
  * of squares of (value - shift[unit]) accumulated in double (shift: the unit's running mean, so
- * the caller's M2 = S2 - S1^2 / n does not cancel), min and max with the first position of each,
- * and the count above the threshold; it adds each value's quantile-sketch bucket to sketch[unit].
+ * the caller's M2 = S2 - S1^2 / n does not cancel), min, max and the count above the threshold,
+ * and adds each value's quantile-sketch bucket to sketch[unit]; per row (sample, unit) it writes
+ * the min and max with the first position of each, what the top-k candidates are made of.
  *
  * The sketch bucket (hooks.unit_stats.SketchGrid defines it; its eager index() is the same
  * arithmetic): the magnitude m = |(float)v| as float32; its bit pattern b, read as an integer, is
@@ -79,7 +80,7 @@ typedef struct {
 
 #define ROW(NAME, MOMENTS_OF, BUCKETS_OF, T)                                                           \
     static void NAME(const T *x, int64_t n, double shift, const units_params_t *p, int64_t *sketch,     \
-                     double *s1, double *s2, double *lo, double *hi, int64_t *above, int64_t *at_lo,    \
+                     double *s1, double *s2, int64_t *above, double *lo, double *hi, int64_t *at_lo,    \
                      int64_t *at_hi) {                                                                  \
         double sum = 0, sumsq = 0;                                                                      \
         T l = x[0], h = x[0];                                                                           \
@@ -100,7 +101,7 @@ typedef struct {
             }                                                                                           \
         }                                                                                               \
         sketch[p->side] += small;                                                                       \
-        *s1 = sum; *s2 = sumsq; *lo = l; *hi = h; *above = count;                                       \
+        *s1 += sum; *s2 += sumsq; *above += count; *lo = l; *hi = h;                                    \
         *at_lo = first_at_##T(x, lo_block, n, l);                                                       \
         *at_hi = first_at_##T(x, hi_block, n, h);                                                       \
     }
@@ -116,8 +117,8 @@ ROW(row_double, moments_double, buckets_double, double)
 
 void hr_units(const void *x, int is_double, int64_t batch, int64_t units, int64_t positions,
               const double *shift, double threshold, double low, double multiplier, int64_t first,
-              int64_t last, int64_t side, int64_t *sketch, double *s1, double *s2, double *lo, double *hi,
-              int64_t *above, int64_t *at_lo, int64_t *at_hi) {
+              int64_t last, int64_t side, int64_t *sketch, double *s1, double *s2, int64_t *above, double *lo,
+              double *hi, int64_t *at_lo, int64_t *at_hi) {
     const units_params_t p = {threshold, multiplier, (float)low, (int32_t)first, (int32_t)last, (int32_t)side};
     const int64_t size = 2 * side + 1;
     /* Units apart on PyTorch's own OpenMP threads (torch loaded libgomp first, so this is its pool,
@@ -125,14 +126,16 @@ void hr_units(const void *x, int is_double, int64_t batch, int64_t units, int64_
      * are written by one thread only. */
 #pragma omp parallel for schedule(static)
     for (int64_t u = 0; u < units; u++) {
+        s1[u] = s2[u] = 0;
+        above[u] = 0;
         for (int64_t b = 0; b < batch; b++) {
             const int64_t r = b * units + u;
             if (is_double)
                 row_double((const double *)x + r * positions, positions, shift[u], &p, sketch + u * size,
-                           s1 + r, s2 + r, lo + r, hi + r, above + r, at_lo + r, at_hi + r);
+                           s1 + u, s2 + u, above + u, lo + r, hi + r, at_lo + r, at_hi + r);
             else
                 row_float((const float *)x + r * positions, positions, shift[u], &p, sketch + u * size,
-                          s1 + r, s2 + r, lo + r, hi + r, above + r, at_lo + r, at_hi + r);
+                          s1 + u, s2 + u, above + u, lo + r, hi + r, at_lo + r, at_hi + r);
         }
     }
 }
