@@ -266,6 +266,30 @@ def test_the_report_draws_the_top_digits_of_the_units_with_the_largest_max_of_ea
     assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for _, data in grids)
 
 
+def test_a_report_of_many_layers_draws_a_few_spread_in_the_model_s_order(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from runner.analysis import report
+    from runner.analysis.plots import DPI
+
+    names = [f"block{i}" for i in range(54)]  # a resnet50's 54 conv and linear outputs, recorded in sorted order
+    frame = pd.DataFrame({"layer": sorted(names), "unit": 0})
+    spread = report.spread_layers(frame, ["", *names], 16)
+    assert spread[0] == "block0" and spread[-1] == "block53" and len(set(spread)) == 16
+    steps = np.diff([names.index(name) for name in spread])
+    assert steps.min() >= 3 and steps.max() <= 4  # evenly: 53 / 15 apart, rounded
+    monkeypatch.setattr(report, "MOST_HISTOGRAM_LAYERS", 1)
+    monkeypatch.setattr(report, "MOST_UNIT_LAYERS", 1)
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    section = units_section(report.render(out))
+    assert "Histograms of 1 of the 2 layers, evenly spread in the model&#x27;s order" in section
+    pictures = re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section)
+    assert png_size(pictures[0][1]) == (9 * DPI, (1.9 + 0.6) * DPI)  # one row of panels: relu2's, before fc
+    assert [alt for alt, _ in pictures[1:]] == [f"top samples of relu2 unit {u}" for u in
+                                                load_units(out).query("layer == 'relu2'").nlargest(2, "max").unit]
+    assert "of each of 1 of the 2 layers, evenly spread in the model" in section
+
+
 def test_top_images_of_run_shows_each_top_digit_under_its_map_from_a_plain_forward(tmp_path):
     from runner.analysis.unit_plots import top_images_of_run
 

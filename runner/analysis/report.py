@@ -64,6 +64,8 @@ MOST_TABLE_JOBS = 16
 UNITS_PER_LAYER = 2
 MOST_UNIT_LAYERS = 4
 MOST_TOP_EXAMPLES = 4
+#: Layers whose histograms of unit means and dead fractions are drawn (spread like the units above).
+MOST_HISTOGRAM_LAYERS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
@@ -246,8 +248,8 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
 def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
     layer: its units, the values each unit saw, the mean of the unit means, the units never above
-    the threshold (dead); then the layers' histograms of unit means and dead fractions, and the top
-    examples of a few units (``_top_examples``)."""
+    the threshold (dead); then the histograms of unit means and dead fractions of up to
+    ``MOST_HISTOGRAM_LAYERS`` layers, and the top examples of a few units (``_top_examples``)."""
     try:
         units = load_units(path, on_corrupt)
     except FileNotFoundError:
@@ -255,32 +257,50 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
         units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
         mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()
-    first = next(r for r in runs if rank_files(r, UNITS))
+    run = _rebuilt(next(r for r in runs if rank_files(r, UNITS)))
+    order = [name for name, _ in run.model.named_modules()] if isinstance(run, RebuiltRun) else []
+    drawn = spread_layers(units, order, MOST_HISTOGRAM_LAYERS)
+    layers = units.layer.nunique()
+    capped = (_note(f"Histograms of {len(drawn)} of the {layers} layers, evenly spread in the model's order; "
+                    f"every layer: runner.analysis.unit_plots.layer_histograms(load_units(PATH)).")
+              if len(drawn) < layers else "")
     return ("<p>Per layer: <code>values</code> each unit saw (samples x positions), <code>never_above</code> the "
             "units never above their entry's threshold (dead). Every unit's numbers and top samples: "
             f"<code>load_units({html.escape(repr(str(path)))})</code>.</p>\n" + _table(table)
-            + _img(layer_histograms(units), "unit means and dead fractions per layer")
-            + "<h3>Top examples</h3>\n" + _top_examples(first, units))
+            + _img(layer_histograms(pd.concat([units[units.layer == layer] for layer in drawn])),
+                   "unit means and dead fractions per layer") + capped
+            + "<h3>Top examples</h3>\n" + _top_examples(run, units, order))
+
+
+def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]:
+    """Up to ``most`` of the recorded layers, evenly spread over them in ``order`` (the model's module
+    names; layers not in it come after), the first and the last among them; in that order."""
+    position = {name: i for i, name in enumerate(order)}
+    layers = sorted(dict.fromkeys(units.layer), key=lambda name: position.get(name, len(position)))
+    spread = np.linspace(0, len(layers) - 1, min(most, len(layers))).round().astype(int)
+    return [layers[i] for i in dict.fromkeys(spread)]
 
 
 def chosen_units(units: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """The rows of the units whose top examples the report draws: the ``UNITS_PER_LAYER`` with the
-    largest max (first call) of ``MOST_UNIT_LAYERS`` layers spread evenly over the recorded ones in
-    ``order`` (the model's module names; others after them), the first and the last among them."""
-    position = {name: i for i, name in enumerate(order)}
-    layers = sorted(dict.fromkeys(units.layer), key=lambda name: position.get(name, len(position)))
-    spread = np.linspace(0, len(layers) - 1, min(MOST_UNIT_LAYERS, len(layers))).round().astype(int)
-    return pd.concat([units[(units.layer == layers[i]) & (units.call == 0)].nlargest(UNITS_PER_LAYER, "max")
-                      for i in dict.fromkeys(spread)])
+    largest max (first call) of ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``)."""
+    return pd.concat([units[(units.layer == layer) & (units.call == 0)].nlargest(UNITS_PER_LAYER, "max")
+                      for layer in spread_layers(units, order, MOST_UNIT_LAYERS)])
 
 
-def _top_examples(run_dir: Path, units: pd.DataFrame) -> str:
-    """The top examples of ``chosen_units``, read back from ``run_dir``'s data by sample id: an image
-    grid with the unit's map overlaid, or token ids in context; or one line why they cannot be."""
+def _rebuilt(run_dir: Path) -> RebuiltRun | str:
+    """``run_dir``'s model and data rebuilt (``rebuild_run``), or one line why they cannot be."""
     try:
-        run = rebuild_run(run_dir)
+        return rebuild_run(run_dir)
     except (ConfigError, OSError) as exc:
-        return _note(f"Not drawn: the run's model and data cannot be rebuilt from its config.yaml: {exc}")
+        return f"Not drawn: the run's model and data cannot be rebuilt from its config.yaml: {exc}"
+
+
+def _top_examples(run: RebuiltRun | str, units: pd.DataFrame, order: list[str]) -> str:
+    """The top examples of ``chosen_units``, read back from the run's data by sample id: an image
+    grid with the unit's map overlaid, or token ids in context; or one line why they cannot be."""
+    if isinstance(run, str):
+        return _note(run)
     data = run.plan.data
     if data.items is None:
         return _note(f"Not drawn: data={data.kind} cannot return inputs by sample id (a stream without a length).")
@@ -288,11 +308,11 @@ def _top_examples(run_dir: Path, units: pd.DataFrame) -> str:
     if draw is None:
         return _note(f"Not drawn: the inputs (shape {list(data.input_shape)}, {data.input_dtype}) are neither "
                      f"images nor token ids.")
-    chosen = chosen_units(units, [name for name, _ in run.model.named_modules()])
+    chosen = chosen_units(units, order)
     shown = ", ".join(f"{layer} unit {unit}" for layer, unit in zip(chosen.layer, chosen.unit))
     layers, recorded = chosen.layer.nunique(), units.layer.nunique()
-    which = "each layer" if layers == recorded else (f"each of {layers} of the {recorded} layers in the model's "
-                                                     "order (the first, the last and evenly between)")
+    which = "each layer" if layers == recorded else (f"each of {layers} of the {recorded} layers, evenly spread "
+                                                     "in the model's order (the first and the last among them)")
     ids = " (token ids as numbers: the run keeps no tokenizer)" if draw is top_tokens_of_run else ""
     return (f"<p>Drawn: {html.escape(shown)}: the {UNITS_PER_LAYER} units with the largest max of {which}, each "
             f"with up to its first {MOST_TOP_EXAMPLES} top samples{ids}. Any unit: "
