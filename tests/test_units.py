@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,11 +112,16 @@ def image_inputs(path: str) -> list[torch.Tensor]:
     return list(torch.stack([folder[i][0] for i in range(len(folder))]).split(50))
 
 
-def test_imagefolder_through_resnet18_every_statistic_equals_float64(tmp_path, image_folder):
-    out = run(make_config(*IMAGES, f"data.path={image_folder}", "hooks=units",
-                          f"hooks.units.layers=[{','.join(RESNET_LAYERS)}]", "hooks.units.top_k=7",
-                          "hooks.units.second_moment=true"), tmp_path / "run")
-    units = load_units(out)
+@pytest.fixture(scope="module")
+def resnet_units(tmp_path_factory, image_folder) -> Path:
+    """A units run of resnet18 over the image folder (its random weights from the run's seed)."""
+    return run(make_config(*IMAGES, f"data.path={image_folder}", "hooks=units",
+                           f"hooks.units.layers=[{','.join(RESNET_LAYERS)}]", "hooks.units.top_k=7",
+                           "hooks.units.second_moment=true"), tmp_path_factory.mktemp("resnet") / "run")
+
+
+def test_imagefolder_through_resnet18_every_statistic_equals_float64(resnet_units, image_folder):
+    units = load_units(resnet_units)
     plan = compile_plan(make_config(*IMAGES, f"data.path={image_folder}"))
     acts = activations(plan.model, RESNET_LAYERS, image_inputs(image_folder))
     for layer, a in acts.items():
@@ -123,6 +129,29 @@ def test_imagefolder_through_resnet18_every_statistic_equals_float64(tmp_path, i
     flat = acts["layer4.1.conv2"].reshape(-1, 512)
     np.testing.assert_allclose(layer_second_moment(units, "layer4.1.conv2"), flat.T @ flat / len(flat),
                                rtol=1e-9, atol=1e-12)
+
+
+def test_a_resnet18_report_draws_each_layer_s_best_unit_within_its_budget_under_a_megabyte(resnet_units):
+    from runner.analysis import report
+    from runner.analysis.plots import DPI
+
+    page = report.write_report(resnet_units).read_text()
+    assert len(page.encode()) < 1_000_000
+    section = units_section(page)
+    units = load_units(resnet_units)
+    chosen = []  # 4 of the 5 layers, evenly spread in the model's order (layer3 before layer4.1.conv2); 2 units each
+    for layer in ("conv1", "layer1.0.conv1", "layer4.1.conv2", "fc"):
+        rows = units[units.layer == layer]
+        chosen += [(layer, str(rows.unit.iloc[i])) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+    grids = re.findall(r'<img alt="top samples of (\S+) unit (\d+)" src="data:image/png;base64,([^"]+)"', section)
+    drawn = [(layer, unit) for layer, unit, _ in grids]
+    assert drawn == [c for c in chosen if c in drawn] and set(chosen[::2]) <= set(drawn)  # every layer's best
+    assert sum(len(base64.b64decode(data)) for *_, data in grids) <= report.MOST_TOP_EXAMPLE_BYTES
+    assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for *_, data in grids)
+    left = [f"{layer} unit {unit}" for layer, unit in chosen if (layer, unit) not in drawn]
+    assert left, "random noise makes large grids: some are left out"
+    assert f"Left out to keep the page small (600 kB of these pictures at most): {', '.join(left)}." in section
+    assert "<h2>Activation patching</h2>" not in page and "<h2>Pictures</h2>" not in page
 
 
 def test_tokens_through_gpt2_tiny_every_statistic_equals_float64(tmp_path):

@@ -64,6 +64,9 @@ MOST_TABLE_JOBS = 16
 UNITS_PER_LAYER = 2
 MOST_UNIT_LAYERS = 4
 MOST_TOP_EXAMPLES = 4
+#: PNG bytes of all top-example grids together: each layer's best unit is drawn first, then its
+#: second; a grid that would pass the budget is left out (photos or noise make large grids).
+MOST_TOP_EXAMPLE_BYTES = 600_000
 #: Layers whose histograms of unit means and dead fractions are drawn (spread like the units above).
 MOST_HISTOGRAM_LAYERS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
@@ -282,10 +285,12 @@ def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]
 
 
 def chosen_units(units: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """The rows of the units whose top examples the report draws: the ``UNITS_PER_LAYER`` with the
-    largest max (first call) of ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``)."""
+    """The rows of the units whose top examples the report draws, layer by layer: the ``UNITS_PER_LAYER``
+    with the largest max (first call) of ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``),
+    ``rank`` 0 for each layer's largest."""
     return pd.concat([units[(units.layer == layer) & (units.call == 0)].nlargest(UNITS_PER_LAYER, "max")
-                      for layer in spread_layers(units, order, MOST_UNIT_LAYERS)])
+                      .assign(rank=lambda rows: range(len(rows)))
+                      for layer in spread_layers(units, order, MOST_UNIT_LAYERS)], ignore_index=True)
 
 
 def _rebuilt(run_dir: Path) -> RebuiltRun | str:
@@ -309,16 +314,25 @@ def _top_examples(run: RebuiltRun | str, units: pd.DataFrame, order: list[str]) 
         return _note(f"Not drawn: the inputs (shape {list(data.input_shape)}, {data.input_dtype}) are neither "
                      f"images nor token ids.")
     chosen = chosen_units(units, order)
-    shown = ", ".join(f"{layer} unit {unit}" for layer, unit in zip(chosen.layer, chosen.unit))
+    pngs, budget = {}, MOST_TOP_EXAMPLE_BYTES
+    for i in chosen.sort_values("rank", kind="stable").index:  # every layer's best unit before any second
+        png = plots.png_bytes(draw(run, units, chosen.layer[i], int(chosen.unit[i]), MOST_TOP_EXAMPLES))
+        if len(png) <= budget:
+            pngs[i], budget = png, budget - len(png)
+    name = {i: f"{chosen.layer[i]} unit {chosen.unit[i]}" for i in chosen.index}
+    left = [name[i] for i in chosen.index if i not in pngs]
     layers, recorded = chosen.layer.nunique(), units.layer.nunique()
     which = "each layer" if layers == recorded else (f"each of {layers} of the {recorded} layers, evenly spread "
                                                      "in the model's order (the first and the last among them)")
     ids = " (token ids as numbers: the run keeps no tokenizer)" if draw is top_tokens_of_run else ""
-    return (f"<p>Drawn: {html.escape(shown)}: the {UNITS_PER_LAYER} units with the largest max of {which}, each "
-            f"with up to its first {MOST_TOP_EXAMPLES} top samples{ids}. Any unit: "
-            f"<code>runner.analysis.unit_plots.{draw.__name__}</code>.</p>\n"
-            + "\n".join(_img(draw(run, units, layer, int(unit), MOST_TOP_EXAMPLES),
-                             f"top samples of {layer} unit {unit}") for layer, unit in zip(chosen.layer, chosen.unit)))
+    over = (f" Left out to keep the page small ({MOST_TOP_EXAMPLE_BYTES // 1000} kB of these pictures at most): "
+            f"{', '.join(left)}." if left else "")
+    drawn = [i for i in chosen.index if i in pngs]
+    return (f"<p>Drawn: {html.escape(', '.join(name[i] for i in drawn))}: the {UNITS_PER_LAYER} units with the "
+            f"largest max of {which}, each with up to its first {MOST_TOP_EXAMPLES} top samples{ids}."
+            f"{html.escape(over)} "
+            f"Any unit: <code>runner.analysis.unit_plots.{draw.__name__}</code>.</p>\n"
+            + "\n".join(_png(pngs[i], f"top samples of {name[i]}") for i in drawn))
 
 
 def _drawer(run: RebuiltRun):
@@ -330,7 +344,11 @@ def _drawer(run: RebuiltRun):
 
 
 def _img(fig, alt: str) -> str:
-    data = base64.b64encode(plots.png_bytes(fig)).decode("ascii")
+    return _png(plots.png_bytes(fig), alt)
+
+
+def _png(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
