@@ -343,6 +343,17 @@ def test_top_images_of_run_shows_each_top_digit_under_its_map_from_a_plain_forwa
         assert float(kept[0][i].max()) == pytest.approx(value, rel=1e-6)
 
 
+def test_a_gpu_run_s_top_examples_are_drawn_on_the_cpu(tmp_path):
+    from runner.analysis import report
+
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("device: auto\n", "device: cuda\n", 1))
+    assert "device: cuda" in config.read_text()
+    section = units_section(report.render(out))
+    assert section.count('<img alt="top samples of ') == 4  # relu2's and fc's two best units
+
+
 def test_a_units_run_over_a_stream_says_why_it_has_no_top_examples(tmp_path):
     from runner.analysis import report
 

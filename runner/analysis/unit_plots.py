@@ -86,8 +86,9 @@ class RebuiltRun:
 
 
 def rebuild_run(run_dir: str | Path) -> RebuiltRun:
-    """The run at ``run_dir`` rebuilt from its ``config.yaml`` (``FileNotFoundError`` without one)."""
-    plan = compile_plan(OmegaConf.load(Path(run_dir) / "config.yaml"))
+    """The run at ``run_dir`` rebuilt on the CPU from its ``config.yaml`` (``FileNotFoundError`` without
+    one), wherever it ran: a GPU run's units are drawn on a machine without one."""
+    plan = compile_plan(OmegaConf.load(Path(run_dir) / "config.yaml"), check_device=False)
     torch.manual_seed(plan.settings.seed)
     return RebuiltRun(plan, build_model(plan.model).eval())
 
