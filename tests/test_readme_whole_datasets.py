@@ -10,6 +10,7 @@ runs as written in the ``torchrun`` group.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
     page = (in_tmp / command[0] / "report.html").read_text()
     section = page.split('<section id="units"><h2>Unit statistics</h2>', 1)[1].split("</section>", 1)[0]
     assert "<td>layer3</td>" in section and "<td>layer4</td>" in section
+    drawn = re.findall(r'<img alt="top samples of (layer[34]) unit \d+"', section)
+    assert drawn == ["layer3", "layer3", "layer4", "layer4"]  # as the sentence says: 2 units of each layer
 
 
 @pytest.mark.slurm

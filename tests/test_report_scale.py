@@ -45,7 +45,8 @@ def patching_page(tmp_path_factory):
 def test_a_64_job_patching_sweep_gets_its_heatmap_and_table_not_64_pictures(patching_page):
     sweep, page = patching_page
     assert pictures(page) == ["recovered fraction per layer and index"]
-    section = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert '<section id="pictures">' not in page  # each job is a cell of the heatmap: no pictures of its own
+    section = page.split('<section id="patching"><h2>Activation patching</h2>', 1)[1].split("</section>", 1)[0]
     assert section.count("</tr>") == 1 + 64  # the header and one row per job
     assert len(page.encode()) < 1_000_000
 
@@ -76,12 +77,13 @@ def test_a_1000_job_stats_sweep_report_is_a_few_mb_with_capped_pictures(stats_pa
     assert page.count("<pre>") == report.MOST_CONFIGS
     jobs = page.split('<section id="jobs">', 1)[1].split("</section>", 1)[0]
     assert re.findall(r"<tr>\s*<td>(\d+)</td>", jobs) == [str(n) for n in range(1000)]
+    assert "Activation patching" not in page and "Unit statistics" not in page  # nothing for them here
 
 
 def test_the_page_reads_top_down(stats_page, patching_page):
     for page in (stats_page, patching_page[1]):
-        order = [page.index(f'<section id="{key}">') for key in report.SECTIONS]
-        assert order == sorted(order)
+        order = [page.index(f'<section id="{key}">') for key in report.SECTIONS if f'<section id="{key}">' in page]
+        assert order == sorted(order) and len(order) >= 6
         assert page.index("<img") < page.index('<section id="layers">')
         layers = page.split('<section id="layers">', 1)[1].split("</h2>", 1)[1].split("</section>", 1)[0]
         assert layers.lstrip().startswith("<details><summary>")  # collapsed

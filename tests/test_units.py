@@ -6,7 +6,10 @@ forward hooks keeping every output in float64; statistics by numpy over all of t
 """
 from __future__ import annotations
 
+import base64
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,11 +113,16 @@ def image_inputs(path: str) -> list[torch.Tensor]:
     return list(torch.stack([folder[i][0] for i in range(len(folder))]).split(50))
 
 
-def test_imagefolder_through_resnet18_every_statistic_equals_float64(tmp_path, image_folder):
-    out = run(make_config(*IMAGES, f"data.path={image_folder}", "hooks=units",
-                          f"hooks.units.layers=[{','.join(RESNET_LAYERS)}]", "hooks.units.top_k=7",
-                          "hooks.units.second_moment=true"), tmp_path / "run")
-    units = load_units(out)
+@pytest.fixture(scope="module")
+def resnet_units(tmp_path_factory, image_folder) -> Path:
+    """A units run of resnet18 over the image folder (its random weights from the run's seed)."""
+    return run(make_config(*IMAGES, f"data.path={image_folder}", "hooks=units",
+                           f"hooks.units.layers=[{','.join(RESNET_LAYERS)}]", "hooks.units.top_k=7",
+                           "hooks.units.second_moment=true"), tmp_path_factory.mktemp("resnet") / "run")
+
+
+def test_imagefolder_through_resnet18_every_statistic_equals_float64(resnet_units, image_folder):
+    units = load_units(resnet_units)
     plan = compile_plan(make_config(*IMAGES, f"data.path={image_folder}"))
     acts = activations(plan.model, RESNET_LAYERS, image_inputs(image_folder))
     for layer, a in acts.items():
@@ -122,6 +130,29 @@ def test_imagefolder_through_resnet18_every_statistic_equals_float64(tmp_path, i
     flat = acts["layer4.1.conv2"].reshape(-1, 512)
     np.testing.assert_allclose(layer_second_moment(units, "layer4.1.conv2"), flat.T @ flat / len(flat),
                                rtol=1e-9, atol=1e-12)
+
+
+def test_a_resnet18_report_draws_each_layer_s_best_unit_within_its_budget_under_a_megabyte(resnet_units):
+    from runner.analysis import report
+    from runner.analysis.plots import DPI
+
+    page = report.write_report(resnet_units).read_text()
+    assert len(page.encode()) < 1_000_000
+    section = units_section(page)
+    units = load_units(resnet_units)
+    chosen = []  # 4 of the 5 layers, evenly spread in the model's order (layer3 before layer4.1.conv2); 2 units each
+    for layer in ("conv1", "layer1.0.conv1", "layer4.1.conv2", "fc"):
+        rows = units[units.layer == layer]
+        chosen += [(layer, str(rows.unit.iloc[i])) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+    grids = re.findall(r'<img alt="top samples of (\S+) unit (\d+)" src="data:image/png;base64,([^"]+)"', section)
+    drawn = [(layer, unit) for layer, unit, _ in grids]
+    assert drawn == [c for c in chosen if c in drawn] and set(chosen[::2]) <= set(drawn)  # every layer's best
+    assert sum(len(base64.b64decode(data)) for *_, data in grids) <= report.MOST_TOP_EXAMPLE_BYTES
+    assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for *_, data in grids)
+    left = [f"{layer} unit {unit}" for layer, unit in chosen if (layer, unit) not in drawn]
+    assert left, "random noise makes large grids: some are left out"
+    assert f"Left out to keep the page small (600 kB of these pictures at most): {', '.join(left)}." in section
+    assert "<h2>Activation patching</h2>" not in page and "<h2>Pictures</h2>" not in page
 
 
 def test_tokens_through_gpt2_tiny_every_statistic_equals_float64(tmp_path):
@@ -211,16 +242,28 @@ def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_tabl
         assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column
 
 
-def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
-    import re
+def png_size(data: str) -> tuple[int, int]:
+    """Width and height of a base64 PNG, from its IHDR chunk."""
+    raw = base64.b64decode(data)
+    assert raw.startswith(b"\x89PNG\r\n\x1a\n")
+    return int.from_bytes(raw[16:20], "big"), int.from_bytes(raw[20:24], "big")
 
+
+def units_section(page: str) -> str:
+    return page.split('<section id="units"><h2>Unit statistics</h2>', 1)[1].split("</section>", 1)[0]
+
+
+DIGITS_UNITS = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
+                "hooks=units", "hooks.units.layers=[relu2,fc]", "hooks.units.top_k=2", "hooks.units.threshold=0.5")
+
+
+def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
     from runner.analysis import report
 
-    overrides = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false",
-                 "hooks=units", "hooks.units.layers=[relu2,fc]", "hooks.units.top_k=2", "hooks.units.threshold=0.5")
-    out = run(make_config(*overrides), tmp_path / "run", overrides)
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
     units = load_units(out)
-    section = report.render(out).split('<section id="units"><h2>Unit statistics</h2>', 1)[1].split("</section>", 1)[0]
+    page = report.render(out)
+    section = units_section(page)
     cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>\s*(<td>.*?)</tr>", section, re.S)]
     assert [c[1] for c in cells] == list(dict.fromkeys(units.layer)) == ["fc", "relu2"]
     for (hook, layer, call, n, values, mean, above, dead), (name, rows) in zip(cells, units.groupby("layer", sort=False)):
@@ -229,10 +272,124 @@ def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
         assert float(above) == pytest.approx(rows.fraction_above.mean(), rel=1e-3)
         assert int(dead) == int((rows.above == 0).sum())
     assert int(cells[1][7]) > 0  # relu2 has units never above 0.5 over the digits
-    assert section.count("data:image/png;base64,") == 1
+    assert re.findall(r'<img alt="([^"]*)"', section)[0] == "unit means and dead fractions per layer"
+    assert "<h2>Activation patching</h2>" not in page and '<section id="patching">' not in page
     empty = run(make_config("model=digits_cnn", "data=digits", "steps=1", "hooks=stats", "progress=false"),
                 tmp_path / "plain")
-    assert "Left out: no run here has a units entry" in report.render(empty)
+    assert '<section id="units">' not in report.render(empty) and "Unit statistics" not in report.render(empty)
+
+
+def test_the_report_draws_the_top_digits_of_the_units_with_the_largest_max_of_each_layer(tmp_path):
+    from runner.analysis import report
+    from runner.analysis.plots import DPI
+
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    units = load_units(out)
+    section = units_section(report.render(out))
+    expected = []
+    for layer in ("relu2", "fc"):  # the model's order; two layers: both drawn
+        rows = units[units.layer == layer]
+        expected += [f"{layer} unit {rows.unit.iloc[i]}" for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+    grids = re.findall(r'<img alt="top samples of ([^"]*)" src="data:image/png;base64,([^"]+)"', section)
+    assert [name for name, _ in grids] == expected
+    assert f"Drawn: {', '.join(expected)}: the 2 units with the largest max of each layer" in section
+    # top_k=2 samples in a row of 4 cells (2.4 x 2.6 inches) under a 0.4-inch title band
+    assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for _, data in grids)
+
+
+def test_a_report_of_many_layers_draws_a_few_spread_in_the_model_s_order(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from runner.analysis import report
+    from runner.analysis.plots import DPI
+
+    names = [f"block{i}" for i in range(54)]  # a resnet50's 54 conv and linear outputs, recorded in sorted order
+    frame = pd.DataFrame({"layer": sorted(names), "unit": 0})
+    spread = report.spread_layers(frame, ["", *names], 16)
+    assert spread[0] == "block0" and spread[-1] == "block53" and len(set(spread)) == 16
+    steps = np.diff([names.index(name) for name in spread])
+    assert steps.min() >= 3 and steps.max() <= 4  # evenly: 53 / 15 apart, rounded
+    monkeypatch.setattr(report, "MOST_HISTOGRAM_LAYERS", 1)
+    monkeypatch.setattr(report, "MOST_UNIT_LAYERS", 1)
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    section = units_section(report.render(out))
+    assert "Histograms of 1 of the 2 layers, evenly spread in the model&#x27;s order" in section
+    pictures = re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section)
+    assert png_size(pictures[0][1]) == (9 * DPI, (1.9 + 0.6) * DPI)  # one row of panels: relu2's, before fc
+    assert [alt for alt, _ in pictures[1:]] == [f"top samples of relu2 unit {u}" for u in
+                                                load_units(out).query("layer == 'relu2'").nlargest(2, "max").unit]
+    assert "of each of 1 of the 2 layers, evenly spread in the model" in section
+
+
+def test_top_images_of_run_shows_each_top_digit_under_its_map_from_a_plain_forward(tmp_path):
+    from runner.analysis.unit_plots import top_images_of_run
+
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    units = load_units(out)
+    row = units[units.layer == "relu2"].sort_values("max").iloc[-1]
+    fig = top_images_of_run(out, units, "relu2", int(row.unit))
+    digits = torch.tensor(load_digits().images, dtype=torch.float32).unsqueeze(1) / 16.0
+    plan = compile_plan(make_config("model=digits_cnn", "data=digits"))
+    torch.manual_seed(0)
+    model = build_model(plan.model).eval()
+    kept = []
+    model.relu2.register_forward_hook(lambda m, a, output: kept.append(output[:, int(row.unit)]))
+    with torch.no_grad():
+        model(digits[list(row.top_sample)])
+    for i, (sample, value) in enumerate(zip(row.top_sample, row.top_value)):
+        ax = fig.axes[i]
+        assert ax.get_title() == f"sample {sample}: {value:.3g}"
+        image, overlay = ax.images
+        np.testing.assert_array_equal(image.get_array(), digits[sample, 0, :, :, None].expand(-1, -1, 3).numpy())
+        np.testing.assert_allclose(overlay.get_array(), kept[0][i].numpy(), rtol=1e-6)
+        assert float(kept[0][i].max()) == pytest.approx(value, rel=1e-6)
+
+
+def test_a_gpu_run_s_top_examples_are_drawn_on_the_cpu(tmp_path):
+    from runner.analysis import report
+
+    out = run(make_config(*DIGITS_UNITS), tmp_path / "run", DIGITS_UNITS)
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("device: auto\n", "device: cuda\n", 1))
+    assert "device: cuda" in config.read_text()
+    section = units_section(report.render(out))
+    assert section.count('<img alt="top samples of ') == 4  # relu2's and fc's two best units
+
+
+def test_a_units_run_over_a_stream_says_why_it_has_no_top_examples(tmp_path):
+    from runner.analysis import report
+
+    overrides = ("model=convnet", "steps=1", "mode=eval", "loss=none", "hooks=units", "progress=false")
+    section = units_section(report.render(run(make_config(*overrides), tmp_path / "run", overrides)))
+    assert ('<p class="note">Not drawn: data=randn cannot return inputs by sample id (a stream without a '
+            'length).</p>') in section
+    assert section.count("<img") == 1  # the histograms only
+
+
+def test_the_report_shows_a_token_model_s_top_tokens_in_context(tmp_path):
+    pytest.importorskip("transformers")
+    from runner.analysis import report
+    from runner.analysis.unit_plots import top_tokens_of_run
+
+    overrides = ("model=gpt2_tiny", "data=tokens", "data.size=10", "mode=eval", "epochs=1", "loss=none",
+                 "progress=false", "hooks=units", "hooks.units.layers=[transformer.h.0.mlp,lm_head]",
+                 "hooks.units.top_k=6")
+    out = run(make_config(*overrides), tmp_path / "run", overrides)
+    units = load_units(out)
+    section = units_section(report.render(out))
+    expected = []
+    for layer in ("transformer.h.0.mlp", "lm_head"):
+        rows = units[units.layer == layer]
+        expected += [(layer, rows.unit.iloc[i]) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+    assert re.findall(r'<img alt="top samples of (\S+) unit (\d+)"', section) == [(l, str(u)) for l, u in expected]
+    assert "(token ids as numbers: the run keeps no tokenizer)" in section
+    tokens = torch.randint(0, 100, (10, 16), generator=torch.Generator().manual_seed(0))
+    layer, unit = expected[-1]
+    lines = top_tokens_of_run(out, units, layer, unit, shown=4).axes[0].texts[0].get_text().splitlines()
+    row = units[(units.layer == layer) & (units.unit == unit)].iloc[0]
+    assert len(lines) == 4
+    for line, sample, position in zip(lines, row.top_sample, row.top_position):
+        assert f"#{sample:<5d} pos {position:<3d}" in line and f"[{int(tokens[sample, position])}]" in line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

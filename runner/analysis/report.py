@@ -4,7 +4,8 @@ First what a reader wants first: the summary the run printed (``runner.analysis.
 what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
 everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
 curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
-whole-dataset passes (``units.parquet``); then the details, collapsed:
+whole-dataset passes (``units.parquet``: per-layer tables and histograms, and the top examples of
+a few units drawn from the run's own data); then the details, collapsed:
 the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
 recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
 as PNG data URIs: no file beside the page and nothing fetched when it is opened.
@@ -13,8 +14,11 @@ The page stays the same size as a sweep grows: per-job pictures and configs are 
 first jobs only (``MOST_JOB_PICTURES``, ``MOST_CONFIGS``), one line per job in a picture only up to
 ``MOST_LINES`` jobs, and a sweep of more than ``MOST_TABLE_JOBS`` jobs gets the per-layer table
 over all its jobs; a patching sweep's jobs are its heatmap. Jobs are in numeric order (2 before 10).
-Any complete run or sweep gives a page, whatever it recorded: a section or picture the data cannot
-give is one line saying why. It is written to ``PATH/report.html`` (or ``--out``) and its path is printed.
+Any complete run or sweep gives a page, whatever it recorded: a section with nothing for it is left
+out, heading and all (unit statistics of a run without a units entry, patching of a run that patched
+nothing, failed jobs of a single run, pictures where none could be drawn); within a section, what
+its data cannot give is one line saying why. It is written to ``PATH/report.html`` (or ``--out``) and
+its path is printed.
 """
 from __future__ import annotations
 
@@ -26,19 +30,25 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from common.errors import ConfigError
+from common.records import UNITS
 from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
 from runner.analysis.summary import summarize
-from runner.analysis.unit_plots import layer_histograms
+from runner.analysis.unit_plots import (RebuiltRun, layer_histograms, rebuild_run, top_images_of_run,
+                                        top_tokens_of_run)
 from runner.analysis.units import load_units
+from runner.store.ranks import rank_files
 
 REPORT = "report.html"
-#: The sections of the page, by HTML id and heading, in order: summary, pictures, details.
+#: The sections of the page, by HTML id and heading, in order: summary, pictures, details (each only
+#: where it has something for the runs).
 SECTIONS = {"summary": "Summary", "abnormal": "Abnormalities", "pictures": "Pictures",
             "units": "Unit statistics", "patching": "Activation patching", "jobs": "Jobs and overrides", "failed": "Failed jobs",
             "layers": "Recorded layers and statistics", "config": "Resolved config"}
@@ -49,6 +59,16 @@ MOST_CONFIGS = 16
 MOST_LINES = 24
 #: Jobs whose per-layer rows the table keeps apart; a larger sweep's table is over all its jobs.
 MOST_TABLE_JOBS = 16
+#: Units whose top examples are drawn: this many per layer (the largest max), of this many layers
+#: spread over the recorded ones in the model's order, each with its first top samples.
+UNITS_PER_LAYER = 2
+MOST_UNIT_LAYERS = 4
+MOST_TOP_EXAMPLES = 4
+#: PNG bytes of all top-example grids together: each layer's best unit is drawn first, then its
+#: second; a grid that would pass the budget is left out (photos or noise make large grids).
+MOST_TOP_EXAMPLE_BYTES = 600_000
+#: Layers whose histograms of unit means and dead fractions are drawn (spread like the units above).
+MOST_HISTOGRAM_LAYERS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
@@ -79,14 +99,15 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
         "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt))}</pre>',
         "abnormal": _abnormal(stats, outputs, job),
         "pictures": _pictures(runs, job, stats, steps, patching),
-        "units": _units(path, on_corrupt),
+        "units": _units(path, runs, on_corrupt),
         "patching": _patching(path, steps, corrupted, on_corrupt),
         "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
-        "failed": _failed(path),
+        "failed": _failed(path) if runs != [path] else None,  # a single run: complete, or no page
         "layers": _layers(stats, many=len(runs) > MOST_TABLE_JOBS),
         "config": _configs(runs, job),
     }
-    sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS)
+    sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS
+                         if body[key] is not None)  # a section with nothing for these runs is left out
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>hook-runner report: '
             f'{html.escape(path.name)}</title><style>{_CSS}</style></head><body>\n<h1>hook-runner report</h1>\n'
@@ -188,10 +209,9 @@ def _configs(runs, job: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
-def _layers(stats: pd.DataFrame, many: bool) -> str:
+def _layers(stats: pd.DataFrame, many: bool) -> str | None:
     if stats.empty:
-        return _note("Left out: no run recorded statistics (hooks=none, or only hooks that keep tensors); "
-                     "add hooks=stats to record them.")
+        return None
     keys = ["hook", "layer", "phase", "kind", "slot"] if many else ["job", "hook", "layer", "phase", "kind", "slot"]
     table = stats.groupby(keys, sort=False, observed=True).agg(
         captures=("step", "size"), steps=("step", "nunique"),
@@ -207,7 +227,7 @@ def _layers(stats: pd.DataFrame, many: bool) -> str:
                     f"averaged {over}over calls and steps, min and max taken over them.</p>\n" + _table(table))
 
 
-def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str:
+def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str | None:
     found = abnormal(stats)
     units = dead_units(outputs)
     dead = units[units["dead"] > 0]
@@ -215,7 +235,7 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
                "activations that are 0 everywhere; dead units (channels or features that are 0 for every "
                f"sample) among the {len(units)} kept non-negative outputs.")
     if stats.empty and outputs.empty:
-        return _note("Left out: no run recorded statistics or kept an output, so there is nothing to check.")
+        return None
     if found.empty and dead.empty:
         return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
     parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']
@@ -228,25 +248,107 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
     return "\n".join(parts) + f'<p class="note">{checked}</p>'
 
 
-def _units(path: Path, on_corrupt: str) -> str:
+def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
     layer: its units, the values each unit saw, the mean of the unit means, the units never above
-    the threshold (dead); then the layers' histograms of unit means and dead fractions."""
+    the threshold (dead); then the histograms of unit means and dead fractions of up to
+    ``MOST_HISTOGRAM_LAYERS`` layers, and the top examples of a few units (``_top_examples``)."""
     try:
         units = load_units(path, on_corrupt)
     except FileNotFoundError:
-        return _note("Left out: no run here has a units entry (hooks=units over a whole dataset).")
+        return None
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
         units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
         mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()
+    run = _rebuilt(next(r for r in runs if rank_files(r, UNITS)))
+    order = [name for name, _ in run.model.named_modules()] if isinstance(run, RebuiltRun) else []
+    drawn = spread_layers(units, order, MOST_HISTOGRAM_LAYERS)
+    layers = units.layer.nunique()
+    capped = (_note(f"Histograms of {len(drawn)} of the {layers} layers, evenly spread in the model's order; "
+                    f"every layer: runner.analysis.unit_plots.layer_histograms(load_units(PATH)).")
+              if len(drawn) < layers else "")
     return ("<p>Per layer: <code>values</code> each unit saw (samples x positions), <code>never_above</code> the "
             "units never above their entry's threshold (dead). Every unit's numbers and top samples: "
             f"<code>load_units({html.escape(repr(str(path)))})</code>.</p>\n" + _table(table)
-            + _img(layer_histograms(units), "unit means and dead fractions per layer"))
+            + _img(layer_histograms(pd.concat([units[units.layer == layer] for layer in drawn])),
+                   "unit means and dead fractions per layer") + capped
+            + "<h3>Top examples</h3>\n" + _top_examples(run, units, order))
+
+
+def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]:
+    """Up to ``most`` of the recorded layers, evenly spread over them in ``order`` (the model's module
+    names; layers not in it come after), the first and the last among them; in that order."""
+    position = {name: i for i, name in enumerate(order)}
+    layers = sorted(dict.fromkeys(units.layer), key=lambda name: position.get(name, len(position)))
+    spread = np.linspace(0, len(layers) - 1, min(most, len(layers))).round().astype(int)
+    return [layers[i] for i in dict.fromkeys(spread)]
+
+
+def chosen_units(units: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """The rows of the units whose top examples the report draws, layer by layer: the ``UNITS_PER_LAYER``
+    with the largest max (first call) of ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``),
+    ``rank`` 0 for each layer's largest."""
+    return pd.concat([units[(units.layer == layer) & (units.call == 0)].nlargest(UNITS_PER_LAYER, "max")
+                      .assign(rank=lambda rows: range(len(rows)))
+                      for layer in spread_layers(units, order, MOST_UNIT_LAYERS)], ignore_index=True)
+
+
+def _rebuilt(run_dir: Path) -> RebuiltRun | str:
+    """``run_dir``'s model and data rebuilt (``rebuild_run``), or one line why they cannot be."""
+    try:
+        return rebuild_run(run_dir)
+    except (ConfigError, OSError) as exc:
+        return f"Not drawn: the run's model and data cannot be rebuilt from its config.yaml: {exc}"
+
+
+def _top_examples(run: RebuiltRun | str, units: pd.DataFrame, order: list[str]) -> str:
+    """The top examples of ``chosen_units``, read back from the run's data by sample id: an image
+    grid with the unit's map overlaid, or token ids in context; or one line why they cannot be."""
+    if isinstance(run, str):
+        return _note(run)
+    data = run.plan.data
+    if data.items is None:
+        return _note(f"Not drawn: data={data.kind} cannot return inputs by sample id (a stream without a length).")
+    draw = _drawer(run)
+    if draw is None:
+        return _note(f"Not drawn: the inputs (shape {list(data.input_shape)}, {data.input_dtype}) are neither "
+                     f"images nor token ids.")
+    chosen = chosen_units(units, order)
+    pngs, budget = {}, MOST_TOP_EXAMPLE_BYTES
+    for i in chosen.sort_values("rank", kind="stable").index:  # every layer's best unit before any second
+        png = plots.png_bytes(draw(run, units, chosen.layer[i], int(chosen.unit[i]), MOST_TOP_EXAMPLES))
+        if len(png) <= budget:
+            pngs[i], budget = png, budget - len(png)
+    name = {i: f"{chosen.layer[i]} unit {chosen.unit[i]}" for i in chosen.index}
+    left = [name[i] for i in chosen.index if i not in pngs]
+    layers, recorded = chosen.layer.nunique(), units.layer.nunique()
+    which = "each layer" if layers == recorded else (f"each of {layers} of the {recorded} layers, evenly spread "
+                                                     "in the model's order (the first and the last among them)")
+    ids = " (token ids as numbers: the run keeps no tokenizer)" if draw is top_tokens_of_run else ""
+    over = (f" Left out to keep the page small ({MOST_TOP_EXAMPLE_BYTES // 1000} kB of these pictures at most): "
+            f"{', '.join(left)}." if left else "")
+    drawn = [i for i in chosen.index if i in pngs]
+    return (f"<p>Drawn: {html.escape(', '.join(name[i] for i in drawn))}: the {UNITS_PER_LAYER} units with the "
+            f"largest max of {which}, each with up to its first {MOST_TOP_EXAMPLES} top samples{ids}."
+            f"{html.escape(over)} "
+            f"Any unit: <code>runner.analysis.unit_plots.{draw.__name__}</code>.</p>\n"
+            + "\n".join(_png(pngs[i], f"top samples of {name[i]}") for i in drawn))
+
+
+def _drawer(run: RebuiltRun):
+    """``top_tokens_of_run`` for token ids, ``top_images_of_run`` for images (1 or 3 channels), else ``None``."""
+    data = run.plan.data
+    if not data.input_dtype.is_floating_point:
+        return top_tokens_of_run
+    return top_images_of_run if len(data.input_shape) == 4 and data.input_shape[1] in (1, 3) else None
 
 
 def _img(fig, alt: str) -> str:
-    data = base64.b64encode(plots.png_bytes(fig)).decode("ascii")
+    return _png(plots.png_bytes(fig), alt)
+
+
+def _png(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
@@ -266,29 +368,33 @@ def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame, jobs: int) -> list
     return parts
 
 
-def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame, patching: bool) -> str:
-    if patching and len(runs) > 1:  # each job patches one cell: the heatmap below shows them all
-        return _note(f"The {len(runs)} patching jobs are the cells of the heatmap under Activation patching; "
-                     f"no picture per job.")
+def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame, patching: bool) -> str | None:
+    """A sweep's comparison and loss curves, then each of the first jobs' pictures (with what each
+    could not draw); ``None`` when nothing is drawn (each job of a patching sweep is a cell of its heatmap)."""
+    if patching and len(runs) > 1:
+        return None
     parts = _sweep_pictures(stats, steps, len(runs)) if len(runs) > 1 else []
     for r in runs[:MOST_JOB_PICTURES]:
         figures, notes = plots.run_figures(r, plots.PLOTS)
         parts.append(f"<h3>{html.escape(job[str(r)])}</h3>")
         parts += [_img(fig, name) for name, fig in figures]
         parts += [_note(f"not drawn: {n}") for n in notes]
+    if not any("<img" in part for part in parts):
+        return None
     if len(runs) > MOST_JOB_PICTURES:
         parts.append(_note(f"Pictures of the first {MOST_JOB_PICTURES} jobs; the other "
                            f"{len(runs) - MOST_JOB_PICTURES}: runner.plots.run_figures(RUN_DIR, ...) or plots=[...]."))
     return "\n".join(parts)
 
 
-def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_corrupt: str) -> str:
+def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_corrupt: str) -> str | None:
     """The heatmaps and table of a patching sweep or an attribution run (``runner.analysis.patching``;
-    where both are under ``path``, the estimate against real patching too), or one line why not."""
+    where both are under ``path``, the estimate against real patching too), or one line why not;
+    ``None`` for runs that neither patched nor attributed."""
     attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)],
                                   on_corrupt=on_corrupt).empty
     if LAYER not in steps.columns and not attributed:
-        return _note(f"Not a patching sweep (no job overrides {LAYER}) nor an attribution run (hooks=attribution).")
+        return None
     stored = None
     if LAYER in steps.columns:
         sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
