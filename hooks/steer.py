@@ -36,7 +36,7 @@ from common.rundir import check_run_dir, stored_tensors
 from hooks.recorder import walk
 from hooks.registry import register
 from hooks.tap import SlotEditSpec, Tap
-from hooks.units import default_unit_axis
+from hooks.unit_stats import default_unit_axis
 
 VECTOR_FILES = (".npy", ".pt")
 

@@ -32,6 +32,11 @@ STATE_KEYS = ("count", "mean", "m2", "min", "max", "above", "sketch", "top_value
               "bottom_value", "bottom_sample", "bottom_position", "second")
 
 
+def default_unit_axis(dims: int) -> int:
+    """The unit axis of an output of ``dims`` dims: 1 (the channels) from 4 dims on, else the last (features)."""
+    return 1 if dims >= 4 else dims - 1
+
+
 class SketchGrid:
     """The bucket layout shared by every unit of a run: ``2 K + 1`` buckets, the zero bucket in the middle.
 

@@ -21,7 +21,7 @@ from common.errors import ConfigError
 from common.records import UNIT_COLUMNS, UNITS
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
-from hooks.unit_stats import SketchGrid, UnitStats
+from hooks.unit_stats import SketchGrid, UnitStats, default_unit_axis
 
 FLOAT32 = torch.finfo(torch.float32)
 
@@ -150,11 +150,6 @@ class Units(SampleOutputs):
             stats = self.stats[key] = UnitStats(units, self.spec.top_k, self.spec.threshold, self.grid,
                                                 self.spec.second_moment, positions)
             stats.restore(values)
-
-
-def default_unit_axis(dims: int) -> int:
-    """The unit axis of an output of ``dims`` dims: 1 (the channels) from 4 dims on, else the last (features)."""
-    return 1 if dims >= 4 else dims - 1
 
 
 def _position_shape(x: torch.Tensor, axis: int) -> list[int]:

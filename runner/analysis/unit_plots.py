@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 from torch import nn
 
-from hooks.units import default_unit_axis
+from hooks.unit_stats import default_unit_axis
 from runner.engine.plan import Plan, compile_plan
 from runner.sources.models import build_model
 
