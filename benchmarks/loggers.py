@@ -12,8 +12,10 @@ the logging of all but a segment's last step overlaps the next step's compute, a
 
 Per variant and step: wall seconds; CPU seconds of this process (all threads) plus its child
 processes (W&B's service, which writes the offline run: ``process_time`` does not count it), and
-by part: the logger's thread (``Channel.cpu_seconds``) and the child processes; the lines each
-logger dropped (a ratio bought by dropping lines is no result). Ratios are medians of the
+by part: the logger's thread (``Channel.cpu_seconds``), the threads made with the variant (the
+parquet writer's, the logger's, the tool's own: TensorBoard's event-file thread, W&B's connection
+to its service) and the child processes (at a tick's resolution, 10 ms); the lines each logger
+dropped (a ratio bought by dropping lines is no result). Ratios are medians of the
 per-round ratio to ``stats`` (target <= 1.02 for resnet18 at batch 8) and to ``bare``. Numbers
 from a machine other processes load are noise: read the ratios of a quiet one; the CPU seconds
 by part are steadier.
@@ -63,8 +65,13 @@ def children() -> list[Path]:
     return found
 
 
-def cpu_seconds(stats: list[Path]) -> float:
-    """User + system CPU seconds of the processes whose ``/proc/PID/stat`` files are ``stats``."""
+def threads() -> set[Path]:
+    """The ``/proc/PID/task/TID/stat`` files of this process's threads (none without ``/proc``)."""
+    return set(Path(f"/proc/{os.getpid()}/task").glob("*/stat"))
+
+
+def cpu_seconds(stats) -> float:
+    """User + system CPU seconds of the processes or threads whose ``stat`` files are ``stats``."""
     total = 0
     for stat in stats:
         with contextlib.suppress(OSError):
@@ -75,26 +82,28 @@ def cpu_seconds(stats: list[Path]) -> float:
 
 class Segment:
     """``steps`` steps of ``variant``, then ``settle`` (inside the timing): ``timed`` is what a round runs.
-    Each run's CPU seconds by part are kept: its logger's thread (``logger``: a channel, or None) and
-    the child processes ``procs``; ``dropped()``: the lines its logger dropped so far."""
+    Each run's CPU seconds by part are kept: its logger's thread (``logger``: a channel, or None), the
+    threads made with the variant (``own``: the writer's, the logger's, the tool's own) and the child
+    processes ``procs``; ``dropped()``: the lines its logger dropped so far."""
 
     def __init__(self, variant: Variant, steps: int, settle=lambda: None, logger=None, dropped=lambda: 0) -> None:
         self.variant, self.steps, self.settle, self.logger, self.dropped = variant, steps, settle, logger, dropped
         self.timed = Variant(variant.name, variant.what, variant.model, self.run)
+        self.own: set[Path] = set()
         self.procs: list[Path] = []
-        self.thread_s: list[float] = []
-        self.child_s: list[float] = []
+        self.parts: dict[str, list[float]] = {"logger_thread": [], "own_threads": [], "children": []}
 
     def run(self) -> None:
-        thread, child = self._thread_cpu(), cpu_seconds(self.procs)
+        before = self._cpu()
         for _ in range(self.steps):
             self.variant.step()
         self.settle()
-        self.thread_s.append(self._thread_cpu() - thread)
-        self.child_s.append(cpu_seconds(self.procs) - child)
+        for part, (end, start) in zip(self.parts.values(), zip(self._cpu(), before)):
+            part.append(end - start)
 
-    def _thread_cpu(self) -> float:
-        return self.logger.cpu_seconds() if self.logger else 0.0
+    def _cpu(self) -> tuple[float, float, float]:
+        return self.logger.cpu_seconds() if self.logger else 0.0, cpu_seconds(self.own), cpu_seconds(self.procs)
+
 
 
 def attached(name: str, model, x, out_dir: Path, stack: contextlib.ExitStack, logger: dict, steps: int) -> Segment:
@@ -133,20 +142,35 @@ def start_wandb_service() -> None:
     thread.join()
 
 
+def with_threads(make, also: frozenset[Path] = frozenset()) -> Segment:
+    """The segment ``make()`` returns, owning the threads made meanwhile (and ``also``)."""
+    before = threads()
+    segment = make()
+    segment.own = threads() - before | also
+    return segment
+
+
 def segments(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int) -> list[Segment]:
     fresh = lambda: copy.deepcopy(model)  # noqa: E731
-    peers = []
+    plain = bare(fresh(), x)
+    plain.step()  # torch's own threads (its compute pool) are made by the first step: none of a variant's
+    peers, wandb_threads = [], frozenset()
     if wandb_installed():
+        before = threads()
         start_wandb_service()
+        wandb_threads = frozenset(threads() - before)  # W&B's connection to its service: the logger's as well
         watch = wandb_watch(fresh(), x, "gradients")
         stack.callback(watch.close)
         peers.append(Segment(watch, steps))
-    found = [Segment(bare(fresh(), x), steps),
-             attached("stats", fresh(), x, tmp / "stats", stack, {}, steps),
-             attached("stats + tensorboard", fresh(), x, tmp / "tb", stack, {"tensorboard": {}}, steps),
-             attached("stats + wandb", fresh(), x, tmp / "wandb", stack, {"wandb": {}}, steps),
-             attached("stats + mlflow", fresh(), x, tmp / "mlflow", stack,
-                      {"mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}"}}, steps), *peers]
+    found = [Segment(plain, steps),
+             with_threads(lambda: attached("stats", fresh(), x, tmp / "stats", stack, {}, steps)),
+             with_threads(lambda: attached("stats + tensorboard", fresh(), x, tmp / "tb", stack,
+                                           {"tensorboard": {}}, steps)),
+             with_threads(lambda: attached("stats + wandb", fresh(), x, tmp / "wandb", stack, {"wandb": {}}, steps),
+                          wandb_threads),
+             with_threads(lambda: attached("stats + mlflow", fresh(), x, tmp / "mlflow", stack,
+                                           {"mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}"}}, steps)),
+             *peers]
     procs = children()
     for segment in found:
         segment.procs = procs
@@ -171,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "steps_per_round": steps, "target": TARGET, "variants": {},
                   "children": [stat.read_text().split("(", 1)[1].split(")")[0] for stat in timed[0].procs]}
         # W&B's service is a child process: its CPU is the logging's too (process_time counts this process only)
-        total = {s.variant.name: [c + child for c, child in zip(cpu[s.variant.name], s.child_s[warmup:])]
+        total = {s.variant.name: [c + child for c, child in zip(cpu[s.variant.name], s.parts["children"][warmup:])]
                  for s in timed}
         for s in timed:
             name = s.variant.name
@@ -181,8 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "over_bare": paired_ratio(wall[name], wall["bare"]),
                 "cpu_over_stats": paired_ratio(total[name], total["stats"]),
                 "cpu_s_per_step": {"process_and_children": statistics.median(total[name]) / steps,
-                                   "logger_thread": statistics.median(s.thread_s[warmup:]) / steps,
-                                   "children": statistics.median(s.child_s[warmup:]) / steps},
+                                   **{part: statistics.median(seconds[warmup:]) / steps
+                                      for part, seconds in s.parts.items()}},
                 "dropped_lines": s.dropped(),
             }
     return print_and_write(result, args.out, "loggers.json")
