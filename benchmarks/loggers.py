@@ -14,8 +14,10 @@ Per variant and step: wall seconds; CPU seconds of this process (all threads) pl
 processes (W&B's service, which writes the offline run: ``process_time`` does not count it), and
 by part: the logger's thread (``Channel.cpu_seconds``), the threads made with the variant (the
 parquet writer's, the logger's, the tool's own: TensorBoard's event-file thread, W&B's connection
-to its service) and the child processes (at a tick's resolution, 10 ms); the lines each logger
-dropped (a ratio bought by dropping lines is no result). Ratios are medians of the
+to its service) and the child processes (at a tick's resolution, 10 ms); how often the compute
+threads (this one and torch's pool) lost their core to another thread (on 2 cores, a logger's
+wake-up at the training's priority preempts a torch thread, whose partner then waits for it);
+the lines each logger dropped (a ratio bought by dropping lines is no result). Ratios are medians of the
 per-round ratio to ``stats`` (target <= 1.02 for resnet18 at batch 8) and to ``bare``. Numbers
 from a machine other processes load are noise: read the ratios of a quiet one; the CPU seconds
 by part are steadier.
@@ -70,6 +72,18 @@ def threads() -> set[Path]:
     return set(Path(f"/proc/{os.getpid()}/task").glob("*/stat"))
 
 
+def preemptions(stats) -> int:
+    """How often the threads whose ``stat`` files are ``stats`` lost their core without waiting for
+    anything (``nonvoluntary_ctxt_switches`` of each thread's ``status``): another thread took it."""
+    total = 0
+    for stat in stats:
+        with contextlib.suppress(OSError):
+            for line in (stat.parent / "status").read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
 def cpu_seconds(stats) -> float:
     """User + system CPU seconds of the processes or threads whose ``stat`` files are ``stats``."""
     total = 0
@@ -84,22 +98,26 @@ class Segment:
     """``steps`` steps of ``variant``, then ``settle`` (inside the timing): ``timed`` is what a round runs.
     Each run's CPU seconds by part are kept: its logger's thread (``logger``: a channel, or None), the
     threads made with the variant (``own``: the writer's, the logger's, the tool's own) and the child
-    processes ``procs``; ``dropped()``: the lines its logger dropped so far."""
+    processes ``procs``; and how often the compute threads (``compute``) were preempted;
+    ``dropped()``: the lines its logger dropped so far."""
 
     def __init__(self, variant: Variant, steps: int, settle=lambda: None, logger=None, dropped=lambda: 0) -> None:
         self.variant, self.steps, self.settle, self.logger, self.dropped = variant, steps, settle, logger, dropped
         self.timed = Variant(variant.name, variant.what, variant.model, self.run)
         self.own: set[Path] = set()
         self.procs: list[Path] = []
+        self.compute: set[Path] = set()
         self.parts: dict[str, list[float]] = {"logger_thread": [], "own_threads": [], "children": []}
+        self.preempted: list[int] = []
 
     def run(self) -> None:
-        before = self._cpu()
+        before, preempted = self._cpu(), preemptions(self.compute)
         for _ in range(self.steps):
             self.variant.step()
         self.settle()
         for part, (end, start) in zip(self.parts.values(), zip(self._cpu(), before)):
             part.append(end - start)
+        self.preempted.append(preemptions(self.compute) - preempted)
 
     def _cpu(self) -> tuple[float, float, float]:
         return self.logger.cpu_seconds() if self.logger else 0.0, cpu_seconds(self.own), cpu_seconds(self.procs)
@@ -154,6 +172,7 @@ def segments(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int) -> li
     fresh = lambda: copy.deepcopy(model)  # noqa: E731
     plain = bare(fresh(), x)
     plain.step()  # torch's own threads (its compute pool) are made by the first step: none of a variant's
+    compute = threads()  # this thread and torch's pool (and what ran before: no logger's)
     peers, wandb_threads = [], frozenset()
     if wandb_installed():
         before = threads()
@@ -173,7 +192,7 @@ def segments(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int) -> li
              *peers]
     procs = children()
     for segment in found:
-        segment.procs = procs
+        segment.procs, segment.compute = procs, compute
     return found
 
 
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "cpu_s_per_step": {"process_and_children": statistics.median(total[name]) / steps,
                                    **{part: statistics.median(seconds[warmup:]) / steps
                                       for part, seconds in s.parts.items()}},
+                "compute_preempted_per_step": statistics.median(s.preempted[warmup:]) / steps,
                 "dropped_lines": s.dropped(),
             }
     return print_and_write(result, args.out, "loggers.json")
