@@ -15,16 +15,17 @@ processes (W&B's service, which writes the offline run: ``process_time`` does no
 by part: the logger's thread (``Channel.cpu_seconds``), the threads made with the variant (the
 parquet writer's, the logger's, the tool's own: TensorBoard's event-file thread, W&B's connection
 to its service) and the child processes (at a tick's resolution, 10 ms); how often the compute
-threads (this one and torch's pool) lost their core to another thread (on 2 cores, a logger's
-wake-up at the training's priority preempts a torch thread, whose partner then waits for it);
-the lines each logger dropped (a ratio bought by dropping lines is no result). Ratios are medians of the
-per-round ratio to ``stats`` (target <= 1.02 for resnet18 at batch 8) and to ``bare``. Numbers
+threads (this one and torch's pool) lost their core to another thread (what a logger's wake-ups
+cost torch beyond their CPU seconds); the lines each logger dropped (a ratio bought by dropping
+lines is no result). Ratios are medians of the per-round ratio to ``stats`` (target <= 1.02 for
+resnet18 at batch 8) and to ``bare``. Numbers
 from a machine other processes load are noise: read the ratios of a quiet one; the CPU seconds
 by part are steadier.
 
-The loggers' threads, and what they start, run at nice 19 (``runner.live.channel.LOGGER_NICE``).
-W&B's service (one per process, shared by the ``stats + wandb`` run and the watched run) is started
-first, as a logger's thread starts it: from a thread at that nice value (``start_wandb_service``).
+W&B's service is one per process, shared by the ``stats + wandb`` run and the watched run: the
+watched run is made first (``wandb.watch`` logs into the global run, which a later ``wandb.init``
+would return instead of a new one), and the threads its ``wandb.init`` makes (W&B's connection to
+its service) are counted as the ``stats + wandb`` run's own.
 
     python -m benchmarks.loggers            # resnet18, batch 8, 224x224, 20 rounds of 4 steps
     python -m benchmarks.loggers --quick    # a small convnet, 2 rounds: the smoke test (wandb.watch too)
@@ -37,7 +38,6 @@ import copy
 import os
 import statistics
 import tempfile
-import threading
 from pathlib import Path
 
 import torch
@@ -47,7 +47,6 @@ import runner
 from benchmarks.compiled import print_and_write
 from benchmarks.run import interleaved, paired_ratio
 from benchmarks.variants import Variant, bare, wandb_installed, wandb_watch
-from runner.live.channel import lower_priority
 from runner.sources.models import ConvNet
 
 #: The issue's target: a step with a logger on over the same step with ``stats`` alone.
@@ -146,20 +145,6 @@ def attached(name: str, model, x, out_dir: Path, stack: contextlib.ExitStack, lo
                    channels[0] if channels else None, lambda: sum(channel.dropped for channel in channels))
 
 
-def start_wandb_service() -> None:
-    """W&B's service (``wandb.setup``), started as ``logger=wandb`` starts it: from a thread at nice
-    ``LOGGER_NICE`` (the process inherits it). Before any run: ``wandb.watch``'s must be the global one."""
-    import wandb
-
-    def start() -> None:
-        lower_priority()
-        wandb.setup()
-
-    thread = threading.Thread(target=start, name="start-wandb-service")
-    thread.start()
-    thread.join()
-
-
 def with_threads(make, also: frozenset[Path] = frozenset()) -> Segment:
     """The segment ``make()`` returns, owning the threads made meanwhile (and ``also``)."""
     before = threads()
@@ -176,9 +161,8 @@ def segments(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int) -> li
     peers, wandb_threads = [], frozenset()
     if wandb_installed():
         before = threads()
-        start_wandb_service()
-        wandb_threads = frozenset(threads() - before)  # W&B's connection to its service: the logger's as well
         watch = wandb_watch(fresh(), x, "gradients")
+        wandb_threads = frozenset(threads() - before)  # W&B's connection to its service: the logger's as well
         stack.callback(watch.close)
         peers.append(Segment(watch, steps))
     found = [Segment(plain, steps),

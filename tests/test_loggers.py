@@ -2,7 +2,6 @@
 equals the run's parquet values; a slow or failing tool costs the run one warning and nothing else."""
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -17,8 +16,7 @@ import runner.analysis as analysis
 from common.errors import ConfigError
 from logged_values import expected_scalars
 from runner.live import LoggerWarning
-from runner.live.channel import LOGGER_NICE
-from wandb_files import offline_runs, service_pids
+from wandb_files import offline_runs
 
 
 #: ``close_timeout_s`` of tests that read every value back: ``wandb.init`` alone takes a minute on a loaded machine.
@@ -90,9 +88,6 @@ def mlp():
 
 
 def test_wandb_offline_run_files_hold_every_value_parquet_holds(tmp_path):
-    import wandb
-
-    wandb.teardown()  # no service left by an earlier test: this run's logger thread starts one
     out = tmp_path / "run"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -100,8 +95,6 @@ def test_wandb_offline_run_files_hold_every_value_parquet_holds(tmp_path):
                                         "keep": {"type": "capture", "layers": "2", "kinds": ["output"]}},
                        out_dir=out, logger={"wandb": {"project": "tests", "close_timeout_s": SLOW_START_S}})
     assert [str(w.message) for w in caught if issubclass(w.category, LoggerWarning)] == []
-    (service,) = service_pids()
-    assert os.getpriority(os.PRIO_PROCESS, service) == LOGGER_NICE  # started from the logger's thread
     (logged,) = offline_runs(out / "wandb")
     expected = expected_scalars(out)
     assert logged.scalars() == expected  # JSON doubles: exactly the parquet values

@@ -1,41 +1,24 @@
-"""A live logger's channel (``runner.live.channel``): its thread, and what the tool starts from it, run at
-nice ``LOGGER_NICE``; ``wait_written`` waits for every step's lines to be sent, and says when they are not."""
+"""A live logger's channel (``runner.live.channel``): ``cpu_seconds`` counts what the tool does on its thread;
+``wait_written`` waits for every step's lines to be sent, and says when they are not."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 
-import pytest
 import torch
 from torch import nn
 
 import runner
-from runner.live.channel import LOGGER_NICE, Channel
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value is a thread's on Linux only")
-
-
-def nice_of(tid: int) -> int:
-    return os.getpriority(os.PRIO_PROCESS, tid)
+from runner.live.channel import Channel
 
 
 class Recording:
-    """A tool that notes its thread's nice value and that of a process it starts, and each line; ``gate``
-    (when given) holds every line until set."""
+    """A slow tool that keeps each line; ``gate`` (when given) holds every line until set."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.lines, self.gate = [], gate
-        self.opened_nice = nice_of(threading.get_native_id())
-        child = subprocess.Popen(["sleep", "30"])
-        self.child_nice = nice_of(child.pid)
-        child.kill()
-        child.wait()
 
     def log(self, line) -> None:
-        self.log_nice = nice_of(threading.get_native_id())
         if self.gate is not None:
             self.gate.wait()
         time.sleep(0.05)  # a slow tool: the lines are still being sent when the run asks
@@ -43,19 +26,6 @@ class Recording:
 
     def close(self, failed: bool) -> None:
         pass
-
-
-def test_the_logger_thread_and_what_it_starts_run_at_the_lowest_priority_and_the_run_does_not():
-    before = nice_of(threading.get_native_id())
-    opened: list[Recording] = []
-    channel = Channel("test", lambda: opened.append(Recording()) or opened[0], size=8, timeout_s=10)
-    channel.put(0)
-    assert channel.wait_sent(10)
-    channel.close()
-    tool = opened[0]
-    assert tool.opened_nice == tool.log_nice == tool.child_nice == max(LOGGER_NICE, before)
-    assert nice_of(threading.get_native_id()) == before  # the run's own thread keeps its priority
-    assert channel.dropped == 0
 
 
 class Burning:

@@ -3,7 +3,6 @@ log of ``wandb_internal_pb2.Record`` protobufs, as ``wandb sync`` reads it), dec
 from __future__ import annotations
 
 import json
-import os
 import struct
 import time
 from pathlib import Path
@@ -90,16 +89,3 @@ class OfflineRun:
 def offline_runs(directory: Path) -> list[OfflineRun]:
     """Every offline run under ``directory`` (a run directory's or a sweep's ``wandb/``)."""
     return [OfflineRun(d) for d in sorted(Path(directory).rglob("offline-run-*")) if d.is_dir()]
-
-
-def service_pids() -> list[int]:
-    """The pids of this process's W&B service processes (``wandb-core``, a child of the process that started it)."""
-    me, found = str(os.getpid()), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            name, rest = stat.read_text().split("(", 1)[1].rsplit(")", 1)
-        except OSError:
-            continue
-        if name == "wandb-core" and rest.split()[1] == me:
-            found.append(int(stat.parent.name))
-    return found

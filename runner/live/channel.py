@@ -7,29 +7,16 @@ line and the thread goes on with the next (a server back up receives the rest). 
 problem is kept for the run's thread to say once (``problem``); ``close`` waits for the last lines
 while the thread makes progress, and leaves it behind (a daemon) once it has sent nothing for
 ``timeout_s`` (a dead server), so a slow tool finishes and a dead one costs the run's end ``timeout_s``.
-
-The thread runs at nice ``LOGGER_NICE`` (Linux), and so does what the tool starts from it (a
-process or thread inherits its starting thread's nice: W&B's service and threads, TensorBoard's
-event-file thread): the logging takes the cycles the training leaves idle before the training's
-own. Measured on resnet18 at batch 8 on 2 cores: W&B's service uses ~4 ms of CPU a step but its
-threads switch in ~300 times a step; at nice 0 each can take a core from one of torch's two
-compute threads. A logger starved for longer than its queue lasts drops lines: ``dropped``
-counts them, and the first is said once.
 """
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from runner.live.lines import LogLine
-
-#: The nice value of every logger's thread (and of what it starts): the lowest priority.
-LOGGER_NICE = 19
 
 
 class Sink(Protocol):
@@ -147,7 +134,6 @@ class Channel:
             self._problem, self._told = why, True
 
     def _loop(self) -> None:
-        lower_priority()
         try:
             sink = self._opener()
             self._progress = time.monotonic()
@@ -172,14 +158,6 @@ class Channel:
             except Exception as exc:  # noqa: BLE001
                 self._drop(f"could not close: {type(exc).__name__}: {_first_line(exc)}", count=0)
         self._cpu_at_end = time.thread_time()
-
-
-def lower_priority() -> None:
-    """The calling thread at nice ``LOGGER_NICE`` at least (Linux, where a nice value is a thread's;
-    elsewhere it is the process's, which is left alone)."""
-    if sys.platform.startswith("linux"):
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(LOGGER_NICE, os.getpriority(os.PRIO_PROCESS, tid)))
 
 
 def _first_line(exc: BaseException) -> str:
