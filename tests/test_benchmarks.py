@@ -109,4 +109,9 @@ def test_quick_loggers_benchmark_times_each_logger_against_stats_alone(tmp_path)
     assert set(result["variants"]) == {"bare", "stats", "stats + tensorboard", "stats + wandb", "stats + mlflow"} | peers
     assert result["variants"]["stats"]["over_stats"] == 1.0
     assert all(v["median_s"] > 0 and v["over_bare"] > 0 for v in result["variants"].values())
+    assert all(v["dropped_lines"] == 0 for v in result["variants"].values())  # each variant's lines all sent
+    assert result["variants"]["stats"]["cpu_s_per_step"]["logger_thread"] == 0  # no logger, no logger thread
+    assert result["variants"]["stats + mlflow"]["cpu_s_per_step"]["logger_thread"] > 0
+    assert result["variants"]["bare"]["cpu_s_per_step"]["own_threads"] == 0  # torch's pool is no variant's own
+    assert result["children"] == (["wandb-core"] if peers else [])  # W&B's service, whose CPU is counted
     assert (tmp_path / "loggers.json").is_file()

@@ -78,6 +78,10 @@ class LiveLoggers:
                 add_histograms(line, captures)
             channel.put(line)
 
+    def wait_sent(self, timeout_s: float | None = None) -> bool:
+        """Wait until each logger sent (or dropped) every line offered so far; False if ``timeout_s`` passed first."""
+        return all(channel.wait_sent(timeout_s) for channel in self.channels.values())
+
     def say_problems(self) -> None:
         """On the run's thread: one ``LoggerWarning`` for each logger's first problem."""
         for name, channel in self.channels.items():
