@@ -15,7 +15,8 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def records(path: Path):
-    """Every record of a ``run-ID.wandb`` file, in order."""
+    """Every complete record of a ``run-ID.wandb`` file, in order (the file may be read while W&B's
+    service still writes it: a record cut at the end is left for the next read)."""
     data = Path(path).read_bytes()
     assert data[:4] == b":W&B", data[:HEADER]
     pos, parts = HEADER, b""
@@ -28,6 +29,8 @@ def records(path: Path):
         if kind == 0 and length == 0:
             pos += room
             continue
+        if pos + RECORD_HEADER + length > len(data):  # the service is still writing this record
+            return
         parts += data[pos + RECORD_HEADER:pos + RECORD_HEADER + length]
         pos += RECORD_HEADER + length
         if kind in (FULL, LAST):
