@@ -147,6 +147,11 @@ class Units(SampleOutputs):
         super().restore_run_state(state)
         for key, values in state.get("stats", {}).items():
             units, positions = state["shapes"][key]
+            if tuple(values["sketch"].shape) != (units, self.grid.size):  # the kernel would write past its rows
+                raise ConfigError(f"{self.key}: the saved state of layer '{key[0]}' holds sketches of "
+                                  f"{values['sketch'].shape[1]} buckets where this entry's layout has "
+                                  f"{self.grid.size} (saved by another version or with other sketch "
+                                  f"settings); run the pass again in a new directory")
             stats = self.stats[key] = UnitStats(units, self.spec.top_k, self.spec.threshold, self.grid,
                                                 self.spec.second_moment, positions)
             stats.restore(values)

@@ -516,3 +516,21 @@ def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monke
     eager.update(x, torch.arange(4))
     assert torch.equal(kernel.state()["sketch"], eager.state()["sketch"])
     torch.testing.assert_close(kernel.state()["mean"], eager.state()["mean"], rtol=1e-12, atol=0)
+
+
+def test_a_saved_state_of_another_sketch_layout_is_refused_not_written_past(tmp_path):
+    """A pass resumed from state saved with another bucket layout (an earlier version, other sketch
+    settings) would make the kernel write past each unit's row: one line naming the entry and layer."""
+    from hooks import HookSession, build_hooks
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    (units,) = build_hooks({"units": {"type": "units", "layers": ["0"]}})
+    with HookSession(model, [units]):
+        model(torch.randn(5, 4))
+    state = units.run_state()
+    (fresh,) = build_hooks({"units": {"type": "units", "layers": ["0"]}})
+    fresh.restore_run_state(state)  # the same layout: taken as it is
+    assert torch.equal(fresh.stats[("0", 0)].sketch, units.stats[("0", 0)].sketch)
+    state["stats"][("0", 0)]["sketch"] = state["stats"][("0", 0)]["sketch"][:, :2765]  # the log mapping's size
+    with pytest.raises(ConfigError, match=r"hooks.units: the saved state of layer '0' holds sketches of 2765 buckets"):
+        fresh.restore_run_state(state)
