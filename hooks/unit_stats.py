@@ -8,11 +8,11 @@ cancellation of a plain sum of squares), min, max, the count above a
 threshold, a relative-error quantile sketch, the top-k / bottom-k samples, and optionally the
 sum of the layer's outer products (second moment, for covariance and PCA).
 
-The quantile sketch is DDSketch's bucketing (Masson et al., VLDB 2019): bucket ``k`` holds the
-magnitudes in ``(gamma**(k-1), gamma**k]`` with ``gamma = (1 + a) / (1 - a)``; each bucket's
-representative ``2 gamma**k / (gamma + 1)`` is within relative error ``a`` of every value in
-it. Counts add, so sketches of shards merge exactly. Magnitudes below ``low`` share one zero
-bucket (estimated as 0: absolute error < ``low``) and magnitudes above ``high`` the last bucket.
+The quantile sketch is DDSketch (Masson et al., VLDB 2019) with its linearly interpolated mapping
+(``SketchGrid``): each bucket spans magnitudes whose ratio is at most ``gamma = (1 + a) / (1 - a)``,
+so its representative is within relative error ``a`` of every value in it. Counts add, so
+sketches of shards merge exactly. Magnitudes below ``low`` share one zero bucket (estimated as 0:
+absolute error < ``low``) and magnitudes above ``high`` the last bucket.
 
 Top-k order: by value (descending for top, ascending for bottom), ties by the lower sample id,
 so the sets are the same whatever the batching or the sharding. A sample's value is its
