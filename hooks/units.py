@@ -46,10 +46,12 @@ class UnitsSpec(SampleOutputsSpec):
             raise ConfigError(f"{key}.top_k: {self.top_k} must be >= 0")
         if not 1e-6 <= self.relative_error < 1:
             raise ConfigError(f"{key}.relative_error: {self.relative_error} must be in [1e-6, 1), e.g. 0.01")
-        if not FLOAT32.tiny <= self.sketch_low < self.sketch_high <= FLOAT32.max:
-            raise ConfigError(f"{key}.sketch_low, sketch_high: {self.sketch_low}, {self.sketch_high} must satisfy "
-                              f"{FLOAT32.tiny:g} <= sketch_low < sketch_high <= {FLOAT32.max:g} (the sketch "
-                              f"buckets float32 magnitudes)")
+        if not FLOAT32.tiny <= self.sketch_low <= FLOAT32.max:
+            raise ConfigError(f"{key}.sketch_low: {self.sketch_low} must be in [{FLOAT32.tiny:g}, {FLOAT32.max:g}] "
+                              f"(the sketch buckets float32 magnitudes), e.g. 1e-6")
+        if not self.sketch_low < self.sketch_high <= FLOAT32.max:
+            raise ConfigError(f"{key}.sketch_high: {self.sketch_high} must be above sketch_low={self.sketch_low} "
+                              f"and at most {FLOAT32.max:g} (the sketch buckets float32 magnitudes), e.g. 1e6")
 
 
 @register("units")

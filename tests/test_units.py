@@ -198,7 +198,8 @@ def test_four_shards_cover_the_dataset_once_and_merge_to_the_one_job_table(tmp_p
     (("data.shard=4", "data.num_shards=4"), "data.shard: 4 must be in [0, 3] (data.num_shards=4)"),
     (("data.num_shards=2", "mode=train"), "data.num_shards: 2 but data=digits is a training stream"),
     (("hooks.units.relative_error=2",), "hooks.units.relative_error: 2.0 must be in [1e-6, 1)"),
-    (("hooks.units.sketch_high=1e39",), "hooks.units.sketch_low, sketch_high: 1e-06, 1e+39 must satisfy"),
+    (("hooks.units.sketch_high=1e39",), "hooks.units.sketch_high: 1e+39 must be above sketch_low=1e-06 and at most"),
+    (("hooks.units.sketch_low=1e-40",), "hooks.units.sketch_low: 1e-40 must be in [1.17549e-38, 3.40282e+38]"),
     (("eval_every=1",), "hooks.units: 'units' sums over the run's own pass"),
 ])
 def test_bad_settings_fail_before_the_run_naming_the_key(overrides, message):
