@@ -122,7 +122,6 @@ class Segment:
         return self.logger.cpu_seconds() if self.logger else 0.0, cpu_seconds(self.own), cpu_seconds(self.procs)
 
 
-
 def attached(name: str, model, x, out_dir: Path, stack: contextlib.ExitStack, logger: dict, steps: int) -> Segment:
     """``steps`` ``runner.attach(hooks=["stats"], logger=logger)`` steps of ``model``, written and sent
     (open until ``stack`` closes). One step is run (and its line sent) here: the logger's tool is open."""

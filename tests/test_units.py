@@ -438,7 +438,8 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
 @pytest.mark.parametrize("relative_error", [0.05, 0.01, 1e-4])
 def test_every_magnitude_is_within_the_relative_error_of_its_buckets_value(relative_error):
     """The sketch's promise, bucket by bucket: random magnitudes over [sketch_low, sketch_high] and both
-    sides of every bucket edge, each read back as its bucket's value, within relative_error (float64)."""
+    sides of about 2,000 bucket edges (every edge at 5% and 1%), each read back as its bucket's value,
+    within relative_error (float64)."""
     from hooks.unit_stats import SketchGrid
 
     grid = SketchGrid(relative_error, 1e-6, 1e6)

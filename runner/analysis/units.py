@@ -88,16 +88,17 @@ def unit_quantiles(units: pd.DataFrame, qs: list[float]) -> pd.DataFrame:
     (``numpy.quantile(method="lower")``) within relative error ``relative_error`` for magnitudes in
     ``[sketch_low, sketch_high]``, and within ``sketch_low`` absolute below it. Columns ``q0.5`` etc."""
     out = units[KEY].copy()
+    cumulative = [np.cumsum(counts) for counts in units.sketch_count]
+    layouts = units.groupby(["relative_error", "sketch_low", "sketch_high"]).indices  # one grid per layout
     for q in qs:
-        out[f"q{q:g}"] = [_quantile(row, q) for row in units.itertuples(index=False)]
+        ranks = np.floor(q * (units["count"].to_numpy() - 1))
+        buckets = np.array([index[np.searchsorted(cum, rank, side="right")]
+                            for index, cum, rank in zip(units.sketch_index, cumulative, ranks)], dtype=np.int64)
+        values = np.empty(len(units))
+        for layout, rows in layouts.items():
+            values[rows] = SketchGrid(*layout).value(torch.from_numpy(buckets[rows])).numpy()
+        out[f"q{q:g}"] = np.clip(values, units["min"].to_numpy(), units["max"].to_numpy())
     return out
-
-
-def _quantile(row, q: float) -> float:
-    grid = SketchGrid(row.relative_error, row.sketch_low, row.sketch_high)
-    rank = int(np.floor(q * (row.count - 1)))
-    bucket = row.sketch_index[np.searchsorted(np.cumsum(row.sketch_count), rank, side="right")]
-    return float(np.clip(grid.value(torch.tensor([int(bucket)])).item(), row.min, row.max))
 
 
 def layer_second_moment(units: pd.DataFrame, layer: str, hook: str | None = None, call: int = 0) -> np.ndarray:
