@@ -536,3 +536,18 @@ def test_a_saved_state_of_another_sketch_layout_is_refused_not_written_past(tmp_
     state["stats"][("0", 0)]["sketch"] = state["stats"][("0", 0)]["sketch"][:, :2765]  # the log mapping's size
     with pytest.raises(ConfigError, match=r"hooks.units: the saved state of layer '0' holds sketches of 2765 buckets"):
         fresh.restore_run_state(state)
+
+
+def test_unit_maps_read_the_entry_s_slot_of_a_tuple_output():
+    """A layer returning a tuple: the maps are of the tensor the entry read (its ``slot``), not the first."""
+    from runner.analysis.unit_plots import unit_maps
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(1, keepdim=True), x * 2  # slot "0": [n, 1, H, W]; slot "1": [n, C, H, W]
+
+    model = torch.nn.Sequential()
+    model.add_module("pair", Pair())
+    x = torch.randn(3, 4, 5, 5)
+    np.testing.assert_array_equal(unit_maps(model, "pair", 2, x, slot="1"), (x * 2)[:, 2].numpy())
+    np.testing.assert_array_equal(unit_maps(model, "pair", 0, x), x.mean(1)[:, None][:, 0].numpy())

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 from torch import nn
 
+from hooks.recorder import walk
 from hooks.unit_stats import default_unit_axis
 from runner.engine.plan import Plan, compile_plan
 from runner.sources.models import build_model
@@ -40,14 +41,16 @@ def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Se
     return rows.iloc[0]
 
 
-def unit_maps(model: nn.Module, layer: str, unit: int, inputs: torch.Tensor, axis: int | None = None) -> np.ndarray:
+def unit_maps(model: nn.Module, layer: str, unit: int, inputs: torch.Tensor, axis: int | None = None,
+              slot: str = "0") -> np.ndarray:
     """Unit ``unit`` of ``layer``'s output for each of ``inputs`` by a plain forward: ``[n, H, W]`` for a
-    conv output (its channel), ``[n]`` where the unit has no map. ``axis``: the unit axis (the entry's
-    ``unit_axis``; ``None``: dim 1 of 4+ dim outputs, else the last)."""
+    conv output (its channel), ``[n]`` where the unit has no map. ``axis``, ``slot``: the entry's
+    ``unit_axis`` (``None``: dim 1 of 4+ dim outputs, else the last) and ``slot`` (which tensor of a
+    tuple or mapping output, as the entry read it: ``hooks.recorder.walk``)."""
     kept = []
 
     def keep(module, args, output):
-        out = output[0] if isinstance(output, tuple) else output
+        out = dict(walk(output))[slot]
         kept.append(out.detach().float().movedim(default_unit_axis(out.dim()) if axis is None else axis, 1)[:, unit])
 
     handle = dict(model.named_modules())[layer].register_forward_hook(keep)
@@ -72,9 +75,9 @@ class RebuiltRun:
         seed, cpu = self.plan.settings.seed, torch.device("cpu")
         return torch.cat([next(self.plan.data.item_batches(int(s), int(s) + 1, seed, cpu)).x for s in samples])
 
-    def unit_axis(self, hook: str) -> int | None:
-        """The ``unit_axis`` of the run's entry ``hook`` (``None``: the default)."""
-        return next(h.spec.unit_axis for h in self.plan.hooks if h.key == f"hooks.{hook}")
+    def spec(self, hook: str):
+        """The spec of the run's entry ``hook`` (its ``unit_axis`` and ``slot``)."""
+        return next(h.spec for h in self.plan.hooks if h.key == f"hooks.{hook}")
 
     def images(self, inputs: torch.Tensor) -> np.ndarray:
         """``inputs`` (``[n, C, H, W]``, normalised by ``data.mean``/``data.std`` where given) as RGB in [0, 1]."""
@@ -101,7 +104,8 @@ def top_images_of_run(run: str | Path | RebuiltRun, units: pd.DataFrame, layer: 
     run = run if isinstance(run, RebuiltRun) else rebuild_run(run)
     row = unit_row(units, layer, unit)
     inputs = run.inputs(row.top_sample[:shown])
-    maps = unit_maps(run.model, layer, unit, inputs, run.unit_axis(row.hook))
+    spec = run.spec(row.hook)
+    maps = unit_maps(run.model, layer, unit, inputs, spec.unit_axis, spec.slot)
     return top_images(units, layer, unit, run.images(inputs), maps if maps.ndim == 3 else None)
 
 
