@@ -184,3 +184,13 @@ def test_every_report_renders_in_headless_chromium(reports, tmp_path):
     for name, (_, page) in reports.items():
         assert seen[name]["sections"] == [heading for _, heading in _headings(page)], name
         assert seen[name]["images"] == seen[name]["decoded"] == page.count("<img"), name
+
+
+def test_what_no_job_of_a_sweep_could_draw_is_said_once_after_the_jobs(reports):
+    """Six convnet clip jobs keep no 4-D output: grad_cam's reason is one line for all, not one per job."""
+    _, page = reports["clip max x seed"]
+    pictures = _section(page, "pictures")
+    notes = re.findall(r'<p class="note">(not drawn[^<]*)</p>', pictures)
+    assert notes and all(note.startswith("not drawn for any of these jobs: ") for note in notes)
+    assert len(notes) == len(set(notes)) and any("grad_cam" in note for note in notes)
+    assert pictures.rindex("<h3>") < pictures.index(notes[0])  # after the last job's pictures

@@ -370,17 +370,20 @@ def _sweep_pictures(stats: pd.DataFrame, steps: pd.DataFrame, jobs: int) -> list
 
 def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFrame, patching: bool) -> str | None:
     """A sweep's comparison and loss curves, then each of the first jobs' pictures (with what each
-    could not draw); ``None`` when nothing is drawn (each job of a patching sweep is a cell of its heatmap)."""
+    could not draw; what none of them could, said once after them); ``None`` when nothing is drawn
+    (each job of a patching sweep is a cell of its heatmap)."""
     if patching and len(runs) > 1:
         return None
     parts = _sweep_pictures(stats, steps, len(runs)) if len(runs) > 1 else []
-    for r in runs[:MOST_JOB_PICTURES]:
-        figures, notes = plots.run_figures(r, plots.PLOTS)
+    shown = {r: plots.run_figures(r, plots.PLOTS) for r in runs[:MOST_JOB_PICTURES]}
+    if not any("<img" in part for part in parts) and not any(figures for figures, _ in shown.values()):
+        return None
+    common = set.intersection(*(set(notes) for _, notes in shown.values())) if len(shown) > 1 else set()
+    for r, (figures, notes) in shown.items():
         parts.append(f"<h3>{html.escape(job[str(r)])}</h3>")
         parts += [_img(fig, name) for name, fig in figures]
-        parts += [_note(f"not drawn: {n}") for n in notes]
-    if not any("<img" in part for part in parts):
-        return None
+        parts += [_note(f"not drawn: {n}") for n in notes if n not in common]
+    parts += [_note(f"not drawn for any of these jobs: {n}") for n in sorted(common)]
     if len(runs) > MOST_JOB_PICTURES:
         parts.append(_note(f"Pictures of the first {MOST_JOB_PICTURES} jobs; the other "
                            f"{len(runs) - MOST_JOB_PICTURES}: runner.plots.run_figures(RUN_DIR, ...) or plots=[...]."))
