@@ -20,7 +20,8 @@ from runner.live.lines import LogLine
 
 
 class Sink(Protocol):
-    """A tool's side of a channel: ``log`` one line, ``close`` at the run's end (``failed``: it raised)."""
+    """A tool's side of a channel: ``log`` one line, ``close`` at the run's end (``failed``: it raised).
+    A tool in a process of its own (``ProcessSink``) also has ``abandon``: it is ended when it hangs."""
 
     def log(self, line: LogLine) -> None: ...
 
@@ -68,6 +69,7 @@ class Channel:
         self.timeout_s = timeout_s
         self.dropped = 0
         self._opener = opener
+        self._sink: Sink | None = None
         self._queue: queue.Queue[LogLine | None] = queue.Queue(maxsize=size)
         self._problem: str | None = None
         self._told = False  # the first problem is the one said; the later ones are counted in ``dropped``
@@ -127,6 +129,8 @@ class Channel:
             self._thread.join(0.1)
         if self._thread.is_alive():
             self._drop(f"sent nothing for close_timeout_s={self.timeout_s:g} at the run's end", count=self._queue.qsize())
+            if hasattr(self._sink, "abandon"):  # a tool in a process of its own: ended, not left running
+                self._sink.abandon()
 
     def _drop(self, why: str, count: int = 1) -> None:
         self.dropped += count
@@ -135,7 +139,7 @@ class Channel:
 
     def _loop(self) -> None:
         try:
-            sink = self._opener()
+            sink = self._sink = self._opener()
             self._progress = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a tool that cannot start costs the run its log lines only
             self._drop(f"could not start: {type(exc).__name__}: {_first_line(exc)}", count=0)

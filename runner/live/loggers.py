@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hooks.recorder import StepCaptures
-from runner.config.registry import LOGGERS
 from runner.live.channel import Channel, Sink
 from runner.live.config import LoggerConfig, logged_entries, stats_by_kind
 from runner.live.lines import add_histograms, add_statistics, step_scalars
+from runner.live.process import ProcessSink
 
 
 class LoggerWarning(UserWarning):
@@ -57,12 +57,13 @@ class LiveLoggers:
         return bool(self.configs)
 
     def start(self) -> None:
-        """Start one channel per logger (each opens its tool on its own thread)."""
+        """Start one channel per logger: each opens its tool in a process of its own (``ProcessSink``),
+        or sends to the open sink it was given (a trainer's own logger lives in the run's process)."""
         for name, cfg in self.configs.items():
             if name in self._sinks:
                 opener = (lambda sink=self._sinks[name]: sink)
             else:
-                opener = (lambda cls=LOGGERS.get(name).build, cfg=cfg: cls(cfg, self.context))
+                opener = (lambda name=name, cfg=cfg: ProcessSink(name, cfg, self.context))
             self.channels[name] = Channel(name, opener, cfg.queue, cfg.close_timeout_s)
 
     def offer(self, step: int, split: str, captures: StepCaptures, loss: float | None,

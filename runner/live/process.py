@@ -1,0 +1,136 @@
+"""``ProcessSink``: a logger's tool run in a process of its own, at a lower CPU priority once it is open.
+
+A tool's work in the run's process costs the step more than its CPU seconds: its Python holds the
+GIL the hooks wait for (MLflow's SQL store: about 25 ms of Python a step for resnet18's 130 values,
+which made the step 1.046 of ``stats`` alone in the run's process). In a process of its own
+the run's process only pickles each line onto a pipe. The tool opens at normal priority (imports
+and ``wandb.init``: seconds of CPU), then logs at ``TOOL_NICE``: its wake-ups yield to torch's threads,
+yet it keeps up with a run that keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18
+steps, nice 19 fell behind). Each call waits for the tool's answer, so ``Channel`` sees the tool's
+errors, its progress and its hangs as it would on its own thread.
+
+The tool's process is ``python -c TOOL_SIDE FD``: requests on stdin, answers on file descriptor FD.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from runner.live.lines import LogLine
+
+
+#: The tool's process: ``serve`` (``sys.argv[1]``: its answers' file descriptor).
+TOOL_SIDE = "from runner.live.process import main; main()"
+#: The tool's niceness once it is open (W&B's service, started while it opens, keeps the normal one).
+TOOL_NICE = 10
+
+
+#: ``prctl``'s option: the signal a process gets when the thread that started it ends (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+
+
+class ToolProcessError(RuntimeError):
+    """The tool's process raised (its error's type and first line), or ended."""
+
+
+class ProcessSink:
+    """The sink of logger ``name`` made as ``LOGGERS.get(name).build(cfg, context)`` in a new process."""
+
+    def __init__(self, name: str, cfg, context) -> None:
+        answers, answer_fd = os.pipe()
+        path = os.pathsep.join(entry for entry in sys.path if entry)  # a script's own sys.path finds runner too
+        self.process = subprocess.Popen([sys.executable, "-c", TOOL_SIDE, str(answer_fd)],
+                                        stdin=subprocess.PIPE, pass_fds=(answer_fd,),
+                                        env={**os.environ, "PYTHONPATH": path})
+        os.close(answer_fd)
+        self._answers = os.fdopen(answers, "rb")
+        try:
+            self._call("open", (name, cfg, context))
+        except BaseException:
+            self.abandon()
+            self._release()
+            raise
+
+    def log(self, line: LogLine) -> None:
+        self._call("log", line)
+
+    def close(self, failed: bool) -> None:
+        try:
+            self._call("close", failed)
+        finally:
+            self._release()
+
+    def abandon(self) -> None:
+        """End the tool's process (it hangs: a dead server, or its tool could not start)."""
+        self.process.kill()
+        self.process.wait()
+
+    def _release(self) -> None:
+        """Close the pipes and wait for the process (ended, or ending on its stdin's end)."""
+        with contextlib.suppress(BrokenPipeError):  # a line it never read, of a process that ended
+            self.process.stdin.close()
+        self._answers.close()
+        self.process.wait()
+
+    def _call(self, request: str, payload: Any) -> None:
+        try:
+            pickle.dump((request, payload), self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.process.stdin.flush()
+            ok, said = pickle.load(self._answers)
+        except (EOFError, BrokenPipeError) as exc:
+            raise ToolProcessError(f"its process ended{_exit_status(self.process)}") from exc
+        if not ok:
+            raise ToolProcessError(said)
+
+
+def _exit_status(process: subprocess.Popen) -> str:
+    """`` (exit status N)`` of a process whose pipe closed (given a moment to end), else nothing."""
+    try:
+        return f" (exit status {process.wait(1)})"
+    except subprocess.TimeoutExpired:
+        return ""
+
+
+def serve(requests, answers) -> None:
+    """Answer each request in ``requests`` with ``(ok, error line)`` on ``answers`` until ``close`` or the pipe ends."""
+    from runner.config.registry import LOGGERS
+    from runner.live.config import register_backends
+
+    register_backends()
+    sink = None
+    while True:
+        try:
+            request, payload = pickle.load(requests)
+        except EOFError:  # the run's process ended without closing: nothing more to send
+            return
+        try:
+            if request == "open":
+                name, cfg, context = payload
+                sink = LOGGERS.get(name).build(cfg, context)
+                os.nice(TOOL_NICE)
+            elif request == "log":
+                sink.log(payload)
+            else:
+                sink.close(payload)
+            answer = (True, None)
+        except Exception as exc:  # noqa: BLE001 - the run's side says it (``Channel``) and goes on
+            answer = (False, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+        pickle.dump(answer, answers)
+        answers.flush()
+        if request == "close":
+            return
+
+
+def main() -> None:
+    """The tool's side: serve the requests of stdin, answering on the file descriptor ``sys.argv[1]``;
+    on Linux it is killed with the run's process (a tool hung on a dead server outlives no run)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    with os.fdopen(int(sys.argv[1]), "wb") as answers:
+        serve(sys.stdin.buffer, answers)
