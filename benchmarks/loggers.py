@@ -1,34 +1,31 @@
 """``python -m benchmarks.loggers``: the ``stats`` preset with each live logger on, against ``stats`` alone.
 
-One process, interleaved rounds (``benchmarks.run.interleaved``): ``bare`` (no hooks), ``stats``
-(``runner.attach(hooks=["stats"])``, parquet written by the background writer), ``stats`` with
-``logger=tensorboard``, ``wandb`` (offline) and ``mlflow`` (a local SQLite store), each
-``every=1``, and W&B's own ``wandb.watch(log="gradients", log_freq=1)`` beside them.
+One process, one phase per contender, each of interleaved rounds (``benchmarks.run.interleaved``) of
+``bare`` (no hooks), ``stats`` (``runner.attach(hooks=["stats"])``, parquet written by the background
+writer) and the contender: ``stats`` with ``logger=tensorboard``, ``wandb`` (offline) or ``mlflow`` (a
+local SQLite store), each ``every=1``, or W&B's own ``wandb.watch(log="gradients", log_freq=1)``. A
+phase's tools are closed before the next phase opens its own: a run has its own logger's processes
+on the machine, not every other logger's (W&B's service writing on after ``log`` returns).
 
 In each round every variant runs ``--steps`` consecutive steps and, inside its timing, waits until
 its run has written them and its logger has sent their lines (``StepWriter.wait_written``): each
 variant pays for its own writing and logging, none of it spills into the next variant's time, and
 the logging of all but a segment's last step overlaps the next step's compute, as in a run.
 
-Per variant and step: wall seconds; CPU seconds of this process (all threads) plus its child
-processes (W&B's service, which writes the offline run: ``process_time`` does not count it), and
-by part: the logger's thread (``Channel.cpu_seconds``), the threads made with the variant (the
-parquet writer's, the logger's, the tool's own: TensorBoard's event-file thread, W&B's connection
-to its service) and the child processes (at a tick's resolution, 10 ms); how often the compute
-threads (this one and torch's pool) lost their core to another thread (what a logger's wake-ups
+Per variant and step: wall seconds; CPU seconds of this process (all threads) plus its descendant
+processes (each logger's tool process and W&B's service: ``process_time`` does not count them), and
+by part: the logger's thread (``Channel.cpu_seconds``: pickling each line to its tool's process),
+the threads made with the variant (the parquet writer's, the logger's, ``wandb.watch``'s connection
+to its service) and the descendant processes (at a tick's resolution, 10 ms); how often the compute
+threads (this one and torch's pool) lost their core to another thread (what a tool's wake-ups
 cost torch beyond their CPU seconds); the lines each logger dropped (a ratio bought by dropping
-lines is no result). Ratios are medians of the per-round ratio to ``stats`` (target <= 1.02 for
-resnet18 at batch 8) and to ``bare``. Numbers
-from a machine other processes load are noise: read the ratios of a quiet one; the CPU seconds
-by part are steadier.
-
-W&B's service is one per process, shared by the ``stats + wandb`` run and the watched run: the
-watched run is made first (``wandb.watch`` logs into the global run, which a later ``wandb.init``
-would return instead of a new one), and the threads its ``wandb.init`` makes (W&B's connection to
-its service) are counted as the ``stats + wandb`` run's own.
+lines is no result). Ratios are medians of the per-round ratio to the phase's ``stats`` (target
+<= 1.02 for resnet18 at batch 8) and ``bare``. Numbers from a machine other processes load are
+noise: read the ratios of a quiet one; the CPU seconds by part are steadier.
 
     python -m benchmarks.loggers            # resnet18, batch 8, 224x224, 20 rounds of 4 steps
     python -m benchmarks.loggers --quick    # a small convnet, 2 rounds: the smoke test (wandb.watch too)
+    python -m benchmarks.loggers --loggers mlflow --no-watch   # one phase: MLflow against stats alone
 """
 from __future__ import annotations
 
@@ -56,13 +53,17 @@ WAIT_S = 600.0
 
 
 def children() -> list[Path]:
-    """The ``/proc/PID/stat`` files of this process's child processes (W&B's service; none without ``/proc``)."""
-    me = str(os.getpid())
-    found = []
+    """The ``/proc/PID/stat`` files of this process's descendants (each logger's tool process and what it
+    starts: W&B's service), none without ``/proc``."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
-            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
-                found.append(stat)
+            parents[stat] = stat.read_text().rsplit(")", 1)[1].split()[1]
+    found, frontier = [], {str(os.getpid())}
+    while frontier:
+        below = [stat for stat, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = {stat.parent.name for stat in below}
     return found
 
 
@@ -152,31 +153,52 @@ def with_threads(make, also: frozenset[Path] = frozenset()) -> Segment:
     return segment
 
 
-def segments(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int) -> list[Segment]:
+#: Each logger the benchmark times: its ``logger=`` value (``{tmp}``: the phase's temporary directory).
+LOGGERS = {"tensorboard": {"tensorboard": {}}, "wandb": {"wandb": {}},
+           "mlflow": {"mlflow": {"tracking_uri": "sqlite:///{tmp}/mlflow.db"}}}
+#: The phase of W&B's own ``wandb.watch``.
+WATCH = "wandb.watch"
+
+
+def phase(model, x, tmp: Path, stack: contextlib.ExitStack, steps: int, contender: str) -> list[Segment]:
+    """One phase's segments: ``bare``, ``stats`` and ``contender`` (a logger's name: ``stats`` with it on,
+    or ``WATCH``), each on its own copy of ``model``; what they open stays open until ``stack`` closes."""
     fresh = lambda: copy.deepcopy(model)  # noqa: E731
     plain = bare(fresh(), x)
     plain.step()  # torch's own threads (its compute pool) are made by the first step: none of a variant's
     compute = threads()  # this thread and torch's pool (and what ran before: no logger's)
-    peers, wandb_threads = [], frozenset()
-    if wandb_installed():
-        before = threads()
-        watch = wandb_watch(fresh(), x, "gradients")
-        wandb_threads = frozenset(threads() - before)  # W&B's connection to its service: the logger's as well
-        stack.callback(watch.close)
-        peers.append(Segment(watch, steps))
-    found = [Segment(plain, steps),
-             with_threads(lambda: attached("stats", fresh(), x, tmp / "stats", stack, {}, steps)),
-             with_threads(lambda: attached("stats + tensorboard", fresh(), x, tmp / "tb", stack,
-                                           {"tensorboard": {}}, steps)),
-             with_threads(lambda: attached("stats + wandb", fresh(), x, tmp / "wandb", stack, {"wandb": {}}, steps),
-                          wandb_threads),
-             with_threads(lambda: attached("stats + mlflow", fresh(), x, tmp / "mlflow", stack,
-                                           {"mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}"}}, steps)),
-             *peers]
+    found = [Segment(plain, steps), with_threads(lambda: attached("stats", fresh(), x, tmp / "stats", stack, {}, steps))]
+    if contender == WATCH:
+        watched = with_threads(lambda: Segment(wandb_watch(fresh(), x, "gradients"), steps))
+        stack.callback(watched.variant.close)
+        found.append(watched)
+    else:
+        logger = {name: {key: str(value).format(tmp=tmp) for key, value in cfg.items()}
+                  for name, cfg in LOGGERS[contender].items()}
+        found.append(with_threads(lambda: attached(f"stats + {contender}", fresh(), x, tmp / contender, stack,
+                                                   logger, steps)))
     procs = children()
     for segment in found:
         segment.procs, segment.compute = procs, compute
     return found
+
+
+def measure(segments: list[Segment], rounds: int, warmup: int, steps: int) -> dict[str, dict]:
+    """Each segment's ratios to ``stats`` and ``bare`` of the same rounds, CPU by part, preemptions, lines dropped."""
+    wall, cpu = interleaved([s.timed for s in segments], rounds, warmup)
+    # a tool's process is a child process: its CPU is the logging's too (process_time counts this process only)
+    total = {s.variant.name: [c + child for c, child in zip(cpu[s.variant.name], s.parts["children"][warmup:])]
+             for s in segments}
+    return {s.variant.name: {
+        "median_s": statistics.median(wall[s.variant.name]) / steps,
+        "over_stats": paired_ratio(wall[s.variant.name], wall["stats"]),
+        "over_bare": paired_ratio(wall[s.variant.name], wall["bare"]),
+        "cpu_over_stats": paired_ratio(total[s.variant.name], total["stats"]),
+        "cpu_s_per_step": {"process_and_children": statistics.median(total[s.variant.name]) / steps,
+                           **{part: statistics.median(seconds[warmup:]) / steps for part, seconds in s.parts.items()}},
+        "compute_preempted_per_step": statistics.median(s.preempted[warmup:]) / steps,
+        "dropped_lines": s.dropped(),
+    } for s in segments}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -184,34 +206,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a small convnet and 2 rounds (a smoke run)")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=4, help="consecutive steps of a variant in a round")
+    parser.add_argument("--loggers", default=",".join(LOGGERS),
+                        help=f"the loggers to time, comma-separated (default: all of {', '.join(LOGGERS)})")
+    parser.add_argument("--no-watch", action="store_true", help="leave out wandb.watch")
     parser.add_argument("--out", type=Path, default=None, help="write loggers.json here")
     args = parser.parse_args(argv)
+    loggers = [name for name in args.loggers.split(",") if name]
+    unknown = sorted(set(loggers) - set(LOGGERS))
+    if unknown:
+        parser.error(f"--loggers: unknown {', '.join(unknown)}; choose from {', '.join(LOGGERS)}")
     torch.manual_seed(0)
     model, x = (ConvNet(), torch.randn(2, 3, 8, 8)) if args.quick else \
         (torchvision.models.resnet18(), torch.randn(8, 3, 224, 224))
     rounds, warmup, steps = (2, 1, 2) if args.quick else (args.rounds, 3, args.steps)
-    with tempfile.TemporaryDirectory(prefix="bench-loggers-") as tmp, contextlib.ExitStack() as stack:
-        timed = segments(model, x, Path(tmp), stack, steps)
-        wall, cpu = interleaved([s.timed for s in timed], rounds, warmup)
-        result = {"model": "convnet" if args.quick else "resnet18", "batch": x.shape[0], "rounds": rounds,
-                  "steps_per_round": steps, "target": TARGET, "variants": {},
-                  "children": [stat.read_text().split("(", 1)[1].split(")")[0] for stat in timed[0].procs]}
-        # W&B's service is a child process: its CPU is the logging's too (process_time counts this process only)
-        total = {s.variant.name: [c + child for c, child in zip(cpu[s.variant.name], s.parts["children"][warmup:])]
-                 for s in timed}
-        for s in timed:
-            name = s.variant.name
-            result["variants"][name] = {
-                "median_s": statistics.median(wall[name]) / steps,
-                "over_stats": paired_ratio(wall[name], wall["stats"]),
-                "over_bare": paired_ratio(wall[name], wall["bare"]),
-                "cpu_over_stats": paired_ratio(total[name], total["stats"]),
-                "cpu_s_per_step": {"process_and_children": statistics.median(total[name]) / steps,
-                                   **{part: statistics.median(seconds[warmup:]) / steps
-                                      for part, seconds in s.parts.items()}},
-                "compute_preempted_per_step": statistics.median(s.preempted[warmup:]) / steps,
-                "dropped_lines": s.dropped(),
-            }
+    contenders = loggers + ([WATCH] if wandb_installed() and not args.no_watch else [])
+    result = {"model": "convnet" if args.quick else "resnet18", "batch": x.shape[0], "rounds": rounds,
+              "steps_per_round": steps, "target": TARGET, "phases": {}}
+    for contender in contenders:
+        with tempfile.TemporaryDirectory(prefix="bench-loggers-") as tmp, contextlib.ExitStack() as stack:
+            segments = phase(model, x, Path(tmp), stack, steps, contender)
+            result["phases"][contender] = {
+                "variants": measure(segments, rounds, warmup, steps),
+                "children": [stat.read_text().split("(", 1)[1].split(")")[0] for stat in segments[0].procs]}
     return print_and_write(result, args.out, "loggers.json")
 
 

@@ -100,18 +100,25 @@ def test_quick_benchmark_on_cuda_writes_the_hook_overhead_table(tmp_path):
     assert any(r["section"] == "hook overhead" and r["config"].endswith("on cuda") for r in rows)
 
 
-def test_quick_loggers_benchmark_times_each_logger_against_stats_alone(tmp_path):
+def test_quick_loggers_benchmark_times_each_logger_against_stats_alone_in_a_phase_of_its_own(tmp_path):
     from benchmarks import loggers
     from benchmarks.variants import wandb_installed
 
     result = loggers.main(["--quick", "--out", str(tmp_path)])
-    peers = {"wandb.watch(log='gradients')"} if wandb_installed() else set()
-    assert set(result["variants"]) == {"bare", "stats", "stats + tensorboard", "stats + wandb", "stats + mlflow"} | peers
-    assert result["variants"]["stats"]["over_stats"] == 1.0
-    assert all(v["median_s"] > 0 and v["over_bare"] > 0 for v in result["variants"].values())
-    assert all(v["dropped_lines"] == 0 for v in result["variants"].values())  # each variant's lines all sent
-    assert result["variants"]["stats"]["cpu_s_per_step"]["logger_thread"] == 0  # no logger, no logger thread
-    assert result["variants"]["stats + mlflow"]["cpu_s_per_step"]["logger_thread"] > 0
-    assert result["variants"]["bare"]["cpu_s_per_step"]["own_threads"] == 0  # torch's pool is no variant's own
-    assert result["children"] == (["wandb-core"] if peers else [])  # W&B's service, whose CPU is counted
+    phases = result["phases"]
+    assert set(phases) == set(loggers.LOGGERS) | ({loggers.WATCH} if wandb_installed() else set())
+    for name, phase in phases.items():
+        variants = phase["variants"]
+        contender = "wandb.watch(log='gradients')" if name == loggers.WATCH else f"stats + {name}"
+        assert set(variants) == {"bare", "stats", contender}
+        assert variants["stats"]["over_stats"] == 1.0
+        assert all(v["median_s"] > 0 and v["over_bare"] > 0 for v in variants.values())
+        assert all(v["dropped_lines"] == 0 for v in variants.values())  # each variant's lines all sent
+        assert variants["stats"]["cpu_s_per_step"]["logger_thread"] == 0  # no logger, no logger thread
+        assert variants["bare"]["cpu_s_per_step"]["own_threads"] == 0  # torch's pool is no variant's own
+    for name in loggers.LOGGERS:  # each tool's own process (its CPU counted), and no other phase's left over
+        assert [child for child in phases[name]["children"] if child.startswith("python")] == ["python"], name
+        assert phases[name]["variants"][f"stats + {name}"]["cpu_s_per_step"]["logger_thread"] > 0  # pickling
+    assert "wandb-core" in phases["wandb"]["children"]  # W&B's service, started by the tool's process
+    assert "wandb-core" not in phases["mlflow"]["children"]
     assert (tmp_path / "loggers.json").is_file()
