@@ -3,10 +3,10 @@
 A tool's work in the run's process costs the step more than its CPU seconds: its Python holds the
 GIL the hooks wait for (MLflow's SQL store: about 25 ms of Python a step for resnet18's 130 values,
 which made the step 1.046 of ``stats`` alone in the run's process). In a process of its own
-the run's process only pickles each line onto a pipe. The tool opens at normal priority (imports
-and ``wandb.init``: seconds of CPU), then logs at ``TOOL_NICE``: its wake-ups yield to torch's threads,
-yet it keeps up with a run that keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18
-steps, nice 19 fell behind). Each call waits for the tool's answer, so ``Channel`` sees the tool's
+the run's process only pickles each line onto a pipe. The process imports the project at normal
+priority (seconds of CPU), then opens the tool and logs at ``TOOL_NICE`` (W&B's service, started by
+``wandb.init``, inherits it): its wake-ups yield to torch's threads, yet it keeps up with a run that
+keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18 steps, nice 19 fell behind). Each call waits for the tool's answer, so ``Channel`` sees the tool's
 errors, its progress and its hangs as it would on its own thread.
 
 The tool's process is ``python -c TOOL_SIDE FD``: requests on stdin, answers on file descriptor FD.
@@ -27,7 +27,7 @@ from runner.live.lines import LogLine
 
 #: The tool's process: ``serve`` (``sys.argv[1]``: its answers' file descriptor).
 TOOL_SIDE = "from runner.live.process import main; main()"
-#: The tool's niceness once it is open (W&B's service, started while it opens, keeps the normal one).
+#: The tool's niceness, from its opening on.
 TOOL_NICE = 10
 
 
@@ -112,8 +112,8 @@ def serve(requests, answers) -> None:
         try:
             if request == "open":
                 name, cfg, context = payload
-                sink = LOGGERS.get(name).build(cfg, context)
                 os.nice(TOOL_NICE)
+                sink = LOGGERS.get(name).build(cfg, context)
             elif request == "log":
                 sink.log(payload)
             else:
