@@ -1,7 +1,7 @@
 """``ProcessSink``: a logger's tool run in a process of its own, at a lower CPU priority once it is open.
 
 A tool's work in the run's process costs the step more than its CPU seconds: its Python holds the
-GIL the hooks wait for (MLflow's SQL store: about 25 ms of Python a step for resnet18's 130 values,
+GIL the hooks wait for (MLflow's SQL store: about 25 ms of Python a step for resnet18's 121 values,
 which made the step 1.046 of ``stats`` alone in the run's process). In a process of its own
 the run's process only pickles each line onto a pipe. The process imports the project at normal
 priority (seconds of CPU), then opens the tool and logs at ``TOOL_NICE`` (W&B's service, started by
