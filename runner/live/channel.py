@@ -142,7 +142,7 @@ class Channel:
             sink = self._sink = self._opener()
             self._progress = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a tool that cannot start costs the run its log lines only
-            self._drop(f"could not start: {type(exc).__name__}: {_first_line(exc)}", count=0)
+            self._drop(f"could not start: {type(exc).__name__}: {first_line(exc)}", count=0)
             sink = None
         while (line := self._queue.get()) is not None:
             if sink is None:
@@ -152,7 +152,7 @@ class Channel:
                     sink.log(line)
                     self._progress = time.monotonic()
                 except Exception as exc:  # noqa: BLE001 - an unreachable server drops the line, not the run
-                    self._drop(f"{type(exc).__name__}: {_first_line(exc)}")
+                    self._drop(f"{type(exc).__name__}: {first_line(exc)}")
             with self._handled:
                 self._done += 1
                 self._handled.notify_all()
@@ -160,9 +160,10 @@ class Channel:
             try:
                 sink.close(self._failed)
             except Exception as exc:  # noqa: BLE001
-                self._drop(f"could not close: {type(exc).__name__}: {_first_line(exc)}", count=0)
+                self._drop(f"could not close: {type(exc).__name__}: {first_line(exc)}", count=0)
         self._cpu_at_end = time.thread_time()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, at most 300 characters: what a warning line can hold."""
     return (str(exc).strip().splitlines() or [""])[0][:300]

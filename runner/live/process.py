@@ -6,8 +6,9 @@ which made the step 1.046 of ``stats`` alone in the run's process). In a process
 the run's process only pickles each line onto a pipe. The process imports the project at normal
 priority (seconds of CPU), then opens the tool and logs at ``TOOL_NICE`` (W&B's service, started by
 ``wandb.init``, inherits it): its wake-ups yield to torch's threads, yet it keeps up with a run that
-keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18 steps, nice 19 fell behind). Each call waits for the tool's answer, so ``Channel`` sees the tool's
-errors, its progress and its hangs as it would on its own thread.
+keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18 steps, nice 19 fell behind).
+Each call waits for the tool's answer, so ``Channel`` sees the tool's errors, its progress and its
+hangs as it would on its own thread.
 
 The tool's process is ``python -c TOOL_SIDE FD``: requests on stdin, answers on file descriptor FD.
 """
@@ -22,15 +23,13 @@ import subprocess
 import sys
 from typing import Any
 
+from runner.live.channel import first_line
 from runner.live.lines import LogLine
-
 
 #: The tool's process: ``serve`` (``sys.argv[1]``: its answers' file descriptor).
 TOOL_SIDE = "from runner.live.process import main; main()"
 #: The tool's niceness, from its opening on.
 TOOL_NICE = 10
-
-
 #: ``prctl``'s option: the signal a process gets when the thread that started it ends (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 
@@ -120,7 +119,7 @@ def serve(requests, answers) -> None:
                 sink.close(payload)
             answer = (True, None)
         except Exception as exc:  # noqa: BLE001 - the run's side says it (``Channel``) and goes on
-            answer = (False, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+            answer = (False, f"{type(exc).__name__}: {first_line(exc)}")
         pickle.dump(answer, answers)
         answers.flush()
         if request == "close":
