@@ -26,7 +26,7 @@ INTEGRATIONS = {
     "lightning": {"runner/integrations/lightning.py"},
     "safetensors": {"runner/sources/models.py"},
     "tensorboard": {"runner/analysis/tensorboard.py"},
-    "loggers": {"runner/live/to_wandb.py", "runner/live/to_mlflow.py"},
+    "loggers": {"runner/live/to_wandb.py", "runner/live/to_mlflow.py", "runner/live/to_tensorboard.py"},
 }
 
 
