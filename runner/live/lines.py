@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.tags import capture_tag
-from hooks.recorder import StepCaptures
+
+if TYPE_CHECKING:  # the tool's process (``process``) imports this module: no torch for it
+    from hooks.recorder import StepCaptures
 
 
 @dataclass

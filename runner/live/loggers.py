@@ -12,12 +12,15 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hooks.recorder import StepCaptures
 from runner.live.channel import Channel, Sink
 from runner.live.config import LoggerConfig, logged_entries, stats_by_kind
 from runner.live.lines import add_histograms, add_statistics, step_scalars
 from runner.live.process import ProcessSink
+
+if TYPE_CHECKING:  # the tool's process (``process``) imports this module: no torch for it
+    from hooks.recorder import StepCaptures
 
 
 class LoggerWarning(UserWarning):
