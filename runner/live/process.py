@@ -4,9 +4,10 @@ A tool's work in the run's process costs the step more than its CPU seconds: its
 GIL the hooks wait for (MLflow's SQL store: about 25 ms of Python a step for resnet18's 121 values,
 which made the step 1.046 of ``stats`` alone in the run's process). In a process of its own
 the run's process only pickles each line onto a pipe. The process imports the project's logging
-part at normal priority (0.4 s: no torch, which only TensorBoard's sink imports), then opens the tool and logs at ``TOOL_NICE`` (W&B's service, started by
-``wandb.init``, inherits it): its wake-ups yield to torch's threads, yet it keeps up with a run that
-keeps every core busy (``SCHED_IDLE`` sent nothing in 80 resnet18 steps, nice 19 fell behind).
+part at normal priority (0.4 s: no torch, which only TensorBoard's sink imports), then opens the
+tool and logs at ``TOOL_NICE`` (W&B's service, started by ``wandb.init``, inherits it): its wake-ups
+yield to torch's threads, yet it keeps up with a run that keeps every core busy (``SCHED_IDLE``
+sent nothing in 80 resnet18 steps, nice 19 fell behind).
 Each call waits for the tool's answer, so ``Channel`` sees the tool's errors, its progress and its
 hangs as it would on its own thread.
 
