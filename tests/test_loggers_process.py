@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -21,15 +24,20 @@ from runner.live.process import TOOL_NICE, ProcessSink, ToolProcessError
 from runner.live.to_tensorboard import TensorBoardLogger
 
 
+def fields(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/PID/stat`` after the command's name (state, parent, ...); None once it is gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def children() -> set[int]:
     """The process ids of this process's living children."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+        found_fields = fields(stat)
+        if found_fields and int(found_fields[1]) == os.getpid() and found_fields[0] != "Z":
             found.add(int(stat.parent.name))
     return found
 
@@ -93,3 +101,38 @@ def test_a_hung_tool_process_costs_one_warning_and_is_ended_with_the_run(tmp_pat
                     "send are dropped and the run goes on (the parquet files are its record)"]
     assert children() == before  # ended, not left stopped
     assert sorted(set(analysis.load_stats(tmp_path / "run").step)) == [0, 1, 2, 3]
+
+
+RUN_THAT_DIES = """
+import sys, time
+from pathlib import Path
+from runner.live import RunContext
+from runner.live.process import ProcessSink
+from runner.live.to_tensorboard import TensorBoardLogger
+sink = ProcessSink("tensorboard", TensorBoardLogger(dir=sys.argv[1]), RunContext(Path(sys.argv[1])))
+print(sink.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def state(stat: Path) -> str:
+    """A process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` ended and not yet reaped); ``Z`` once gone."""
+    found_fields = fields(stat)
+    return found_fields[0] if found_fields else "Z"
+
+
+def test_a_hung_tool_process_is_killed_with_the_runs_process(tmp_path):
+    run = subprocess.Popen([sys.executable, "-c", RUN_THAT_DIES, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    pid = int(run.stdout.readline())
+    tool = Path(f"/proc/{pid}/stat")
+    try:
+        os.kill(pid, signal.SIGSTOP)  # hung: it would not even see its pipe close
+        run.kill()  # SIGKILL: the run's process cleans nothing up
+        run.wait()
+        deadline = time.monotonic() + 30
+        while state(tool) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state(tool) == "Z"
+    finally:
+        if state(tool) != "Z":
+            os.kill(pid, signal.SIGKILL)
