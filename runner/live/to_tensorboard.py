@@ -26,6 +26,10 @@ class TensorBoardSink:
     library = "tensorboard"
 
     def __init__(self, cfg: TensorBoardLogger, context: RunContext, writer=None) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import histogram
+
+        self.summary, self.histogram = Summary, histogram  # imported once, not on every step's line
         self.owned = writer is None
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
@@ -54,15 +58,12 @@ class TensorBoardSink:
         """The line as one event: one ``Summary`` of all its scalars and histograms. ``add_scalar`` makes an
         event per value, each a hand-over to the event file's thread: on 2 cores each wake-up of that
         thread stalls torch's compute threads (``benchmarks.loggers`` counts them)."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from torch.utils.tensorboard.summary import histogram
-
         if self.writer.file_writer is None:
             raise RuntimeError("its SummaryWriter was closed")
-        values = [Summary.Value(tag=tag, simple_value=value) for tag, value in line.scalars.items()]
+        values = [self.summary.Value(tag=tag, simple_value=value) for tag, value in line.scalars.items()]
         for tag, array in line.histograms.items():
-            values.extend(histogram(tag, array, self.writer.default_bins).value)
-        self.writer.file_writer.add_summary(Summary(value=values), line.step)
+            values.extend(self.histogram(tag, array, self.writer.default_bins).value)
+        self.writer.file_writer.add_summary(self.summary(value=values), line.step)
         self.writer.flush()
 
     def close(self, failed: bool) -> None:
