@@ -8,6 +8,7 @@ refused in one line by the reader and the writer alike.
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -62,6 +63,8 @@ def test_each_shard_reads_back_with_safetensors_as_the_model_gave_it(tmp_path, c
         assert got.dtype == np.dtype(dtype) and np.array_equal(got, conv2_outputs.to(getattr(torch, dtype)).numpy())
     rows = ActivationStore(layer)  # and ours agrees with theirs
     assert rows[1000][0].dtype == getattr(torch, dtype) and torch.equal(rows[1000][0], values[1000])
+    in_worker = pickle.loads(pickle.dumps(rows))  # what a DataLoader's worker gets, a shard mapped already
+    assert torch.equal(in_worker[1001][0], values[1001]) and in_worker[1001][1] == 1001
 
 
 def npy_store(path) -> None:
