@@ -22,7 +22,7 @@ from torch import nn
 
 from common.errors import ConfigError, choice_error
 from common.ranks import part_name, process_group
-from common.store_format import DTYPES, store_header
+from common.store_format import DTYPES, MANIFEST, read_store_manifest, store_header
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 from hooks.store_files import ShardWriter, stored_through
@@ -43,6 +43,17 @@ class StoreSpec(SampleOutputsSpec):
             raise ConfigError(f"{key}.shard_size: {self.shard_size} must be at least 1")
         if self.dtype not in DTYPES:
             raise choice_error(f"{key}.dtype", self.dtype, DTYPES, "dtype")
+        self.check_stored(key)
+
+    def check_stored(self, key: str) -> None:
+        """The stores already at ``path`` (a killed pass's, or a finished one) are of this layout, not the
+        ``.npy`` one before: else one line, before the run (a store of another dtype or shard size is
+        refused by its writer, which knows the layers)."""
+        for found in sorted({*Path(self.path).glob(f"*/{MANIFEST}"), *Path(self.path).glob(f"*/rank-*/{MANIFEST}")}):
+            try:
+                read_store_manifest(found.parent)
+            except ValueError as exc:
+                raise ConfigError(f"{key}.path: {exc}") from None
 
 
 @register("store")

@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import make_config, run
+from conftest import cli, make_config, run
 from datasets_for_tests import DigitsPausingAt
 from hooks.store_files import ShardWriter
 from runner.engine.plan import compile_plan
@@ -90,3 +90,16 @@ def test_a_store_of_npy_shards_is_refused_in_one_line_by_the_reader_and_the_writ
     assert str(refused.value) == message
     assert sorted(p.name for p in (tmp_path / "fc").iterdir()) == ["samples-00000.npy", "shard-00000.npy",
                                                                   "store.json"]
+
+
+def test_a_pass_into_a_path_holding_an_npy_store_is_refused_before_the_run(tmp_path, capsys):
+    npy_store(tmp_path / "stores" / "fc")
+    with pytest.raises(SystemExit) as exited:
+        cli(["model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "hooks=store",
+             "hooks.store.layers=[fc]", f"hooks.store.path={tmp_path / 'stores'}"], tmp_path / "run")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: hooks.store.path: store '{tmp_path / 'stores' / 'fc'}' holds .npy shards (store version 1, bfloat16 "
+        f"kept as int16 bits); this version reads and writes safetensors store version 2 only: run the pass again "
+        f"into another path (np.load reads the old .npy shards)"]
+    assert not (tmp_path / "run").exists()
