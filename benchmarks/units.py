@@ -155,7 +155,7 @@ def _read_raw(path: Path, width: int) -> list[torch.Tensor]:
 
 def _read_store(path: Path) -> list[torch.Tensor]:
     store = ActivationStore(path)
-    return [store.tensor(store.shard(i)[0]) for i in range(len(store.rows))]
+    return [store.shard(i)[0] for i in range(len(store.rows))]
 
 
 def _store_pass_peak(batches: int, batch: int, side: int, shard_rows: int, queue) -> None:

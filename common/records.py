@@ -9,8 +9,14 @@ here. Imports nothing of ``hooks`` or ``runner``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:  # the floor imports no torch: a step's kept tensors are only named here
+    import numpy as np
+    import torch
 
 #: The files of a run directory: three tables, the resolved config, and the manifest written last.
 STATS, TENSORS, STEPS = "stats.parquet", "tensors.parquet", "steps.parquet"
@@ -158,3 +164,17 @@ PHASES = ("forward", "backward", "after_backward", "eval", "recompute")
 METHOD = "method"
 METHODS = ("patch", "attribution", "path", "steer")
 PATCHING_COLUMNS = (METHOD, "layer", "receiver", "index", "scale", "patched", "clean", "corrupted", "recovered", "kl")
+
+
+@dataclass
+class StepCaptures:
+    """One step's captures as columns, what the recorder hands the writer: identifiers (``ID_COLUMNS``),
+    statistics (``STAT_COLUMNS``) and the kept tensors with the rows they belong to."""
+
+    columns: dict[str, list] = field(default_factory=dict)
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    kept_rows: list[int] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.columns.get("hook", ()))

@@ -1,10 +1,10 @@
 """``store``: the selected layers' outputs over a whole-dataset pass, written to activation stores.
 
 A forward hook on each selected module hands every call's output (``slot``) with the batch's
-sample ids to a ``hooks.shards.ShardWriter`` at ``path/LAYER``: fixed-size ``.npy`` shards of
-``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole. Memory: one shard per
-layer. Sample ids (``hooks.samples``, the dataset indices of a whole-dataset pass) are kept
-beside the rows; a pass over a store a killed pass left writes on from its first incomplete
+sample ids to a ``hooks.store_files.ShardWriter`` at ``path/LAYER``: fixed-size safetensors shards
+of ``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole (the layout:
+``common.store_format``). Memory: one shard per layer. Sample ids (``hooks.samples``, the
+dataset indices of a whole-dataset pass) are kept beside the rows; a pass over a store a killed pass left writes on from its first incomplete
 shard, and the runner's pass skips the batches the complete shards hold (``samples_held``).
 Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its samples:
 the ranks take contiguous parts of the data), and the readers read the parts as one. Read back
@@ -22,9 +22,10 @@ from torch import nn
 
 from common.errors import ConfigError, choice_error
 from common.ranks import part_name, process_group
+from common.store_format import DTYPES, MANIFEST, read_store_manifest, store_header
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
-from hooks.store_files import DTYPES, ShardWriter, store_header, stored_through
+from hooks.store_files import ShardWriter, stored_through
 
 
 @dataclass
@@ -42,6 +43,17 @@ class StoreSpec(SampleOutputsSpec):
             raise ConfigError(f"{key}.shard_size: {self.shard_size} must be at least 1")
         if self.dtype not in DTYPES:
             raise choice_error(f"{key}.dtype", self.dtype, DTYPES, "dtype")
+        self.check_stored(key)
+
+    def check_stored(self, key: str) -> None:
+        """The stores already at ``path`` (a killed pass's, or a finished one) are of this layout, not the
+        ``.npy`` one before: else one line, before the run (a store of another dtype or shard size is
+        refused by its writer, which knows the layers)."""
+        for found in sorted({*Path(self.path).glob(f"*/{MANIFEST}"), *Path(self.path).glob(f"*/rank-*/{MANIFEST}")}):
+            try:
+                read_store_manifest(found.parent)
+            except ValueError as exc:
+                raise ConfigError(f"{key}.path: {exc}") from None
 
 
 @register("store")
@@ -79,7 +91,7 @@ class Store(SampleOutputs):
     def held_bytes(self) -> dict[str, int]:
         """Each layer's shard buffer: ``shard_size`` rows in ``dtype``, with an int64 sample id each
         (``ShardWriter.add`` copies every batch into it)."""
-        itemsize = DTYPES[self.spec.dtype].itemsize
+        itemsize = getattr(torch, self.spec.dtype).itemsize
         total = sum(self.spec.shard_size * (math.prod(shapes[0][1:]) * itemsize + 8) for shapes in self.planned.values())
         return {"shard buffers": total} if total else {}
 

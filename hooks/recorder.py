@@ -11,29 +11,14 @@ import contextlib
 import copy
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from common.records import BATCH_KINDS, ID_COLUMNS
+from common.records import BATCH_KINDS, ID_COLUMNS, StepCaptures
 from hooks import shards, tensor_kinds
 from hooks.stats import RAW, reduce_tensor, summarize
-
-
-@dataclass
-class StepCaptures:
-    """One step's captures as columns: identifiers, statistics and the kept tensors."""
-
-    columns: dict[str, list] = field(default_factory=dict)
-    stats: dict[str, np.ndarray] = field(default_factory=dict)
-    kept_rows: list[int] = field(default_factory=list)
-    kept: list[torch.Tensor] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.columns.get("hook", ()))
-
 
 
 class Tally(NamedTuple):

@@ -1,40 +1,25 @@
-"""Writing activation stores: one layer's per-sample outputs in fixed-size ``.npy`` shards.
+"""Writing activation stores: one layer's per-sample outputs in fixed-size safetensors shards.
 
-Layout of a store directory (one per layer)::
-
-    store.json                 what the store holds and which shards are complete
-    shard-00000.npy            ``[rows, *item_shape]`` activations (bfloat16 kept as its bits, int16)
-    samples-00000.npy          ``[rows]`` int64 sample ids (the dataset indices) of those rows
-
-A shard is written whole (a temporary name, fsync, rename) and only then listed in
-``store.json`` (itself replaced by rename), so the manifest names complete shards only: a
-pass killed by a signal leaves at most an unlisted temporary file (removed by the next writer),
-and the next pass over the same store keeps the listed shards and writes on from the first
+The layout (file names, tensors, ``store.json``) is ``common.store_format``'s. A shard is written
+whole (``common.durable.replaced``: a temporary name, fsync, rename) and only then listed in
+``store.json`` (itself replaced by rename), so the manifest names complete shards only: a pass
+killed by a signal leaves at most an unlisted temporary file (removed by the next writer), and
+the next pass over the same store keeps the listed shards and writes on from the first
 incomplete one; a file of a shard not listed is never read, and is written anew. Memory: one
-shard's buffer. Reading back: ``runner.store.activations``.
+shard's buffer (safetensors writes it from the buffer itself). Reading back:
+``runner.store.activations``.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import numpy as np
 import torch
+from safetensors.torch import save_file
 
-MANIFEST = "store.json"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def shard_name(kind: str, index: int) -> str:
-    """``shard-00003.npy`` (activations) or ``samples-00003.npy`` (their sample ids)."""
-    return f"{kind}-{index:05d}.npy"
-
-
-def store_header(layer: str, shard_size: int, dtype: str, rank: tuple[int, int] | None = None) -> dict:
-    """What a store holds: a pass writes on in a store only when its header is this one."""
-    return {"layer": layer, "shard_size": shard_size, "dtype": dtype,
-            **({"rank": rank[0], "world_size": rank[1]} if rank else {})}
+from common.durable import TMP_MARK, replaced
+from common.store_format import (ACTIVATIONS, DTYPES, MANIFEST, SAMPLES, read_store_manifest, shard_name,
+                                 store_header)
 
 
 def stored_through(path: Path, header: dict) -> int:
@@ -43,14 +28,6 @@ def stored_through(path: Path, header: dict) -> int:
     if found is None or not found["shards"] or {k: found.get(k) for k in header} != header:
         return -1
     return int(found["shards"][-1]["last"])
-
-
-def read_store_manifest(path: Path) -> dict | None:
-    """A store's ``store.json``, or ``None`` when none was written yet."""
-    try:
-        return json.loads((Path(path) / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None
 
 
 class ShardWriter:
@@ -66,7 +43,9 @@ class ShardWriter:
 
     def __init__(self, path: Path, layer: str, shard_size: int, dtype: str,
                  rank: tuple[int, int] | None = None) -> None:
-        self.path, self.shard_size, self.dtype = Path(path), shard_size, DTYPES[dtype]
+        if dtype not in DTYPES:
+            raise ValueError(f"store '{path}': dtype '{dtype}', a store keeps one of {', '.join(DTYPES)}")
+        self.path, self.shard_size, self.dtype = Path(path), shard_size, getattr(torch, dtype)
         self.header = store_header(layer, shard_size, dtype, rank)
         self.path.mkdir(parents=True, exist_ok=True)
         found = read_store_manifest(self.path)
@@ -74,7 +53,7 @@ class ShardWriter:
             raise ValueError(f"store '{self.path}' holds {({k: found.get(k) for k in self.header})}, not "
                              f"{self.header}; use another store path or delete it")
         self.manifest = found or {**self.header, "item_shape": None, "shards": [], "complete": False}
-        for left in self.path.glob(".*.tmp-*"):  # what a killed writer was writing (a store has one writer)
+        for left in self.path.glob(f".*{TMP_MARK}*"):  # what a killed writer was writing (a store has one writer)
             left.unlink(missing_ok=True)
         shards = self.manifest["shards"]
         self.last = shards[-1]["last"] if shards else -1  #: the last sample id taken (listed or buffered)
@@ -128,44 +107,22 @@ class ShardWriter:
         self._write_manifest()
 
     def _write_shard(self) -> None:
-        """The buffer's rows as the next shard: both files whole under their names, then listed in the
-        manifest; one fsync of the directory after the manifest's rename makes all three renames durable."""
+        """The buffer's rows as the next shard: its file whole under its name, then listed in the
+        manifest; one fsync of the directory after the manifest's rename makes both renames durable."""
         rows, index = self._filled, len(self.manifest["shards"])
-        values, ids = self._rows[:rows], self._ids[:rows]
-        if self.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, as int16
-            values = values.view(torch.int16)
-        _save(self.path / shard_name("shard", index), values.numpy())
-        _save(self.path / shard_name("samples", index), ids.numpy())
-        self.manifest["shards"].append({"index": index, "rows": rows, "first": int(ids[0]), "last": int(ids[-1])})
+        ids = self._ids[:rows]
+        with replaced(self.path / shard_name(index), sync_directory=False) as tmp:
+            save_file({ACTIVATIONS: self._rows[:rows], SAMPLES: ids}, tmp)
+        self.manifest["shards"].append({"index": index, "file": shard_name(index), "rows": rows,
+                                        "first": int(ids[0]), "last": int(ids[-1])})
         self._filled = 0
         self._write_manifest()
 
     def _write_manifest(self) -> None:
-        _durable(self.path / MANIFEST, lambda f: f.write((json.dumps(self.manifest, indent=1) + "\n").encode()))
+        with replaced(self.path / MANIFEST) as tmp:
+            tmp.write_text(json.dumps(self.manifest, indent=1) + "\n")
 
 
 def _listed(ids: torch.Tensor) -> str:
     shown = ", ".join(str(i) for i in ids[:5].tolist())
     return f"{shown}, ..." if len(ids) > 5 else shown
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    _durable(path, lambda f: np.save(f, array), sync_directory=False)
-
-
-def _durable(path: Path, write, sync_directory: bool = True) -> None:
-    """``write(file)`` under a hidden temporary name, fsynced, then renamed to ``path``: a listed shard is
-    whole. ``sync_directory``: fsync the directory too, making this rename and every earlier one durable."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if not sync_directory:
-        return
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,4 +1,4 @@
-"""``hooks=store``: a layer's outputs over a whole dataset in ``.npy`` shards, read back as a ``Dataset``.
+"""``hooks=store``: a layer's outputs over a whole dataset in safetensors shards, read back as a ``Dataset``.
 
 The oracle is a plain forward of the same model over the same images (read by torchvision's
 ``ImageFolder`` in index order, in batches of the run's size), its ``layer3`` output kept in memory.
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from conftest import image_folder_of, make_config, run
@@ -91,17 +91,24 @@ def test_a_pass_killed_mid_shard_resumes_at_the_first_incomplete_shard(tmp_path,
         run(make_config(*PASS, *data, f"hooks.store.path={killed}", "+data.kwargs.fail_at=140"), tmp_path / "run1")
     left = json.loads((killed / "layer3" / "store.json").read_text())
     assert [s["rows"] for s in left["shards"]] == [50, 50] and not left["complete"]  # shard 2's 25 rows lost
-    first = (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns
+    first = (killed / "layer3" / "shard-00000.safetensors").stat().st_mtime_ns
     batches, real = [], loop.train_step
     monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(args[2].samples.tolist()) or real(*args))
     resumed = run(make_config(*PASS, *data, f"hooks.store.path={killed}"), tmp_path / "run2")
     assert batches == [list(range(100, 125)), list(range(125, 150))]  # the model never ran on the stored 100
     assert json.loads((resumed / "manifest.json").read_text())["resumed_at_step"] == 4
-    assert (killed / "layer3" / "shard-00000.npy").stat().st_mtime_ns == first  # kept, not written again
+    assert (killed / "layer3" / "shard-00000.safetensors").stat().st_mtime_ns == first  # kept, not written again
     done = json.loads((killed / "layer3" / "store.json").read_text())
     assert done == json.loads((whole / "layer3" / "store.json").read_text())
-    for name in ("shard-00000.npy", "shard-00001.npy", "shard-00002.npy", "samples-00002.npy"):
-        assert np.array_equal(np.load(killed / "layer3" / name), np.load(whole / "layer3" / name)), name
+    for name in ("shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"):
+        assert_same_shard(killed / "layer3" / name, whole / "layer3" / name)
+
+
+def assert_same_shard(path, expected) -> None:
+    """Two shard files hold the same tensors, dtype included."""
+    got, want = load_file(path), load_file(expected)
+    assert sorted(got) == sorted(want) == ["activations", "samples"], path
+    assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want), path
 
 
 def test_a_pass_holding_part_of_a_batch_runs_that_batch_whole_and_a_complete_store_one_batch(tmp_path, monkeypatch):
@@ -116,14 +123,13 @@ def test_a_pass_holding_part_of_a_batch_runs_that_batch_whole_and_a_complete_sto
     store.mkdir(parents=True)
     manifest = json.loads((tmp_path / "whole" / "fc" / "store.json").read_text())
     (store / "store.json").write_text(json.dumps({**manifest, "shards": manifest["shards"][:1], "complete": False}))
-    for name in ("shard-00000.npy", "samples-00000.npy"):
-        (store / name).write_bytes((tmp_path / "whole" / "fc" / name).read_bytes())
+    (store / "shard-00000.safetensors").write_bytes((tmp_path / "whole" / "fc" / "shard-00000.safetensors").read_bytes())
     batches, real = [], loop.train_step
     monkeypatch.setattr(loop, "train_step", lambda *args: batches.append(int(args[2].samples[0])) or real(*args))
     run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run1")
     assert batches == list(range(64, 1797, 64))
-    for name in sorted(p.name for p in (tmp_path / "whole" / "fc").glob("*.npy")):
-        assert np.array_equal(np.load(store / name), np.load(tmp_path / "whole" / "fc" / name)), name
+    for name in sorted(p.name for p in (tmp_path / "whole" / "fc").glob("*.safetensors")):
+        assert_same_shard(store / name, tmp_path / "whole" / "fc" / name)
     batches.clear()
     run(make_config(*common, f"hooks.store.path={tmp_path / 'cut'}"), tmp_path / "run2")
     assert batches == [1792]
@@ -191,4 +197,4 @@ def test_a_rank_share_dealt_every_world_size_th_sample_is_refused_at_its_first_b
     with pytest.raises(ValueError, match=r"samples 5\.\.6 never came"):
         writer.add(rows[7:], torch.arange(7, 10))
     assert json.loads((tmp_path / "gap" / "store.json").read_text())["shards"][0]["rows"] == 4
-    assert torch.equal(torch.from_numpy(np.load(tmp_path / "gap" / "shard-00000.npy")), rows[:4])
+    assert torch.equal(load_file(tmp_path / "gap" / "shard-00000.safetensors")["activations"], rows[:4])

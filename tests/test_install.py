@@ -24,7 +24,6 @@ FIRST_PARTY = ("common", "runner", "hooks", "examples", "hydra_plugins")
 INTEGRATIONS = {
     "transformers": {"runner/integrations/huggingface.py", "runner/sources/hf.py", "runner/sources/models.py"},
     "lightning": {"runner/integrations/lightning.py"},
-    "safetensors": {"runner/sources/models.py"},
     "tensorboard": {"runner/analysis/tensorboard.py"},
     "loggers": {"runner/live/to_wandb.py", "runner/live/to_mlflow.py", "runner/live/to_tensorboard.py"},
 }
@@ -116,7 +115,7 @@ def test_the_digits_training_example_runs_with_only_what_the_first_line_installs
     optional = set().union(*(closure(r) for e, r in PROJECT["optional-dependencies"].items() if e != "test"))
     blocked = sorted({module for module, dists in metadata.packages_distributions().items()
                       if {_name(d) for d in dists} <= optional - installed})
-    assert {"transformers", "lightning", "safetensors", "tensorboard"} <= set(blocked)
+    assert {"transformers", "lightning", "tensorboard"} <= set(blocked)
     command = re.search(r"python -m runner -m (model=digits_cnn .*?)hydra\.sweep\.dir", README.replace("\\\n", " "),
                         re.S).group(1).split()
     argv = [w.replace("steps=300", "steps=2").replace("eval_every=25", "eval_every=1").replace("none,clip", "clip")

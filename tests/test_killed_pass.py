@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from conftest import make_config, run
 from runner.analysis.units import load_units
@@ -63,16 +65,17 @@ def test_a_pass_killed_by_a_signal_runs_again_to_the_uninterrupted_store_and_uni
     with pytest.raises(FileNotFoundError, match="no complete activation store"):
         ActivationStore(store / "fc")
     # what a writer killed inside a shard would leave: a temporary file, or a shard file never listed
-    half = (whole_store / "fc" / "shard-00003.npy").read_bytes()[:1000]
-    (store / "fc" / "shard-00003.npy").write_bytes(half)
-    (store / "fc" / ".shard-00003.npy.tmp-99999").write_bytes(half)
+    half = (whole_store / "fc" / "shard-00003.safetensors").read_bytes()[:1000]
+    (store / "fc" / "shard-00003.safetensors").write_bytes(half)
+    (store / "fc" / ".shard-00003.safetensors.tmp-99999").write_bytes(half)
 
     again = run(make_config(*PASS, f"hooks.store.path={store}"), out)
     assert not list((store / "fc").glob(".*"))
     done = json.loads((store / "fc" / "store.json").read_text())
     assert done == json.loads((whole_store / "fc" / "store.json").read_text()) and done["complete"]
-    for name in sorted(p.name for p in (whole_store / "fc").glob("*.npy")):
-        assert np.array_equal(np.load(store / "fc" / name), np.load(whole_store / "fc" / name)), name
+    for name in sorted(p.name for p in (whole_store / "fc").glob("*.safetensors")):
+        got, want = load_file(store / "fc" / name), load_file(whole_store / "fc" / name)
+        assert all(torch.equal(got[k], want[k]) for k in ("activations", "samples")), name
     assert [ActivationStore(store / "fc")[i][1] for i in range(1797)] == list(range(1797))
     units, expected = load_units(again), load_units(whole)
     assert len(units) == len(expected) > 0 and (units["count"][units.layer == "fc"] == 1797).all()

@@ -76,7 +76,7 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
     assert accuracy >= 0.9  # top and bottom crops of the house are linearly apart in layer3
     assert (in_tmp / "assets" / "units_top_layer3.png").stat().st_size > 10_000
     assert (in_tmp / "assets" / "units_layers.png").stat().st_size > 10_000
-    assert (in_tmp / "stores" / "crops" / "layer3" / "shard-00002.npy").is_file()
+    assert (in_tmp / "stores" / "crops" / "layer3" / "shard-00002.safetensors").is_file()
     from runner.analysis import report
 
     command = shlex.split(SECTION.split("(`python -m runner.report ", 1)[1].split("`", 1)[0])

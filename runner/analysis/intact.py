@@ -13,7 +13,6 @@ so every table of a sweep holds the same runs.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -24,10 +23,10 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.durable import TMP_MARK
 from common.errors import choice_error
+from common.manifest import MANIFEST, ManifestError, read_manifest
 from common.ranks import part_rank
-from common.records import MANIFEST
-from runner.store.commit import TMP_MARK
 from runner.store.lock import LOCK
 from runner.store.ranks import is_part
 
@@ -47,19 +46,6 @@ class PendingRunsWarning(UserWarning):
 
 class SkippedRunsWarning(UserWarning):
     """Damaged runs ``on_corrupt="skip"`` left out."""
-
-
-def read_manifest(run_dir: str | Path) -> dict:
-    """The manifest of the committed run in ``run_dir``; ``CorruptRunError`` naming it when it is not JSON."""
-    path = os.path.join(run_dir, MANIFEST)
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except ValueError as exc:  # a truncated or overwritten manifest
-        raise CorruptRunError(f"{path}: not a JSON manifest ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise CorruptRunError(f"{path}: not a JSON manifest (a {type(manifest).__name__}, not an object)")
-    return manifest
 
 
 def find_jobs(path: Path) -> tuple[list[Path], list[Path]]:
@@ -120,14 +106,14 @@ def intact(runs: Iterable[Path], on_corrupt: str, table: str | None = None
     whole, damaged, footers = {}, [], {}
     for run in runs:
         try:
-            manifest = read_manifest(run)
+            manifest = _manifest(Path(run), "gone since the run was found")
             parts = []
             for rank, folder, own in _parts(Path(run), manifest):
                 committed = _check_files(folder, own, footers)
                 file = None if table is None else os.path.abspath(os.path.join(folder, table))
                 if file is not None and (table in committed or os.path.isfile(file)):  # unlisted: an old run
                     parts.append(Part(rank, file, *committed.get(table, (0, None))))
-        except CorruptRunError as exc:
+        except (CorruptRunError, ManifestError) as exc:
             if on_corrupt == "error":
                 raise CorruptRunError(f"{exc}; to read the other runs: on_corrupt='skip'") from None
             damaged.append(str(exc))
@@ -147,11 +133,17 @@ def _parts(run: Path, manifest: dict) -> list[tuple[int, Path, dict]]:
         return [(part_rank(run) or 0, run, manifest)]
     found = []
     for rank, part in ranks.items():
-        folder = run / part
-        if not (folder / MANIFEST).is_file():
-            raise CorruptRunError(f"{folder / MANIFEST}: rank {rank}'s part, listed in {run / MANIFEST}, but missing")
-        found.append((int(rank), folder, read_manifest(folder)))
+        own = _manifest(run / part, f"rank {rank}'s part, listed in {run / MANIFEST}, but missing")
+        found.append((int(rank), run / part, own))
     return sorted(found, key=lambda part: part[0])
+
+
+def _manifest(folder: Path, missing: str) -> dict:
+    """``folder``'s manifest; ``CorruptRunError`` naming it, saying ``missing``, when it is not there."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise CorruptRunError(f"{folder / MANIFEST}: {missing}")
+    return manifest
 
 
 def _check_files(run: Path, manifest: dict, footers: dict[str, pa.Schema]) -> dict[str, tuple[int, str | None]]:

@@ -141,7 +141,10 @@ def config_of(run_dir: Path) -> str | None:
 
 def overrides_of(run_dir: Path) -> dict[str, Any]:
     """The job's Hydra overrides as ``{key: value}``, values parsed as YAML scalars where they are."""
-    return _overrides(read_manifest(run_dir).get("overrides", []))
+    manifest = read_manifest(run_dir)
+    if manifest is None:
+        raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at '{run_dir}'")
+    return _overrides(manifest.get("overrides", []))
 
 
 def _overrides(items: Sequence[str]) -> dict[str, Any]:

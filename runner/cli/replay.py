@@ -16,7 +16,6 @@ command line or ``RUN_DIR`` (missing, not a run, incomplete: one line, nothing w
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -28,11 +27,13 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.durable import TMP_MARK
 from common.errors import ConfigError
+from common.manifest import MANIFEST, ManifestError, read_manifest
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
 from runner.store.claim import CompleteRunError, claim_run_dir
-from runner.store.commit import CONFIG, DATA_FILES, MANIFEST, TMP_MARK
+from runner.store.commit import CONFIG, DATA_FILES
 from runner.store.errors import OutputError
 from runner.store.outputs import versions
 from runner.store.provenance import differences, provenance
@@ -108,17 +109,19 @@ def check_run_dir(run_dir: Path) -> dict:
         raise ConfigError(f"{KEY}: no directory '{run_dir}'")
     if not run_dir.is_dir():
         raise ConfigError(f"{KEY}: '{run_dir}' is a file, not a run directory")
-    if not (run_dir / MANIFEST).is_file():
+    try:
+        manifest = read_manifest(run_dir)
+    except ManifestError as exc:
+        raise ConfigError(f"{KEY}: cannot read '{exc.path}': {exc.reason}") from None
+    except OSError as exc:
+        raise ConfigError(f"{KEY}: cannot read '{run_dir / MANIFEST}': {exc}") from None
+    if manifest is None:
         started = any((run_dir / name).exists() for name in DATA_FILES) or any(run_dir.glob(f".*{TMP_MARK}*"))
         if started:
             raise ConfigError(f"{KEY}: '{run_dir}' holds no complete run (no {MANIFEST}: it failed, was "
                               f"interrupted or is still running)")
         raise ConfigError(f"{KEY}: '{run_dir}' is not a run directory (no {MANIFEST})")
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{KEY}: cannot read '{run_dir / MANIFEST}': {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("complete") is not True:
+    if manifest.get("complete") is not True:
         raise ConfigError(f"{KEY}: '{run_dir / MANIFEST}' is not the manifest of a complete run")
     if not (run_dir / CONFIG).is_file():
         raise ConfigError(f"{KEY}: '{run_dir}' has no {CONFIG} (made before runs committed their config): "

@@ -1,15 +1,10 @@
-"""Reading activation stores back (written by ``hooks.store`` through ``hooks.shards``).
+"""Reading activation stores back (written by the ``store`` hook type through ``hooks.store_files``).
 
 ``ActivationStore(path)`` is a map-style ``Dataset`` over a complete store, ``ShuffledStore`` an
 ``IterableDataset`` that reads whole shards in a seeded random order, for probe and SAE training.
-
-Why ``.npy`` shards: ``np.load(mmap_mode="r")`` reads any row of a shard without reading the rest
-(what a map-style reader needs) and without a new dependency; writing one is the raw bytes after
-a 128-byte header. Measured once on this shared machine (indicative only: 8 shards of 16 MiB,
-best of 3, while other jobs ran): writes raw 114, npy 158, safetensors 291 (no fsync), parquet
-20 MiB/s; full reads into torch raw 332, npy 177, parquet 58 MiB/s (safetensors maps lazily: not
-comparable). Parquet's list columns cost a conversion each way; safetensors adds a dependency
-and a JSON header per file for one tensor a file. ``benchmarks/units.py`` measures the ratios.
+The layout is ``common.store_format``'s; shards are read with safetensors' own library, which
+gives each tensor the dtype and shape its file header says (bfloat16 included): ``safe_open``
+maps a shard, so a row costs a read of its own bytes only, and ``load_file`` reads a whole one.
 """
 from __future__ import annotations
 
@@ -18,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch.utils.data import Dataset, IterableDataset
 
 from common.ranks import part_rank
-from hooks.store_files import DTYPES, read_store_manifest, shard_name
+from common.store_format import ACTIVATIONS, SAMPLES, read_store_manifest
 
 
 def store_parts(path: Path) -> list[tuple[Path, dict]]:
@@ -46,8 +43,8 @@ class ActivationStore(Dataset):
 
     ``paths``: one store, or the stores of a sharded sweep's jobs (``data.shard``), read as one in
     the order of their first sample id; a store written under ``torch.distributed`` is read with
-    its ranks' parts (``path/rank-N``) in the same order. Shards are memory-mapped
-    (``np.load(mmap_mode="r")``): a row costs a read of its bytes only.
+    its ranks' parts (``path/rank-N``) in the same order. Shards are memory-mapped (``safe_open``):
+    a row costs a read of its bytes only.
 
     Example:
         >>> store = ActivationStore("stores/crops/layer3")
@@ -63,37 +60,39 @@ class ActivationStore(Dataset):
             raise ValueError(f"the stores hold different things (layer, dtype, item shape): {sorted(layouts)}")
         found.sort(key=lambda pm: pm[1]["shards"][0]["first"] if pm[1]["shards"] else -1)
         self.manifest = found[0][1]
-        self.dtype = DTYPES[self.manifest["dtype"]]
-        #: every shard of every store, in order: (store directory, shard index)
-        self.files = [(path, s["index"]) for path, manifest in found for s in manifest["shards"]]
+        #: every shard file of every store, in order
+        self.files = [path / s["file"] for path, manifest in found for s in manifest["shards"]]
         self.rows = [s["rows"] for _, manifest in found for s in manifest["shards"]]
         self.starts = np.cumsum([0] + self.rows)
-        self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._maps: dict[int, tuple] = {}  # shard -> its mapped activations and its sample ids
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Shard ``index`` (of all the stores' shards) as activations and sample ids, memory-mapped."""
+    def shard(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shard ``index`` (of all the stores' shards) read whole: its activations and sample ids."""
+        tensors = load_file(self.files[index])
+        return tensors[ACTIVATIONS], tensors[SAMPLES]
+
+    def _mapped(self, index: int) -> tuple:
+        """Shard ``index``'s activations, mapped (rows read when indexed), and its sample ids."""
         if index not in self._maps:
-            path, number = self.files[index]
-            self._maps[index] = (np.load(path / shard_name("shard", number), mmap_mode="r"),
-                                 np.load(path / shard_name("samples", number), mmap_mode="r"))
+            with safe_open(self.files[index], framework="pt") as f:
+                self._maps[index] = (f.get_slice(ACTIVATIONS), f.get_tensor(SAMPLES))
         return self._maps[index]
 
-    def tensor(self, values: np.ndarray) -> torch.Tensor:
-        """Rows of a shard as a torch tensor of the store's dtype (a copy: the map is read-only)."""
-        out = torch.from_numpy(np.array(values))
-        return out.view(torch.bfloat16) if self.dtype == torch.bfloat16 else out
+    def __getstate__(self) -> dict:
+        """For a ``DataLoader``'s worker processes: a mapped shard is not picklable; each worker maps its own."""
+        return {**self.__dict__, "_maps": {}}
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if not -len(self) <= i < len(self):
             raise IndexError(f"row {i} of a store of {len(self)}")
         i %= len(self)
         index = int(np.searchsorted(self.starts, i, side="right") - 1)
-        values, samples = self.shard(index)
+        values, samples = self._mapped(index)
         row = i - int(self.starts[index])
-        return self.tensor(values[row]), int(samples[row])
+        return values[row].clone(), int(samples[row])  # a copy of the row: the map is the file's
 
 
 class ShuffledStore(IterableDataset):
@@ -119,7 +118,8 @@ class ShuffledStore(IterableDataset):
         order = torch.randperm(len(self.store.rows), generator=gen).tolist()
         for first in range(0, len(order), self.shards_at_once):
             group = order[first:first + self.shards_at_once]
-            values = torch.cat([self.store.tensor(self.store.shard(i)[0]) for i in group])
-            samples = torch.cat([torch.from_numpy(np.array(self.store.shard(i)[1])) for i in group])
+            shards = [self.store.shard(i) for i in group]
+            values = torch.cat([values for values, _ in shards])
+            samples = torch.cat([samples for _, samples in shards])
             for row in torch.randperm(len(samples), generator=gen).tolist():
                 yield values[row], int(samples[row])

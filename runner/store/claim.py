@@ -12,8 +12,10 @@ import shutil
 import uuid
 from pathlib import Path
 
+from common.durable import sync_file
 from common.errors import ConfigError
-from runner.store.commit import MANIFEST, read_manifest, recover
+from common.manifest import MANIFEST, read_manifest
+from runner.store.commit import recover
 from runner.store.errors import OutputError, describe, naming
 from runner.store.lock import DirLock, busy_error, live_holder
 
@@ -39,9 +41,7 @@ def _probe(directory: Path, out_dir: Path) -> float:
     try:
         with open(path, "xb") as f:
             f.write(bytes(_PROBE_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-            return os.fstat(f.fileno()).st_mtime
+        return sync_file(path).st_mtime
     except OSError as exc:
         raise OutputError(exc.errno or errno.EIO, f"cannot write '{out_dir}': {describe(exc)}") from exc
     finally:

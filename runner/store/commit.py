@@ -23,39 +23,26 @@ import json
 import os
 from pathlib import Path
 
+from common.durable import TMP_MARK, fsync_dir, staged
+from common.manifest import read_manifest
 from common.records import CONFIG, MANIFEST, RUN_TOTAL_SCHEMAS, TABLES
 from runner.store.errors import naming
 
-TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 #: The data files a run may commit (the tables and the resolved config); their final names are the runner's alone.
 DATA_FILES = (*TABLES, *RUN_TOTAL_SCHEMAS, CONFIG)
-
-
-def tmp_path(path: Path) -> Path:
-    """The hidden temporary sibling a file is written to before it is renamed to ``path``."""
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
 
 
 def _aside(path: Path, run_id: str) -> Path:
     return path.with_name(f".{path.name}{OLD_MARK}{run_id}")
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the renames in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_manifest(out_dir: Path) -> dict | None:
-    """The manifest of the complete run in ``out_dir``, or ``None`` when there is none."""
-    try:
-        return json.loads((out_dir / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None
+def stage_config(out_dir: Path, config_yaml: str) -> Path:
+    """The run's resolved config, fsynced under its temporary name: committed with the data files, so
+    that a run made outside Hydra (or moved away from its ``.hydra/``) still says how it was made."""
+    with naming(out_dir / CONFIG), staged(out_dir / CONFIG) as tmp:
+        tmp.write_text(config_yaml)
+    return tmp
 
 
 def commit(out_dir: Path, temps: dict[str, Path], manifest: dict) -> None:
@@ -65,12 +52,9 @@ def commit(out_dir: Path, temps: dict[str, Path], manifest: dict) -> None:
     """
     run_id = manifest["run_id"]
     replaced = [name for name in DATA_FILES if (out_dir / name).exists()]
-    intent = tmp_path(out_dir / MANIFEST)
     with naming(out_dir / MANIFEST):
-        with open(intent, "w") as f:
-            f.write(json.dumps({**manifest, "replaced": replaced}, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with staged(out_dir / MANIFEST) as intent:
+            intent.write_text(json.dumps({**manifest, "replaced": replaced}, indent=2) + "\n")
         fsync_dir(out_dir)
     for name in replaced:
         with naming(out_dir / name):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 
 import hashlib
-import os
 import platform
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -31,13 +30,13 @@ import pyarrow.parquet as pq
 import torch
 
 from common import records
-from common.records import (MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
+from common.durable import TMP_MARK, sync_file, tmp_path
+from common.records import (CONFIG, MANIFEST, SCHEMA_VERSION, STAT_COLUMNS, STATS, STATS_SCHEMA, STEP_METRICS, STEPS,
                             RUN_TOTAL_SCHEMAS, STEPS_SCHEMA, TABLE_SCHEMAS, TENSORS, TENSORS_SCHEMA,
-                            steps_schema)
-from hooks.recorder import StepCaptures
+                            StepCaptures, steps_schema)
 from runner.store.background import BackgroundWriter
 from runner.store.claim import RunClaim, check_output_dir, claim_run_dir
-from runner.store.commit import CONFIG, TMP_MARK, commit, recover, tmp_path
+from runner.store.commit import commit, recover, stage_config
 from runner.store.errors import OutputError, naming
 
 __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STEP_METRICS", "STEPS_SCHEMA", "TENSORS_SCHEMA",
@@ -106,9 +105,7 @@ class ParquetSink:
         with naming(self.path):
             writer, self._writer = self._writer, None
             writer.close()
-            with open(self.tmp, "rb") as f:
-                os.fsync(f.fileno())
-                return os.fstat(f.fileno()).st_size
+            return sync_file(self.tmp).st_size
 
     def drop_columns(self, names: Sequence[str]) -> int:
         """After ``finish``: write the temporary file again without columns ``names``; return its size.
@@ -119,9 +116,7 @@ class ParquetSink:
         self.schema = table.schema
         with naming(self.path):
             pq.write_table(table, self.tmp, **parquet_options(self.schema))
-            with open(self.tmp, "rb") as f:
-                os.fsync(f.fileno())
-                return os.fstat(f.fileno()).st_size
+            return sync_file(self.tmp).st_size
 
     def abort(self) -> None:
         """Drop the temporary file; the final path is never created.
@@ -235,7 +230,7 @@ class RunOutputs:
                 size = sink.drop_columns([m for m in self.measures if m not in self._measured])
             files[name] = {"rows": sink.rows, "bytes": size, "schema": schema_fingerprint(sink.schema)}
             temps[name] = sink.tmp
-        temps[CONFIG] = self._durable_config()
+        temps[CONFIG] = stage_config(self.out_dir, self.config_yaml)
         commit(self.out_dir, temps, {
             "complete": True,
             "schema_version": SCHEMA_VERSION,
@@ -247,17 +242,6 @@ class RunOutputs:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **self.extra,
         })
-
-    def _durable_config(self) -> Path:
-        """The run's resolved config, fsynced under a temporary name: committed with the data files, so
-        that a run made outside Hydra (or moved away from its ``.hydra/``) still says how it was made."""
-        tmp = tmp_path(self.out_dir / CONFIG)
-        with naming(tmp):
-            with open(tmp, "w") as f:
-                f.write(self.config_yaml)
-                f.flush()
-                os.fsync(f.fileno())
-        return tmp
 
     def _abandon(self) -> None:
         """After a failure: drop the temporary files and undo an unfinished commit (never a finished one).

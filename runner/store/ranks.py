@@ -12,7 +12,6 @@ others).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,8 +19,10 @@ from pathlib import Path
 from common.errors import ConfigError
 from common.ranks import part_name, part_rank, process_group
 from runner.store.claim import claim_run_dir
-from runner.store.commit import CONFIG, commit, read_manifest, tmp_path
-from runner.store.errors import OutputError, naming
+from common.manifest import read_manifest
+from common.records import CONFIG
+from runner.store.commit import commit, stage_config
+from runner.store.errors import OutputError
 
 
 def is_part(run_dir: Path) -> bool:
@@ -81,10 +82,4 @@ def _commit_parts(out_dir: Path, world: int, run_id: str, config_yaml: str) -> N
     manifest = {key: value for key, value in first.items() if key not in ("rank", "lifetimes", "replaced")}
     manifest.update(run_id=run_id, files={}, ranks=parts,
                     finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    config = tmp_path(out_dir / CONFIG)
-    with naming(config):
-        with open(config, "w") as f:
-            f.write(config_yaml)
-            f.flush()
-            os.fsync(f.fileno())
-    commit(out_dir, {CONFIG: config}, manifest)
+    commit(out_dir, {CONFIG: stage_config(out_dir, config_yaml)}, manifest)
