@@ -400,11 +400,12 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
     """Zeros, values below ``sketch_low``, above ``sketch_high``, infinities and bucket edges: every
     accumulator of the kernel equals the eager float64 passes', and the moments equal numpy's."""
     from hooks import native
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
     grid = SketchGrid(relative_error, 1e-6, 1e6)
-    edge = grid.edges(torch.tensor([grid.first + 40]))[0]  # a bucket's smallest float32, and the float32 below it
+    edge = torch.from_numpy(grid.edges(np.array([grid.first + 40]))[0])  # a bucket's smallest float32, and the one below
     below = torch.nextafter(edge.float(), torch.zeros(1)).double()
     special = torch.tensor([0.0, -0.0, 1e-7, -1e-6, 1e6, -2e6, 3e30, 1.0, -1.0, float(edge), -float(below)])
     batches = [torch.randn(5, 3, 12, dtype=dtype) * 50 + 1000 for _ in range(3)]
@@ -440,22 +441,24 @@ def test_every_magnitude_is_within_the_relative_error_of_its_buckets_value(relat
     """The sketch's promise, bucket by bucket: random magnitudes over [sketch_low, sketch_high] and both
     sides of about 2,000 bucket edges (every edge at 5% and 1%), each read back as its bucket's value,
     within relative_error (float64)."""
-    from hooks.unit_stats import SketchGrid
+    from common.unit_sketch import SketchGrid
 
     grid = SketchGrid(relative_error, 1e-6, 1e6)
     per_octave = grid.multiplier * 2 ** 23  # the README: about 50 at 1%, 1.4 times the log mapping's 35
     log_per_octave = 1 / math.log2((1 + relative_error) / (1 - relative_error))
     assert relative_error != 0.01 or (49 < per_octave < 50 and 34 < log_per_octave < 35)
-    keys = torch.arange(grid.first + 1, grid.last, step=max(1, (grid.last - grid.first) // 2000))
-    edge = grid.edges(keys)[0].float()
-    below = torch.nextafter(edge, torch.zeros(1))
-    assert (grid.index(edge.double()) == grid.index(below.double()) + 1).all(), "an edge starts the next bucket"
-    magnitudes = torch.cat([10 ** (torch.rand(200_000, dtype=torch.float64) * 12 - 6), edge.double(), below.double()])
-    x = (magnitudes * torch.where(torch.rand(len(magnitudes)) < 0.5, -1.0, 1.0).double()).float().double()
-    inside = (x.abs() >= 1e-6) & (x.abs() <= 1e6)
-    error = (grid.value(grid.index(x)) - x).abs()
-    assert inside.sum() > 200_000 and (error[inside] <= relative_error * x.abs()[inside]).all()
-    assert (grid.value(grid.index(torch.tensor([0.0, 5e-7, -5e-7], dtype=torch.float64))) == 0).all()
+    keys = np.arange(grid.first + 1, grid.last, max(1, (grid.last - grid.first) // 2000))
+    edge = grid.edges(keys)[0].astype(np.float32)
+    below = np.nextafter(edge, np.float32(0))
+    assert (grid.index(edge.astype(np.float64)) == grid.index(below.astype(np.float64)) + 1).all(), \
+        "an edge starts the next bucket"
+    rng = np.random.default_rng(0)
+    magnitudes = np.concatenate([10 ** (rng.random(200_000) * 12 - 6), edge, below])
+    x = (magnitudes * np.where(rng.random(len(magnitudes)) < 0.5, -1.0, 1.0)).astype(np.float32).astype(np.float64)
+    inside = (np.abs(x) >= 1e-6) & (np.abs(x) <= 1e6)
+    error = np.abs(grid.value(grid.index(x)) - x)
+    assert inside.sum() > 200_000 and (error[inside] <= relative_error * np.abs(x)[inside]).all()
+    assert (grid.value(grid.index(np.array([0.0, 5e-7, -5e-7]))) == 0).all()
 
 
 def test_a_units_table_of_another_sketch_mapping_is_refused_naming_the_file(tmp_path):
@@ -476,7 +479,8 @@ def test_a_units_table_of_another_sketch_mapping_is_refused_naming_the_file(tmp_
 def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
     """The kernel splits units over PyTorch's OpenMP threads: each unit's sketch row and sums are one
     thread's, so the state is bit for bit the single-threaded one."""
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     grid = SketchGrid(0.01, 1e-6, 1e6)
     batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
@@ -503,7 +507,8 @@ def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monke
     """The flags beyond the common ones are tried in order: a compiler that refuses OpenMP's (here a flag
     no compiler knows) still builds the kernel, without them, and its statistics are the eager ones."""
     from hooks import native
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "OPENMP", ("-fno-such-flag-anywhere",))

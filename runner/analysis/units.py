@@ -4,7 +4,7 @@
 shards of ``data.shard``) and across the ranks of a run under ``torch.distributed`` (each
 rank's part, ``rank-N``, holds the table of its samples): counts, ``above`` and sketch buckets
 add, min and max are the extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and
-bottom-k candidates are re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
+bottom-k candidates are re-ranked in the order they were kept (``common.unit_sketch.ranked``) and second moments add. Integers, extremes, sketches
 and top-k sets come out exactly as one job writes them; means and variances to float64 rounding
 (a different order of additions, ~1e-15 relative). Derived columns: ``variance`` (population:
 M2 / count), ``std``, ``fraction_above`` (``above / count``; a unit's dead fraction is one minus it).
@@ -17,10 +17,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from common.records import UNITS
-from hooks.unit_stats import SketchGrid, chan_merge
+from common.unit_sketch import SketchGrid, chan_merge, ranked
 from runner.analysis.load import run_dirs
 from runner.store.ranks import rank_files
 
@@ -76,7 +75,7 @@ def _merge(rows: pd.DataFrame) -> dict:
     out["sketch_count"] = np.array([sketch[i] for i in out["sketch_index"]], dtype=np.int64)
     for names, largest in ((_TOP, True), (_BOTTOM, False)):
         values, samples, positions = (np.concatenate(rows[name].to_list()) for name in names)
-        order = np.lexsort((samples, -values if largest else values))[:int(first.top_k)]
+        order = ranked(values, samples, largest)[:int(first.top_k)]
         out.update(zip(names, (values[order], samples[order], positions[order])))
     if len(first.second_moment):
         out["second_moment"] = np.sum(np.stack(rows.second_moment.to_list()), axis=0)
@@ -96,7 +95,7 @@ def unit_quantiles(units: pd.DataFrame, qs: list[float]) -> pd.DataFrame:
                             for index, cum, rank in zip(units.sketch_index, cumulative, ranks)], dtype=np.int64)
         values = np.empty(len(units))
         for layout, rows in layouts.items():
-            values[rows] = SketchGrid(*layout).value(torch.from_numpy(buckets[rows])).numpy()
+            values[rows] = SketchGrid(*layout).value(buckets[rows])
         out[f"q{q:g}"] = np.clip(values, units["min"].to_numpy(), units["max"].to_numpy())
     return out
 
