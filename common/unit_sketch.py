@@ -93,10 +93,12 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
     return n, mean, m2
 
 
-def ranked(values: np.ndarray, samples: np.ndarray, largest: bool) -> np.ndarray:
+def ranked(values: np.ndarray, samples: np.ndarray, largest: bool, groups: np.ndarray | None = None) -> np.ndarray:
     """The indices that put ``values`` (``[rows]`` or ``[rows, units]``, ranked down the rows) in the
-    top-k order (the module docstring): by value, NaN the largest, ties by the lower sample id."""
+    top-k order (the module docstring): by value, NaN the largest, ties by the lower sample id;
+    ``groups`` (1-D, one id per row): each group's rows together, in group order, ranked within."""
     values = np.asarray(values, dtype=np.float64)
     nan = np.isnan(values)
     by_value = np.where(nan, 0.0, -values if largest else values)
-    return np.lexsort((np.broadcast_to(samples, values.shape), by_value, ~nan if largest else nan), axis=0)
+    keys = (np.broadcast_to(samples, values.shape), by_value, ~nan if largest else nan)
+    return np.lexsort(keys + (() if groups is None else (groups,)), axis=0)
