@@ -19,7 +19,7 @@ from torchvision import datasets, transforms
 
 from conftest import image_folder_of, make_config, run
 from common.errors import ConfigError
-from runner.analysis.units import layer_second_moment, load_units, unit_quantiles
+from runner.analysis.units import layer_second_moment, load_unit_examples, load_unit_inputs, load_units, unit_quantiles
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 
@@ -180,6 +180,14 @@ def test_four_shards_cover_the_dataset_once_and_merge_to_the_one_job_table(tmp_p
     for shard in range(4):  # shards of 12 sequences: whole batches of 2, so the model computes the same values
         run(make_config(*common, f"data.shard={shard}", "data.num_shards=4"), tmp_path / "sweep" / str(shard))
     merged = load_units(tmp_path / "sweep")
+    key = ["hook", "layer", "call", "unit", "rank"]
+    examples = [load_unit_examples(path).sort_values(key, ignore_index=True) for path in (tmp_path / "one", tmp_path / "sweep")]
+    assert len(examples[0]) == len(one) * 4  # the first 4 (examples) of each unit's top 5
+    for column in (*key, "sample", "value", "position"):
+        assert (examples[1][column].to_numpy() == examples[0][column].to_numpy()).all(), column
+    inputs = [load_unit_inputs(path) for path in (tmp_path / "one", tmp_path / "sweep")]
+    assert inputs[0].keys() == inputs[1].keys() == {("units", s) for s in examples[0]["sample"]}
+    assert all(np.array_equal(inputs[0][key], inputs[1][key]) for key in inputs[0])
     assert len(merged) == len(one) == 2 * 32 + 100
     assert (merged["count"] == 48 * 16).all()
     for column in ("hook", "layer", "call", "unit", "count", "min", "max", "above", "top_k"):
@@ -357,13 +365,18 @@ def test_a_gpu_run_s_top_examples_are_drawn_on_the_cpu(tmp_path):
     assert section.count('<img alt="top samples of ') == 4  # relu2's and fc's two best units
 
 
-def test_a_units_run_over_a_stream_says_why_it_has_no_top_examples(tmp_path):
+def test_a_units_run_over_a_stream_draws_the_inputs_it_kept_and_one_that_kept_none_says_why(tmp_path):
+    """The inputs come from the run's files, not from its data read again: a stream's top examples are
+    drawn; a run with ``examples=0`` kept none, and the section says so in one line."""
     from runner.analysis import report
 
     overrides = ("model=convnet", "steps=1", "mode=eval", "loss=none", "hooks=units", "progress=false")
     section = units_section(report.render(run(make_config(*overrides), tmp_path / "run", overrides)))
-    assert ('<p class="note">Not drawn: data=randn cannot return inputs by sample id (a stream without a '
-            'length).</p>') in section
+    assert section.count('<img alt="top samples of ') == 4
+    none = (*overrides, "hooks.units.examples=0")
+    section = units_section(report.render(run(make_config(*none), tmp_path / "none", none)))
+    assert ('<p class="note">Not drawn: the run kept no top examples (its units entry had examples: 0, or it was '
+            'written before unit_examples.parquet); run it again to draw them.</p>') in section
     assert section.count("<img") == 1  # the histograms only
 
 
@@ -543,9 +556,10 @@ def test_a_saved_state_of_another_sketch_layout_is_refused_not_written_past(tmp_
         fresh.restore_run_state(state)
 
 
-def test_unit_maps_read_the_entry_s_slot_of_a_tuple_output():
-    """A layer returning a tuple: the maps are of the tensor the entry read (its ``slot``), not the first."""
-    from runner.analysis.unit_plots import unit_maps
+def test_the_kept_maps_are_of_the_entry_s_slot_of_a_tuple_output():
+    """A layer returning a tuple: the maps kept are of the tensor the entry read (its ``slot``), not the first."""
+    from common.records import UNIT_EXAMPLES
+    from hooks import HookSession, build_hooks
 
     class Pair(torch.nn.Module):
         def forward(self, x):
@@ -554,5 +568,11 @@ def test_unit_maps_read_the_entry_s_slot_of_a_tuple_output():
     model = torch.nn.Sequential()
     model.add_module("pair", Pair())
     x = torch.randn(3, 4, 5, 5)
-    np.testing.assert_array_equal(unit_maps(model, "pair", 2, x, slot="1"), (x * 2)[:, 2].numpy())
-    np.testing.assert_array_equal(unit_maps(model, "pair", 0, x), x.mean(1)[:, None][:, 0].numpy())
+    (units,) = build_hooks({"units": {"type": "units", "layers": ["pair"], "slot": "1", "top_k": 2, "examples": 2}})
+    with HookSession(model, [units]):
+        model(x)
+    table = units.tables()[UNIT_EXAMPLES]
+    assert len(table["map"]) == 4 * 2
+    for unit, sample, kept, shape in zip(table["unit"], table["sample"], table["map"], table["map_shape"]):
+        assert shape == [5, 5]
+        np.testing.assert_array_equal(np.array(kept, np.float32).reshape(5, 5), (x * 2)[sample, unit].numpy())
