@@ -51,13 +51,13 @@ class UnitsSpec(SampleOutputsSpec):
     sketch_low: float = 1e-6              #: magnitudes below count as 0 (absolute error < sketch_low)
     sketch_high: float = 1e6              #: magnitudes above share the last bucket
     second_moment: bool = False           #: the sum of x x^T over the layer's units (covariance, PCA)
-    examples: int = 4                     #: first top samples per unit whose map and input are kept (pictures)
+    examples: int = 4                     #: first top samples per unit (at most top_k) whose map and input are kept
 
     def check(self, key: str) -> None:
         if self.top_k < 0:
             raise ConfigError(f"{key}.top_k: {self.top_k} must be >= 0")
-        if not 0 <= self.examples <= self.top_k:
-            raise ConfigError(f"{key}.examples: {self.examples} must be in [0, top_k={self.top_k}], e.g. 4")
+        if self.examples < 0:
+            raise ConfigError(f"{key}.examples: {self.examples} must be >= 0 (0: no pictures of top examples), e.g. 4")
         if not 1e-6 <= self.relative_error < 1:
             raise ConfigError(f"{key}.relative_error: {self.relative_error} must be in [1e-6, 1), e.g. 0.01")
         if not FLOAT32.tiny <= self.sketch_low <= FLOAT32.max:
@@ -78,6 +78,7 @@ class Units(SampleOutputs):
     def __init__(self, name: str, spec: UnitsSpec) -> None:
         super().__init__(name, spec)
         self.grid = SketchGrid(spec.relative_error, spec.sketch_low, spec.sketch_high)
+        self.examples = min(spec.examples, spec.top_k)  #: the first top samples whose map and input are kept
         self.stats: dict[tuple[str, int], UnitStats] = {}
         self._calls: dict[str, int] = {}
         self._calls_step = -1
@@ -88,7 +89,7 @@ class Units(SampleOutputs):
 
     def attach(self, model: nn.Module, session) -> None:
         super().attach(model, session)
-        if self.spec.examples:
+        if self.examples:
             session.add(model.register_forward_pre_hook(self._see_input, with_kwargs=True))
 
     def _see_input(self, module, args, kwargs) -> None:
@@ -114,16 +115,16 @@ class Units(SampleOutputs):
         if stats is None:
             stats = self.stats[(layer, call)] = UnitStats(
                 view.shape[1], self.spec.top_k, self.spec.threshold, self.grid, self.spec.second_moment,
-                _position_shape(x, self._axis(x)), self.spec.examples)
+                _position_shape(x, self._axis(x)), self.examples)
         stats.update(view, samples)
         self._keep_inputs(stats, samples)
 
     def _keep_inputs(self, stats: UnitStats, samples: torch.Tensor) -> None:
         """The inputs of this batch's samples that are now among a unit's first ``examples`` top samples."""
         batch = self._input
-        if not self.spec.examples or batch is None or batch.is_meta or batch.dim() == 0 or len(batch) != len(samples):
+        if not self.examples or batch is None or batch.is_meta or batch.dim() == 0 or len(batch) != len(samples):
             return
-        wanted = set(stats.top_sample[:self.spec.examples].unique().tolist()) - self.inputs.keys()
+        wanted = set(stats.top_sample[:self.examples].unique().tolist()) - self.inputs.keys()
         for row, sample in enumerate(samples.tolist()):
             if sample in wanted:
                 self.inputs[sample] = input_kept(batch[row])
@@ -133,7 +134,7 @@ class Units(SampleOutputs):
             self._inputs_bound = max(64, 2 * len(self.inputs))
 
     def _referenced(self) -> set[int]:
-        return {s for stats in self.stats.values() for s in stats.top_sample[:self.spec.examples].unique().tolist()}
+        return {s for stats in self.stats.values() for s in stats.top_sample[:self.examples].unique().tolist()}
 
     def _axis(self, x: torch.Tensor) -> int:
         return self._axis_of(x.dim())
@@ -163,7 +164,7 @@ class Units(SampleOutputs):
         """The float32 values of the maps kept per unit of an output of ``shape``."""
         axis = self._axis_of(len(shape))
         kept = map_shape([d for i, d in enumerate(shape) if i not in (0, axis)])
-        return self.spec.examples * math.prod(kept) if kept else 0
+        return self.examples * math.prod(kept) if kept else 0
 
     def tables(self) -> dict[str, dict[str, list]]:
         """``units.parquet``'s rows of this entry, one per (layer, call, unit), as columns."""
@@ -198,7 +199,7 @@ class Units(SampleOutputs):
         """``unit_examples.parquet``'s rows: each unit's first ``examples`` top samples with their maps."""
         columns: dict[str, list] = {name: [] for name in UNIT_EXAMPLES_SCHEMA.names}
         for (layer, call), stats in self.stats.items():
-            ranks = min(self.spec.examples, len(stats.top_value))
+            ranks = min(self.examples, len(stats.top_value))
             for rank in range(ranks):
                 n = stats.units
                 columns["hook"] += [self.name] * n
@@ -238,7 +239,7 @@ class Units(SampleOutputs):
                                   f"{self.grid.size} (saved by another version or with other sketch "
                                   f"settings); run the pass again in a new directory")
             stats = self.stats[key] = UnitStats(units, self.spec.top_k, self.spec.threshold, self.grid,
-                                                self.spec.second_moment, positions, self.spec.examples)
+                                                self.spec.second_moment, positions, self.examples)
             stats.restore(values)
         self.inputs = dict(state.get("inputs", {}))
 
