@@ -249,6 +249,12 @@ def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_tabl
     resumed = load_units(run(make_config(*overrides), tmp_path / "requeued", overrides))
     for column in whole.columns:
         assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column
+    examples = [load_unit_examples(tmp_path / name) for name in ("whole", "requeued")]  # the kept maps resume too
+    assert sum(m is not None for m in examples[0]["map"]) == 4 * 16  # conv1's 16 channels have maps; fc's none
+    for column in ("layer", "unit", "rank", "sample", "value", "map"):
+        assert all(np.array_equal(a, b) for a, b in zip(examples[0][column], examples[1][column])), column
+    inputs = [load_unit_inputs(tmp_path / name) for name in ("whole", "requeued")]
+    assert inputs[0].keys() == inputs[1].keys() and all(np.array_equal(inputs[0][k], inputs[1][k]) for k in inputs[0])
 
 
 def png_size(data: str) -> tuple[int, int]:
