@@ -91,12 +91,17 @@ class Units(SampleOutputs):
         super().attach(model, session)
         if self.examples:
             session.add(model.register_forward_pre_hook(self._see_input, with_kwargs=True))
+            session.add(model.register_forward_hook(self._forget_input, always_call=True))
 
     def _see_input(self, module, args, kwargs) -> None:
         """Note the model's input (a positional tensor, else ``input_ids`` or another keyword's) for ``take``."""
         given = [a for a in args if isinstance(a, torch.Tensor)]
         given += [kwargs[k] for k in sorted(kwargs, key=lambda k: k != "input_ids") if isinstance(kwargs[k], torch.Tensor)]
         self._input = given[0] if given else None
+
+    def _forget_input(self, module, args, output) -> None:
+        """The forward ended (or raised): a layer called outside the model's forward has no input here."""
+        self._input = None
 
     @property
     def eval_problem(self) -> str | None:
