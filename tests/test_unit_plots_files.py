@@ -68,3 +68,17 @@ def test_reading_a_units_table_and_its_examples_imports_no_hooks_module(trained)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_output_schema_names_every_column_of_the_kept_examples_files():
+    from pathlib import Path
+
+    from common.records import UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS_SCHEMA
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Output schema", 1)[1].split("\n## ", 1)[0]
+    paragraph = section.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
+    assert "`unit_examples.parquet`" in paragraph and "`unit_inputs.parquet`" in paragraph
+    named = [name for schema in (UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS_SCHEMA) for name in schema.names
+             if f"`{name}`" not in paragraph]
+    assert named == ["hook", "layer", "call", "unit", "hook"]
