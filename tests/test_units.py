@@ -583,3 +583,36 @@ def test_the_kept_maps_are_of_the_entry_s_slot_of_a_tuple_output():
     for unit, sample, kept, shape in zip(table["unit"], table["sample"], table["map"], table["map_shape"]):
         assert shape == [5, 5]
         np.testing.assert_array_equal(np.array(kept, np.float32).reshape(5, 5), (x * 2)[sample, unit].numpy())
+
+
+def test_the_top_k_order_is_one_rule_where_the_hook_ranks_and_where_the_reader_merges(monkeypatch):
+    """A NaN sample, ties and two parts: the reader's merge of two parts' top-k (``load_units``) is the
+    hook's top-k over all the samples (NaN the largest: first among the top, last among the bottom;
+    ties by the lower sample id). Eager passes: the kernel's NaN is hooks/native's."""
+    import pandas as pd
+
+    from common.unit_sketch import SketchGrid
+    from hooks import native
+    from hooks.unit_stats import UnitStats
+    from runner.analysis.units import _merge
+
+    monkeypatch.setattr(native, "_units_kernel", False)
+    x = torch.tensor([[1.0, 2.0], [3.0, 3.0], [float("nan"), 0.0], [3.0, -1.0], [2.0, 0.5], [0.0, 3.0]]).view(6, 1, 2)
+    grid = SketchGrid(0.01, 1e-6, 1e6)
+
+    def stats(rows):
+        kept = UnitStats(1, 3, 0.0, grid, False, [2])
+        kept.update(x[rows], torch.tensor(rows))
+        return kept
+
+    whole, parts = stats([0, 1, 2, 3, 4, 5]), [stats([3, 4, 5]), stats([0, 1, 2])]
+    assert whole.top_sample[:, 0].tolist() == [2, 1, 3] and whole.bottom_sample[:, 0].tolist() == [3, 5, 4]
+    frame = pd.DataFrame([{"top_k": 3, "count": 2 * len(p.top_sample), "mean": 0.0, "m2": 0.0, "min": 0.0, "max": 0.0,
+                           "above": 0, "sketch_index": np.array([], np.int32), "sketch_count": np.array([], np.int64),
+                           "second_moment": [],
+                           **{key: getattr(p, key)[:, 0].numpy() for key in ("top_value", "top_sample", "top_position",
+                                                                             "bottom_value", "bottom_sample",
+                                                                             "bottom_position")}} for p in parts])
+    merged = _merge(frame)
+    for key in ("top_sample", "top_position", "bottom_sample", "bottom_position"):
+        assert merged[key].tolist() == getattr(whole, key)[:, 0].tolist(), key
