@@ -173,8 +173,6 @@ class UnitStats:
         self._sketch_shared = True
 
 
-
-
 def best(k: int, largest: bool, kept: tuple, new: tuple) -> tuple:
     """The ``k`` best of ``kept`` and ``new`` (each ``(values, samples, positions)`` as ``[rows, units]``) in
     the top-k order (``common.unit_sketch.ranked``), and the rows they came from (``kept``'s, then ``new``'s)."""

@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from runner.analysis.load import config_path
+from runner.analysis.load import config_path, run_dirs
 from runner.analysis.units import load_unit_examples, load_unit_inputs
 
 
@@ -78,7 +78,7 @@ def run_examples(run_dir: str | Path) -> RunExamples:
     """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
     for a run that kept none), with its data's normalisation from its ``config.yaml``."""
     examples, inputs = load_unit_examples(run_dir), load_unit_inputs(run_dir)
-    config = config_path(Path(run_dir))
+    config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
     data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
     return RunExamples(examples, inputs, data.get("mean"), data.get("std"))
 
