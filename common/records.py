@@ -114,6 +114,27 @@ UNITS_SCHEMA = pa.schema([
 ])
 UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
 
+#: ``unit_examples.parquet``: one row per (entry, layer, call, unit, rank) for the first ``examples`` top
+#: samples of each unit (rank 0 the largest, in ``units.parquet``'s top order): the sample, its value and
+#: position, and the unit's map at that sample from the run's own forward (``map_shape`` ``[h, w]``, the
+#: positions max-pooled to at most 16 x 16 in float32, 1 KiB at most, so its peak is ``value``; empty for
+#: a unit whose positions are not 2-D). What a picture of the top examples draws, never computed again.
+UNIT_EXAMPLES = "unit_examples.parquet"
+UNIT_EXAMPLES_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
+    pa.field("rank", _I64), pa.field("sample", _I64), pa.field("value", _F64), pa.field("position", _I64),
+    pa.field("map_shape", pa.list_(_I64)), pa.field("map", pa.list_(pa.float32())),
+])
+#: ``unit_inputs.parquet``: one row per (entry, sample) of ``unit_examples.parquet``: the model's input for
+#: that sample as the run fed it: an image (``[C, H, W]`` floats) area-pooled to at most 64 x 64 in
+#: ``input`` (float32, 48 KiB at most for RGB), or token ids (1-D integers) as they were in ``input_ids``;
+#: other inputs are not kept (no row).
+UNIT_INPUTS = "unit_inputs.parquet"
+UNIT_INPUTS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("sample", _I64), pa.field("input_shape", pa.list_(_I64)),
+    pa.field("input", pa.list_(pa.float32())), pa.field("input_ids", pa.list_(_I64)),
+])
+
 #: ``steer.parquet``: one row per (entry, step, sample) of a ``steer`` entry: the next-token
 #: distribution at the last position with the steering vector added (``steered_*``) and without it
 #: (``unsteered_*``, a pass of the same batch beside the step), ``kl`` = KL(unsteered || steered) in nats.
@@ -137,7 +158,8 @@ LENS_SCHEMA = pa.schema([
 ])
 
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
-RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
+RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

@@ -9,24 +9,35 @@ axis is ``unit_axis`` (null: dim 1 of outputs with 4 or more dims, the channels;
 otherwise, the features of a linear or transformer output); the other dims after the batch are
 positions. Sample ids: ``hooks.samples`` (dataset indices in a whole-dataset pass). Nothing goes to ``stats.parquet``: ``tables()`` hands
 the run's totals to the writer once, at the end.
+
+What a picture of a unit's top examples needs is kept by this run, which saw them with its own
+weights: for the first ``examples`` top samples of each unit, the unit's map at the sample
+(``unit_examples.parquet``: ``hooks.unit_stats``) and the model's input for the sample
+(``unit_inputs.parquet``: an image pooled to at most ``INPUT_SIDE`` a side, or token ids), read by a
+forward pre-hook on the model itself. The first ``examples`` of the top-k at the end were among the
+first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
+keeping those few is exact.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from common.errors import ConfigError
-from common.records import UNIT_COLUMNS, UNITS
+from common.records import UNIT_COLUMNS, UNIT_EXAMPLES, UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS, UNITS
+from common.unit_sketch import SketchGrid, default_unit_axis
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
-from hooks.unit_stats import SketchGrid, UnitStats, default_unit_axis
+from hooks.unit_stats import UnitStats, map_shape
 
 FLOAT32 = torch.finfo(torch.float32)
-
-
-#: The columns of ``units.parquet`` (types: ``common.records.UNITS_SCHEMA``).
+#: A kept image input's largest side: ``[C, H, W]`` inputs are area-pooled to at most this (float32).
+INPUT_SIDE = 64
 
 
 @dataclass
@@ -40,10 +51,13 @@ class UnitsSpec(SampleOutputsSpec):
     sketch_low: float = 1e-6              #: magnitudes below count as 0 (absolute error < sketch_low)
     sketch_high: float = 1e6              #: magnitudes above share the last bucket
     second_moment: bool = False           #: the sum of x x^T over the layer's units (covariance, PCA)
+    examples: int = 4                     #: first top samples per unit (at most top_k) whose map and input are kept
 
     def check(self, key: str) -> None:
         if self.top_k < 0:
             raise ConfigError(f"{key}.top_k: {self.top_k} must be >= 0")
+        if self.examples < 0:
+            raise ConfigError(f"{key}.examples: {self.examples} must be >= 0 (0: no pictures of top examples), e.g. 4")
         if not 1e-6 <= self.relative_error < 1:
             raise ConfigError(f"{key}.relative_error: {self.relative_error} must be in [1e-6, 1), e.g. 0.01")
         if not FLOAT32.tiny <= self.sketch_low <= FLOAT32.max:
@@ -59,14 +73,35 @@ class Units(SampleOutputs):
     """Streams per-unit statistics of the selected modules' outputs; changes nothing."""
 
     spec_class = UnitsSpec
-    writes = (UNITS,)
+    writes = (UNITS, UNIT_EXAMPLES, UNIT_INPUTS)
 
     def __init__(self, name: str, spec: UnitsSpec) -> None:
         super().__init__(name, spec)
         self.grid = SketchGrid(spec.relative_error, spec.sketch_low, spec.sketch_high)
+        self.examples = min(spec.examples, spec.top_k)  #: the first top samples whose map and input are kept
         self.stats: dict[tuple[str, int], UnitStats] = {}
         self._calls: dict[str, int] = {}
         self._calls_step = -1
+        self._input: torch.Tensor | None = None  # the model's input of the current forward
+        #: kept inputs by sample id: ``(shape, image values or None, token ids or None)`` (``input_kept``)
+        self.inputs: dict[int, tuple[list[int], torch.Tensor | None, torch.Tensor | None] | None] = {}
+        self._inputs_bound = 64  # prune unreferenced inputs when there are more than this
+
+    def attach(self, model: nn.Module, session) -> None:
+        super().attach(model, session)
+        if self.examples:
+            session.add(model.register_forward_pre_hook(self._see_input, with_kwargs=True))
+            session.add(model.register_forward_hook(self._forget_input, always_call=True))
+
+    def _see_input(self, module, args, kwargs) -> None:
+        """Note the model's input (a positional tensor, else ``input_ids`` or another keyword's) for ``take``."""
+        given = [a for a in args if isinstance(a, torch.Tensor)]
+        given += [kwargs[k] for k in sorted(kwargs, key=lambda k: k != "input_ids") if isinstance(kwargs[k], torch.Tensor)]
+        self._input = given[0] if given else None
+
+    def _forget_input(self, module, args, output) -> None:
+        """The forward ended (or raised): a layer called outside the model's forward has no input here."""
+        self._input = None
 
     @property
     def eval_problem(self) -> str | None:
@@ -85,8 +120,26 @@ class Units(SampleOutputs):
         if stats is None:
             stats = self.stats[(layer, call)] = UnitStats(
                 view.shape[1], self.spec.top_k, self.spec.threshold, self.grid, self.spec.second_moment,
-                _position_shape(x, self._axis(x)))
+                _position_shape(x, self._axis(x)), self.examples)
         stats.update(view, samples)
+        self._keep_inputs(stats, samples)
+
+    def _keep_inputs(self, stats: UnitStats, samples: torch.Tensor) -> None:
+        """The inputs of this batch's samples that are now among a unit's first ``examples`` top samples."""
+        batch = self._input
+        if not self.examples or batch is None or batch.is_meta or batch.dim() == 0 or len(batch) != len(samples):
+            return
+        wanted = set(stats.top_sample[:self.examples].unique().tolist()) - self.inputs.keys()
+        for row, sample in enumerate(samples.tolist()):
+            if sample in wanted:
+                self.inputs[sample] = input_kept(batch[row])
+        if len(self.inputs) > self._inputs_bound:
+            referenced = self._referenced()
+            self.inputs = {s: kept for s, kept in self.inputs.items() if s in referenced}
+            self._inputs_bound = max(64, 2 * len(self.inputs))
+
+    def _referenced(self) -> set[int]:
+        return {s for stats in self.stats.values() for s in stats.top_sample[:self.examples].unique().tolist()}
 
     def _axis(self, x: torch.Tensor) -> int:
         return self._axis_of(x.dim())
@@ -108,9 +161,15 @@ class Units(SampleOutputs):
     def held_bytes(self) -> dict[str, int]:
         """The statistics of every (layer, call) it will keep, once ``top_k`` samples were seen."""
         total = sum(UnitStats.held_bytes(shape[self._axis_of(len(shape))], self.spec.top_k, self.grid.size,
-                                         self.spec.second_moment)
+                                         self.spec.second_moment, self._map_values(shape))
                     for shapes in self.planned.values() for shape in shapes)
         return {"unit statistics": total} if total else {}
+
+    def _map_values(self, shape: torch.Size) -> int:
+        """The float32 values of the maps kept per unit of an output of ``shape``."""
+        axis = self._axis_of(len(shape))
+        kept = map_shape([d for i, d in enumerate(shape) if i not in (0, axis)])
+        return self.examples * math.prod(kept) if kept else 0
 
     def tables(self) -> dict[str, dict[str, list]]:
         """``units.parquet``'s rows of this entry, one per (layer, call, unit), as columns."""
@@ -139,11 +198,41 @@ class Units(SampleOutputs):
                         "bottom_position"):
                 columns[key] += getattr(stats, key).T.tolist()
             columns["second_moment"] += [[] for _ in range(n)] if stats.second is None else stats.second.tolist()
-        return {UNITS: columns}
+        return {UNITS: columns, UNIT_EXAMPLES: self._examples_table(), UNIT_INPUTS: self._inputs_table()}
+
+    def _examples_table(self) -> dict[str, list]:
+        """``unit_examples.parquet``'s rows: each unit's first ``examples`` top samples with their maps."""
+        columns: dict[str, list] = {name: [] for name in UNIT_EXAMPLES_SCHEMA.names}
+        for (layer, call), stats in self.stats.items():
+            ranks = min(self.examples, len(stats.top_value))
+            for rank in range(ranks):
+                n = stats.units
+                columns["hook"] += [self.name] * n
+                columns["layer"] += [layer] * n
+                columns["call"] += [call] * n
+                columns["unit"] += range(n)
+                columns["rank"] += [rank] * n
+                columns["sample"] += stats.top_sample[rank].tolist()
+                columns["value"] += stats.top_value[rank].tolist()
+                columns["position"] += stats.top_position[rank].tolist()
+                mapped = rank < len(stats.top_map)
+                columns["map_shape"] += [stats.map_shape if mapped else []] * n
+                columns["map"] += stats.top_map[rank].tolist() if mapped else [[] for _ in range(n)]
+        return columns
+
+    def _inputs_table(self) -> dict[str, list]:
+        """``unit_inputs.parquet``'s rows: the kept input of every sample ``unit_examples.parquet`` names."""
+        referenced = self._referenced()
+        kept = sorted(s for s in self.inputs if s in referenced and self.inputs[s] is not None)
+        return {"hook": [self.name] * len(kept), "sample": kept,
+                "input_shape": [self.inputs[s][0] for s in kept],
+                **{column: [[] if self.inputs[s][i] is None else self.inputs[s][i].tolist() for s in kept]
+                   for i, column in ((1, "input"), (2, "input_ids"))}}
 
     def run_state(self) -> dict:
         return {**super().run_state(), "stats": {key: stats.state() for key, stats in self.stats.items()},
-                "shapes": {key: (stats.units, stats.position_shape) for key, stats in self.stats.items()}}
+                "shapes": {key: (stats.units, stats.position_shape) for key, stats in self.stats.items()},
+                "inputs": dict(self.inputs)}
 
     def restore_run_state(self, state: dict) -> None:
         super().restore_run_state(state)
@@ -155,9 +244,24 @@ class Units(SampleOutputs):
                                   f"{self.grid.size} (saved by another version or with other sketch "
                                   f"settings); run the pass again in a new directory")
             stats = self.stats[key] = UnitStats(units, self.spec.top_k, self.spec.threshold, self.grid,
-                                                self.spec.second_moment, positions)
+                                                self.spec.second_moment, positions, self.examples)
             stats.restore(values)
+        self.inputs = dict(state.get("inputs", {}))
 
 
 def _position_shape(x: torch.Tensor, axis: int) -> list[int]:
     return [d for i, d in enumerate(x.shape) if i not in (0, axis)]
+
+
+def input_kept(x: torch.Tensor) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None] | None:
+    """One sample's model input as ``unit_inputs.parquet`` keeps it: ``(shape, values, None)`` for an
+    image (``[C, H, W]`` floats, area-pooled to at most ``INPUT_SIDE`` a side), ``(shape, None, ids)``
+    for token ids (1-D integers); ``None`` for any other input (not kept)."""
+    x = x.detach()
+    if x.is_floating_point() and x.dim() == 3:
+        side = [min(d, INPUT_SIDE) for d in x.shape[1:]]
+        pooled = F.adaptive_avg_pool2d(x.to("cpu", torch.float32)[None], side)[0]
+        return list(pooled.shape), pooled.reshape(-1), None
+    if not x.is_floating_point() and not x.is_complex() and x.dim() == 1:
+        return [len(x)], None, x.to("cpu", torch.int64, copy=True)
+    return None

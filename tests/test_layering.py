@@ -1,10 +1,14 @@
-"""The house's import arrows, read with ``ast`` (module-level imports of common/, hooks/ and runner/):
-the bottom floor (common/) stands on nothing of the project, hooks/ on common/ alone, no arrow from
-the engine up to the command line, and no import cycle among the project's modules."""
+"""The house's import arrows, read with ``ast`` (every import of common/, hooks/ and runner/, inside
+functions too; not under ``if TYPE_CHECKING:``): README's "How it is built", arrow by arrow. The
+bottom floor (common/) stands on nothing of the project, hooks/ on common/ alone, runner/sources and
+runner/store on no hooks/ module, runner/analysis reads files only (nothing of runner/engine,
+runner/sources or hooks/), no arrow from the engine up to the command line, and no import cycle
+among the project's modules."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "hooks", "runner")
@@ -27,20 +31,17 @@ def _project_module(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports at module level (also inside a module-level ``try``/``if``;
-    not under ``if TYPE_CHECKING:``, which runs for type checkers only)."""
+    """The project modules ``name`` imports anywhere in it (module level, inside functions, classes,
+    ``try``/``if``); not under ``if TYPE_CHECKING:``, which runs for type checkers only."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    statements = list(ast.parse(path.read_text()).body)
+    statements: list[ast.AST] = [ast.parse(path.read_text())]
     found: set[str] = set()
     while statements:
         node = statements.pop()
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            statements += node.orelse
             continue
-        if isinstance(node, (ast.Try, ast.If)):
-            statements += [*node.body, *node.orelse, *getattr(node, "handlers", ())]
-        elif isinstance(node, ast.ExceptHandler):
-            statements += node.body
-        elif isinstance(node, ast.Import):
+        if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -48,6 +49,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 up = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([node.module] if node.module else []))
             found |= {f"{base}.{alias.name}" for alias in node.names}  # a submodule, or a name in ``base``
+        statements += ast.iter_child_nodes(node)
     targets = {_project_module(imported, modules) for imported in found}
     return {t for t in targets if t is not None and t != name}
 
@@ -96,6 +98,14 @@ def test_the_graph_is_read_from_the_files():
     assert "runner.config.compose" in graph["runner.engine.attach"]
 
 
+def test_imports_inside_functions_are_read_and_type_checking_ones_are_not(tmp_path):
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py", "pkg.c": tmp_path / "c.py",
+               "pkg.d": tmp_path / "d.py"}
+    modules["pkg.a"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.b\nelse:\n"
+                                "    import pkg.d\n\n\nclass A:\n    def f(self):\n        from pkg import c\n")
+    assert _imports("pkg.a", modules["pkg.a"], modules) == {"pkg.c", "pkg.d"}
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -124,3 +134,24 @@ def test_the_bottom_floor_stands_on_nothing_of_the_project():
 
 def test_hooks_know_nothing_of_the_runner():
     assert _arrows("hooks", "runner") == []
+
+
+def _arrows_into(source: str, *targets: str) -> list[tuple[str, str]]:
+    """The arrows from ``source`` (a package or module) into any of ``targets`` (packages or modules)."""
+    return sorted((name, imported) for name, imports in import_graph().items()
+                  if name == source or name.startswith(f"{source}.") for imported in imports
+                  if any(imported == t or imported.startswith(f"{t}.") for t in targets))
+
+
+def test_analysis_reads_files_only():
+    """runner/analysis draws from what runs wrote: it imports nothing that builds or runs a model
+    (runner/engine, runner/sources) and no hooks/ module (the files' formats are common/'s)."""
+    assert _arrows_into("runner.analysis", "runner.engine", "runner.sources", "hooks") == []
+
+
+def test_the_sources_import_no_hooks_module():
+    assert _arrows_into("runner.sources", "hooks") == []
+
+
+def test_the_store_imports_no_hooks_module():
+    assert _arrows_into("runner.store", "hooks") == []

@@ -19,7 +19,7 @@ from torchvision import datasets, transforms
 
 from conftest import image_folder_of, make_config, run
 from common.errors import ConfigError
-from runner.analysis.units import layer_second_moment, load_units, unit_quantiles
+from runner.analysis.units import layer_second_moment, load_unit_examples, load_unit_inputs, load_units, unit_quantiles
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 
@@ -180,6 +180,14 @@ def test_four_shards_cover_the_dataset_once_and_merge_to_the_one_job_table(tmp_p
     for shard in range(4):  # shards of 12 sequences: whole batches of 2, so the model computes the same values
         run(make_config(*common, f"data.shard={shard}", "data.num_shards=4"), tmp_path / "sweep" / str(shard))
     merged = load_units(tmp_path / "sweep")
+    key = ["hook", "layer", "call", "unit", "rank"]
+    examples = [load_unit_examples(path).sort_values(key, ignore_index=True) for path in (tmp_path / "one", tmp_path / "sweep")]
+    assert len(examples[0]) == len(one) * 4  # the first 4 (examples) of each unit's top 5
+    for column in (*key, "sample", "value", "position"):
+        assert (examples[1][column].to_numpy() == examples[0][column].to_numpy()).all(), column
+    inputs = [load_unit_inputs(path) for path in (tmp_path / "one", tmp_path / "sweep")]
+    assert inputs[0].keys() == inputs[1].keys() == {("units", s) for s in examples[0]["sample"]}
+    assert all(np.array_equal(inputs[0][key], inputs[1][key]) for key in inputs[0])
     assert len(merged) == len(one) == 2 * 32 + 100
     assert (merged["count"] == 48 * 16).all()
     for column in ("hook", "layer", "call", "unit", "count", "min", "max", "above", "top_k"):
@@ -241,6 +249,12 @@ def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_tabl
     resumed = load_units(run(make_config(*overrides), tmp_path / "requeued", overrides))
     for column in whole.columns:
         assert all(np.array_equal(a, b) for a, b in zip(whole[column], resumed[column])), column
+    examples = [load_unit_examples(tmp_path / name) for name in ("whole", "requeued")]  # the kept maps resume too
+    assert sum(m is not None for m in examples[0]["map"]) == 4 * 16  # conv1's 16 channels have maps; fc's none
+    for column in ("layer", "unit", "rank", "sample", "value", "map"):
+        assert all(np.array_equal(a, b) for a, b in zip(examples[0][column], examples[1][column])), column
+    inputs = [load_unit_inputs(tmp_path / name) for name in ("whole", "requeued")]
+    assert inputs[0].keys() == inputs[1].keys() and all(np.array_equal(inputs[0][k], inputs[1][k]) for k in inputs[0])
 
 
 def png_size(data: str) -> tuple[int, int]:
@@ -357,13 +371,19 @@ def test_a_gpu_run_s_top_examples_are_drawn_on_the_cpu(tmp_path):
     assert section.count('<img alt="top samples of ') == 4  # relu2's and fc's two best units
 
 
-def test_a_units_run_over_a_stream_says_why_it_has_no_top_examples(tmp_path):
+def test_a_units_run_over_a_stream_draws_the_inputs_it_kept_and_one_that_kept_none_says_why(tmp_path):
+    """The inputs come from the run's files, not from its data read again: a stream's top examples are
+    drawn; a run with ``examples=0`` kept none, and the section says so in one line."""
     from runner.analysis import report
 
     overrides = ("model=convnet", "steps=1", "mode=eval", "loss=none", "hooks=units", "progress=false")
-    section = units_section(report.render(run(make_config(*overrides), tmp_path / "run", overrides)))
-    assert ('<p class="note">Not drawn: data=randn cannot return inputs by sample id (a stream without a '
-            'length).</p>') in section
+    out = run(make_config(*overrides), tmp_path / "run", overrides)
+    section = units_section(report.render(out))
+    assert section.count('<img alt="top samples of ') == 2 * load_units(out).layer.nunique() > 0
+    none = (*overrides, "hooks.units.examples=0")
+    section = units_section(report.render(run(make_config(*none), tmp_path / "none", none)))
+    assert ('<p class="note">Not drawn: the run kept no top examples (its units entry had examples: 0, or it was '
+            'written before unit_examples.parquet); run it again to draw them.</p>') in section
     assert section.count("<img") == 1  # the histograms only
 
 
@@ -400,11 +420,12 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
     """Zeros, values below ``sketch_low``, above ``sketch_high``, infinities and bucket edges: every
     accumulator of the kernel equals the eager float64 passes', and the moments equal numpy's."""
     from hooks import native
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
     grid = SketchGrid(relative_error, 1e-6, 1e6)
-    edge = grid.edges(torch.tensor([grid.first + 40]))[0]  # a bucket's smallest float32, and the float32 below it
+    edge = torch.from_numpy(grid.edges(np.array([grid.first + 40]))[0])  # a bucket's smallest float32, and the one below
     below = torch.nextafter(edge.float(), torch.zeros(1)).double()
     special = torch.tensor([0.0, -0.0, 1e-7, -1e-6, 1e6, -2e6, 3e30, 1.0, -1.0, float(edge), -float(below)])
     batches = [torch.randn(5, 3, 12, dtype=dtype) * 50 + 1000 for _ in range(3)]
@@ -440,22 +461,24 @@ def test_every_magnitude_is_within_the_relative_error_of_its_buckets_value(relat
     """The sketch's promise, bucket by bucket: random magnitudes over [sketch_low, sketch_high] and both
     sides of about 2,000 bucket edges (every edge at 5% and 1%), each read back as its bucket's value,
     within relative_error (float64)."""
-    from hooks.unit_stats import SketchGrid
+    from common.unit_sketch import SketchGrid
 
     grid = SketchGrid(relative_error, 1e-6, 1e6)
     per_octave = grid.multiplier * 2 ** 23  # the README: about 50 at 1%, 1.4 times the log mapping's 35
     log_per_octave = 1 / math.log2((1 + relative_error) / (1 - relative_error))
     assert relative_error != 0.01 or (49 < per_octave < 50 and 34 < log_per_octave < 35)
-    keys = torch.arange(grid.first + 1, grid.last, step=max(1, (grid.last - grid.first) // 2000))
-    edge = grid.edges(keys)[0].float()
-    below = torch.nextafter(edge, torch.zeros(1))
-    assert (grid.index(edge.double()) == grid.index(below.double()) + 1).all(), "an edge starts the next bucket"
-    magnitudes = torch.cat([10 ** (torch.rand(200_000, dtype=torch.float64) * 12 - 6), edge.double(), below.double()])
-    x = (magnitudes * torch.where(torch.rand(len(magnitudes)) < 0.5, -1.0, 1.0).double()).float().double()
-    inside = (x.abs() >= 1e-6) & (x.abs() <= 1e6)
-    error = (grid.value(grid.index(x)) - x).abs()
-    assert inside.sum() > 200_000 and (error[inside] <= relative_error * x.abs()[inside]).all()
-    assert (grid.value(grid.index(torch.tensor([0.0, 5e-7, -5e-7], dtype=torch.float64))) == 0).all()
+    keys = np.arange(grid.first + 1, grid.last, max(1, (grid.last - grid.first) // 2000))
+    edge = grid.edges(keys)[0].astype(np.float32)
+    below = np.nextafter(edge, np.float32(0))
+    assert (grid.index(edge.astype(np.float64)) == grid.index(below.astype(np.float64)) + 1).all(), \
+        "an edge starts the next bucket"
+    rng = np.random.default_rng(0)
+    magnitudes = np.concatenate([10 ** (rng.random(200_000) * 12 - 6), edge, below])
+    x = (magnitudes * np.where(rng.random(len(magnitudes)) < 0.5, -1.0, 1.0)).astype(np.float32).astype(np.float64)
+    inside = (np.abs(x) >= 1e-6) & (np.abs(x) <= 1e6)
+    error = np.abs(grid.value(grid.index(x)) - x)
+    assert inside.sum() > 200_000 and (error[inside] <= relative_error * np.abs(x)[inside]).all()
+    assert (grid.value(grid.index(np.array([0.0, 5e-7, -5e-7]))) == 0).all()
 
 
 def test_a_units_table_of_another_sketch_mapping_is_refused_naming_the_file(tmp_path):
@@ -476,7 +499,8 @@ def test_a_units_table_of_another_sketch_mapping_is_refused_naming_the_file(tmp_
 def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
     """The kernel splits units over PyTorch's OpenMP threads: each unit's sketch row and sums are one
     thread's, so the state is bit for bit the single-threaded one."""
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     grid = SketchGrid(0.01, 1e-6, 1e6)
     batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
@@ -503,7 +527,8 @@ def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monke
     """The flags beyond the common ones are tried in order: a compiler that refuses OpenMP's (here a flag
     no compiler knows) still builds the kernel, without them, and its statistics are the eager ones."""
     from hooks import native
-    from hooks.unit_stats import SketchGrid, UnitStats
+    from common.unit_sketch import SketchGrid
+    from hooks.unit_stats import UnitStats
 
     monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "OPENMP", ("-fno-such-flag-anywhere",))
@@ -538,9 +563,10 @@ def test_a_saved_state_of_another_sketch_layout_is_refused_not_written_past(tmp_
         fresh.restore_run_state(state)
 
 
-def test_unit_maps_read_the_entry_s_slot_of_a_tuple_output():
-    """A layer returning a tuple: the maps are of the tensor the entry read (its ``slot``), not the first."""
-    from runner.analysis.unit_plots import unit_maps
+def test_the_kept_maps_are_of_the_entry_s_slot_of_a_tuple_output():
+    """A layer returning a tuple: the maps kept are of the tensor the entry read (its ``slot``), not the first."""
+    from common.records import UNIT_EXAMPLES
+    from hooks import HookSession, build_hooks
 
     class Pair(torch.nn.Module):
         def forward(self, x):
@@ -549,5 +575,44 @@ def test_unit_maps_read_the_entry_s_slot_of_a_tuple_output():
     model = torch.nn.Sequential()
     model.add_module("pair", Pair())
     x = torch.randn(3, 4, 5, 5)
-    np.testing.assert_array_equal(unit_maps(model, "pair", 2, x, slot="1"), (x * 2)[:, 2].numpy())
-    np.testing.assert_array_equal(unit_maps(model, "pair", 0, x), x.mean(1)[:, None][:, 0].numpy())
+    (units,) = build_hooks({"units": {"type": "units", "layers": ["pair"], "slot": "1", "top_k": 2, "examples": 2}})
+    with HookSession(model, [units]):
+        model(x)
+    table = units.tables()[UNIT_EXAMPLES]
+    assert len(table["map"]) == 4 * 2
+    for unit, sample, kept, shape in zip(table["unit"], table["sample"], table["map"], table["map_shape"]):
+        assert shape == [5, 5]
+        np.testing.assert_array_equal(np.array(kept, np.float32).reshape(5, 5), (x * 2)[sample, unit].numpy())
+
+
+def test_the_top_k_order_is_one_rule_where_the_hook_ranks_and_where_the_reader_merges(monkeypatch):
+    """A NaN sample, ties and two parts: the reader's merge of two parts' top-k (``load_units``) is the
+    hook's top-k over all the samples (NaN the largest: first among the top, last among the bottom;
+    ties by the lower sample id). Eager passes: the kernel's NaN is hooks/native's."""
+    import pandas as pd
+
+    from common.unit_sketch import SketchGrid
+    from hooks import native
+    from hooks.unit_stats import UnitStats
+    from runner.analysis.units import _merge
+
+    monkeypatch.setattr(native, "_units_kernel", False)
+    x = torch.tensor([[1.0, 2.0], [3.0, 3.0], [float("nan"), 0.0], [3.0, -1.0], [2.0, 0.5], [0.0, 3.0]]).view(6, 1, 2)
+    grid = SketchGrid(0.01, 1e-6, 1e6)
+
+    def stats(rows):
+        kept = UnitStats(1, 3, 0.0, grid, False, [2])
+        kept.update(x[rows], torch.tensor(rows))
+        return kept
+
+    whole, parts = stats([0, 1, 2, 3, 4, 5]), [stats([3, 4, 5]), stats([0, 1, 2])]
+    assert whole.top_sample[:, 0].tolist() == [2, 1, 3] and whole.bottom_sample[:, 0].tolist() == [3, 5, 4]
+    frame = pd.DataFrame([{"top_k": 3, "count": 2 * len(p.top_sample), "mean": 0.0, "m2": 0.0, "min": 0.0, "max": 0.0,
+                           "above": 0, "sketch_index": np.array([], np.int32), "sketch_count": np.array([], np.int64),
+                           "second_moment": [],
+                           **{key: getattr(p, key)[:, 0].numpy() for key in ("top_value", "top_sample", "top_position",
+                                                                             "bottom_value", "bottom_sample",
+                                                                             "bottom_position")}} for p in parts])
+    merged = _merge(frame)
+    for key in ("top_sample", "top_position", "bottom_sample", "bottom_position"):
+        assert merged[key].tolist() == getattr(whole, key)[:, 0].tolist(), key

@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common.errors import ConfigError
 from common.records import UNITS
 from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
@@ -41,9 +40,8 @@ from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, 
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
 from runner.analysis.summary import summarize
-from runner.analysis.unit_plots import (RebuiltRun, layer_histograms, rebuild_run, top_images_of_run,
-                                        top_tokens_of_run)
-from runner.analysis.units import load_units
+from runner.analysis.unit_plots import RunExamples, layer_histograms, run_examples, top_images_of_run, top_tokens_of_run
+from runner.analysis.units import load_units, recorded_layers
 from runner.store.ranks import rank_files
 
 REPORT = "report.html"
@@ -260,8 +258,7 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
         units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
         mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()
-    run = _rebuilt(next(r for r in runs if rank_files(r, UNITS)))
-    order = [name for name, _ in run.model.named_modules()] if isinstance(run, RebuiltRun) else []
+    order = recorded_layers(next(r for r in runs if rank_files(r, UNITS)))
     drawn = spread_layers(units, order, MOST_HISTOGRAM_LAYERS)
     layers = units.layer.nunique()
     capped = (_note(f"Histograms of {len(drawn)} of the {layers} layers, evenly spread in the model's order; "
@@ -272,12 +269,12 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
             f"<code>load_units({html.escape(repr(str(path)))})</code>.</p>\n" + _table(table)
             + _img(layer_histograms(pd.concat([units[units.layer == layer] for layer in drawn])),
                    "unit means and dead fractions per layer") + capped
-            + "<h3>Top examples</h3>\n" + _top_examples(run, units, order))
+            + "<h3>Top examples</h3>\n" + _top_examples(path, units, order, on_corrupt))
 
 
 def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]:
-    """Up to ``most`` of the recorded layers, evenly spread over them in ``order`` (the model's module
-    names; layers not in it come after), the first and the last among them; in that order."""
+    """Up to ``most`` of the recorded layers, evenly spread over them in ``order`` (the model's call
+    order as the run recorded it: ``recorded_layers``; layers not in it come after), the first and the last among them; in that order."""
     position = {name: i for i, name in enumerate(order)}
     layers = sorted(dict.fromkeys(units.layer), key=lambda name: position.get(name, len(position)))
     spread = np.linspace(0, len(layers) - 1, min(most, len(layers))).round().astype(int)
@@ -293,54 +290,54 @@ def chosen_units(units: pd.DataFrame, order: list[str]) -> pd.DataFrame:
                       for layer in spread_layers(units, order, MOST_UNIT_LAYERS)], ignore_index=True)
 
 
-def _rebuilt(run_dir: Path) -> RebuiltRun | str:
-    """``run_dir``'s model and data rebuilt (``rebuild_run``), or one line why they cannot be."""
+def _top_examples(path: Path, units: pd.DataFrame, order: list[str], on_corrupt: str) -> str:
+    """The top examples of ``chosen_units`` as the run kept them (``run_examples``: maps and inputs from
+    its files): an image grid with the unit's map overlaid, or token ids in context; or one line why not."""
     try:
-        return rebuild_run(run_dir)
-    except (ConfigError, OSError) as exc:
-        return f"Not drawn: the run's model and data cannot be rebuilt from its config.yaml: {exc}"
-
-
-def _top_examples(run: RebuiltRun | str, units: pd.DataFrame, order: list[str]) -> str:
-    """The top examples of ``chosen_units``, read back from the run's data by sample id: an image
-    grid with the unit's map overlaid, or token ids in context; or one line why they cannot be."""
-    if isinstance(run, str):
-        return _note(run)
-    data = run.plan.data
-    if data.items is None:
-        return _note(f"Not drawn: data={data.kind} cannot return inputs by sample id (a stream without a length).")
+        run = run_examples(path)
+    except FileNotFoundError:
+        return _note("Not drawn: the run kept no top examples (its units entry had examples: 0, or it was "
+                     "written before unit_examples.parquet); run it again to draw them.")
     draw = _drawer(run)
     if draw is None:
-        return _note(f"Not drawn: the inputs (shape {list(data.input_shape)}, {data.input_dtype}) are neither "
-                     f"images nor token ids.")
+        shapes = sorted({str(list(x.shape)) for x in run.inputs.values()}) or ["none kept"]
+        return _note(f"Not drawn: the run's inputs ({', '.join(shapes)}) are neither images [C, H, W] of 1 or 3 "
+                     f"channels nor token ids.")
     chosen = chosen_units(units, order)
-    pngs, budget = {}, MOST_TOP_EXAMPLE_BYTES
+    pngs, budget, failed = {}, MOST_TOP_EXAMPLE_BYTES, {}
     for i in chosen.sort_values("rank", kind="stable").index:  # every layer's best unit before any second
-        png = plots.png_bytes(draw(run, units, chosen.layer[i], int(chosen.unit[i]), MOST_TOP_EXAMPLES))
+        try:
+            png = plots.png_bytes(draw(run, units, chosen.layer[i], int(chosen.unit[i]), MOST_TOP_EXAMPLES))
+        except ValueError as exc:  # a unit whose examples or inputs the run did not keep
+            failed[i] = str(exc)
+            continue
         if len(png) <= budget:
             pngs[i], budget = png, budget - len(png)
     name = {i: f"{chosen.layer[i]} unit {chosen.unit[i]}" for i in chosen.index}
-    left = [name[i] for i in chosen.index if i not in pngs]
+    left = [name[i] for i in chosen.index if i not in pngs and i not in failed]
     layers, recorded = chosen.layer.nunique(), units.layer.nunique()
     which = "each layer" if layers == recorded else (f"each of {layers} of the {recorded} layers, evenly spread "
                                                      "in the model's order (the first and the last among them)")
     ids = " (token ids as numbers: the run keeps no tokenizer)" if draw is top_tokens_of_run else ""
     over = (f" Left out to keep the page small ({MOST_TOP_EXAMPLE_BYTES // 1000} kB of these pictures at most): "
             f"{', '.join(left)}." if left else "")
+    not_drawn = "".join(f" Not drawn: {name[i]}: {why}." for i, why in failed.items())
     drawn = [i for i in chosen.index if i in pngs]
     return (f"<p>Drawn: {html.escape(', '.join(name[i] for i in drawn))}: the {UNITS_PER_LAYER} units with the "
-            f"largest max of {which}, each with up to its first {MOST_TOP_EXAMPLES} top samples{ids}."
-            f"{html.escape(over)} "
+            f"largest max of {which}, each with up to its first {MOST_TOP_EXAMPLES} top samples as the run kept "
+            f"them (its maps and inputs at the step it saw each){ids}.{html.escape(over + not_drawn)} "
             f"Any unit: <code>runner.analysis.unit_plots.{draw.__name__}</code>.</p>\n"
             + "\n".join(_png(pngs[i], f"top samples of {name[i]}") for i in drawn))
 
 
-def _drawer(run: RebuiltRun):
+def _drawer(run: RunExamples):
     """``top_tokens_of_run`` for token ids, ``top_images_of_run`` for images (1 or 3 channels), else ``None``."""
-    data = run.plan.data
-    if not data.input_dtype.is_floating_point:
+    kept = next(iter(run.inputs.values()), None)
+    if kept is None:
+        return None
+    if kept.dtype.kind in "iu":
         return top_tokens_of_run
-    return top_images_of_run if len(data.input_shape) == 4 and data.input_shape[1] in (1, 3) else None
+    return top_images_of_run if kept.ndim == 3 and kept.shape[0] in (1, 3) else None
 
 
 def _img(fig, alt: str) -> str:

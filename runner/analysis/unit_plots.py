@@ -1,13 +1,14 @@
 """Pictures of ``units.parquet``: a unit's top examples, and per-layer distributions of unit means and dead fractions.
 
 * ``top_images(units, layer, unit, images, maps)``: the unit's top-k images in a grid, each with
-  the unit's map (its channel of the layer's output for that image, ``unit_maps``) overlaid and
-  the value and sample id in the title; the maximum's position is marked. ``top_images_of_run``
-  draws it from a run directory alone: the model rebuilt from its config and seed (``rebuild_run``),
-  the images read from its data by sample id.
+  the unit's map overlaid and the value and sample id in the title; the maximum's position is
+  marked. ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
+  kept for its top examples (``unit_examples.parquet``, ``unit_inputs.parquet``: the run's own
+  weights at the step it saw each sample). Nothing is computed again; a run that kept none is
+  refused in one line.
 * ``top_tokens(units, layer, unit, tokens, decode)``: the unit's top-k sequences as text, the token
   at the maximum's position bracketed, with a few tokens of context either side; ``top_tokens_of_run``
-  reads the sequences from a run's data by sample id (the ids shown as numbers: no tokenizer is kept).
+  reads the sequences the run kept (the ids shown as numbers: no tokenizer is kept).
 * ``layer_histograms(units)``: per layer, a histogram of its units' means and one of their dead
   fractions (the share of values at or below the entry's threshold).
 
@@ -22,15 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
-from torch import nn
 
-from hooks.recorder import walk
-from hooks.unit_stats import default_unit_axis
-from runner.engine.plan import Plan, compile_plan
-from runner.sources.models import build_model
+from runner.analysis.load import config_path, run_dirs
+from runner.analysis.units import load_unit_examples, load_unit_inputs
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -41,82 +38,72 @@ def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Se
     return rows.iloc[0]
 
 
-def unit_maps(model: nn.Module, layer: str, unit: int, inputs: torch.Tensor, axis: int | None = None,
-              slot: str = "0") -> np.ndarray:
-    """Unit ``unit`` of ``layer``'s output for each of ``inputs`` by a plain forward: ``[n, H, W]`` for a
-    conv output (its channel), ``[n]`` where the unit has no map. ``axis``, ``slot``: the entry's
-    ``unit_axis`` (``None``: dim 1 of 4+ dim outputs, else the last) and ``slot`` (which tensor of a
-    tuple or mapping output, as the entry read it: ``hooks.recorder.walk``)."""
-    kept = []
-
-    def keep(module, args, output):
-        out = dict(walk(output))[slot]
-        kept.append(out.detach().float().movedim(default_unit_axis(out.dim()) if axis is None else axis, 1)[:, unit])
-
-    handle = dict(model.named_modules())[layer].register_forward_hook(keep)
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        handle.remove()
-    return kept[0].numpy()
-
-
 @dataclass
-class RebuiltRun:
-    """A whole-dataset run rebuilt from its ``config.yaml``: its plan, whose data source reads inputs
-    back by sample id, and its model built after the run's seed (random weights are the run's)."""
+class RunExamples:
+    """What a run kept for pictures of its units' top examples, read from its files only."""
 
-    plan: Plan
-    model: nn.Module
+    examples: pd.DataFrame                      #: ``load_unit_examples``
+    inputs: dict[tuple[str, int], np.ndarray]   #: ``load_unit_inputs``
+    mean: list[float] | None = None             #: the run's ``data.mean`` / ``data.std`` (images are shown un-normalised)
+    std: list[float] | None = None
 
-    def inputs(self, samples: Sequence[int]) -> torch.Tensor:
-        """The model inputs of ``samples`` (dataset indices, shards' ids included), in that order."""
-        seed, cpu = self.plan.settings.seed, torch.device("cpu")
-        return torch.cat([next(self.plan.data.item_batches(int(s), int(s) + 1, seed, cpu)).x for s in samples])
+    def of(self, row: pd.Series, shown: int | None) -> pd.DataFrame:
+        """The kept examples of the unit ``row`` (a ``load_units`` row), first ``shown``; one line if none."""
+        rows = self.examples[(self.examples.hook == row.hook) & (self.examples.layer == row.layer)
+                             & (self.examples.call == row.call) & (self.examples.unit == row.unit)]
+        if rows.empty:
+            raise ValueError(f"the run kept no top examples of {row.layer} unit {row.unit} (its units entry had "
+                             f"examples: 0); run it again with hooks.{row.hook}.examples=4")
+        return rows.sort_values("rank").head(shown)
 
-    def spec(self, hook: str):
-        """The spec of the run's entry ``hook`` (its ``unit_axis`` and ``slot``)."""
-        return next(h.spec for h in self.plan.hooks if h.key == f"hooks.{hook}")
+    def input_of(self, hook: str, sample: int) -> np.ndarray:
+        if (hook, sample) not in self.inputs:
+            raise ValueError(f"the run kept no input of sample {sample} (only images [C, H, W] and token ids are "
+                             f"kept): its top examples cannot be shown")
+        return self.inputs[(hook, sample)]
 
-    def images(self, inputs: torch.Tensor) -> np.ndarray:
-        """``inputs`` (``[n, C, H, W]``, normalised by ``data.mean``/``data.std`` where given) as RGB in [0, 1]."""
+    def images(self, hook: str, samples: Sequence[int]) -> np.ndarray:
+        """The kept inputs of ``samples`` as RGB ``[n, H, W, 3]`` in [0, 1] (un-normalised by ``data.mean``/``std``)."""
+        inputs = np.stack([self.input_of(hook, int(s)) for s in samples])
         channels = inputs.shape[1]
-        mean = torch.tensor(list(self.plan.data.data.get("mean") or [0.0] * channels)).view(1, -1, 1, 1)
-        std = torch.tensor(list(self.plan.data.data.get("std") or [1.0] * channels)).view(1, -1, 1, 1)
-        images = (inputs * std + mean).clamp(0, 1)
-        return (images.expand(-1, 3, -1, -1) if channels == 1 else images).permute(0, 2, 3, 1).numpy()
+        if inputs.ndim != 4 or channels not in (1, 3):
+            raise ValueError(f"the kept inputs have shape {list(inputs.shape[1:])}, not an image of 1 or 3 channels")
+        mean = np.asarray(self.mean or [0.0] * channels, np.float32).reshape(1, -1, 1, 1)
+        std = np.asarray(self.std or [1.0] * channels, np.float32).reshape(1, -1, 1, 1)
+        images = np.clip(inputs * std + mean, 0, 1)
+        return np.repeat(images, 3, axis=1).transpose(0, 2, 3, 1) if channels == 1 else images.transpose(0, 2, 3, 1)
 
 
-def rebuild_run(run_dir: str | Path) -> RebuiltRun:
-    """The run at ``run_dir`` rebuilt on the CPU from its ``config.yaml`` (``FileNotFoundError`` without
-    one), wherever it ran: a GPU run's units are drawn on a machine without one."""
-    plan = compile_plan(OmegaConf.load(Path(run_dir) / "config.yaml"), check_device=False)
-    torch.manual_seed(plan.settings.seed)
-    return RebuiltRun(plan, build_model(plan.model).eval())
+def run_examples(run_dir: str | Path) -> RunExamples:
+    """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
+    for a run that kept none), with its data's normalisation from its ``config.yaml``."""
+    examples, inputs = load_unit_examples(run_dir), load_unit_inputs(run_dir)
+    config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
+    data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
+    return RunExamples(examples, inputs, data.get("mean"), data.get("std"))
 
 
-def top_images_of_run(run: str | Path | RebuiltRun, units: pd.DataFrame, layer: str, unit: int,
+def top_images_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer: str, unit: int,
                       shown: int | None = None) -> Figure:
-    """``top_images`` of a whole-dataset run of an image model (a run directory, or ``rebuild_run``'s
-    result to draw several units of one run): its first ``shown`` top samples (default all) read
-    from its data, the maps recomputed."""
-    run = run if isinstance(run, RebuiltRun) else rebuild_run(run)
+    """``top_images`` of a run of an image model (a run directory, or ``run_examples``' result to draw
+    several units of one run): its first ``shown`` kept top samples (default all), their inputs and
+    the unit's maps as the run kept them."""
+    run = run if isinstance(run, RunExamples) else run_examples(run)
     row = unit_row(units, layer, unit)
-    inputs = run.inputs(row.top_sample[:shown])
-    spec = run.spec(row.hook)
-    maps = unit_maps(run.model, layer, unit, inputs, spec.unit_axis, spec.slot)
-    return top_images(units, layer, unit, run.images(inputs), maps if maps.ndim == 3 else None)
+    kept = run.of(row, shown)
+    maps = None if kept["map"].iloc[0] is None else np.stack(kept["map"].to_list())
+    return top_images(units, layer, unit, run.images(row.hook, kept["sample"]), maps)
 
 
-def top_tokens_of_run(run: str | Path | RebuiltRun, units: pd.DataFrame, layer: str, unit: int,
+def top_tokens_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer: str, unit: int,
                       shown: int | None = None) -> Figure:
-    """``top_tokens`` of a whole-dataset run of a token model: its first ``shown`` top sequences read
-    from its data by sample id, each token shown as its id."""
-    run = run if isinstance(run, RebuiltRun) else rebuild_run(run)
-    samples = unit_row(units, layer, unit).top_sample[:shown]
-    tokens = dict(zip((int(s) for s in samples), run.inputs(samples)))
-    return top_tokens(units, layer, unit, tokens, lambda ids: [str(i) for i in ids], shown=shown)
+    """``top_tokens`` of a run of a token model: its first ``shown`` kept top sequences, each token
+    shown as its id."""
+    run = run if isinstance(run, RunExamples) else run_examples(run)
+    row = unit_row(units, layer, unit)
+    samples = run.of(row, shown)["sample"].tolist()
+    tokens = {int(s): run.input_of(row.hook, int(s)) for s in samples}
+    return top_tokens(units, layer, unit, tokens, lambda ids: [str(i) for i in ids], shown=len(samples))
 
 
 def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, maps: np.ndarray | None,
@@ -129,33 +116,34 @@ def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, m
     nrows = math.ceil(k / ncols)
     fig = Figure(figsize=(2.4 * ncols, 2.6 * nrows + 0.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).reshape(-1)
-    top = (float(np.max(maps)) or 1.0) if maps is not None else None
+    top = (float(np.nanmax(maps)) or 1.0) if maps is not None else None
     for i, ax in enumerate(axes):
         ax.set_axis_off()
         if i >= k:
             continue
-        ax.imshow(images[i])
+        ax.imshow(images[i], extent=(0, images.shape[2], images.shape[1], 0))  # the overlay's extent: aligned
         ax.set_title(f"sample {int(row.top_sample[i])}: {row.top_value[i]:.3g}", fontsize=9)
         if maps is not None:
-            shown = _overlay(ax, images[i], maps[i], int(row.top_position[i]), top)
+            shown = _overlay(ax, images[i], maps[i], int(row.top_position[i]), top, list(row.position_shape))
     if maps is not None:
         fig.colorbar(shown, ax=axes.tolist(), shrink=0.6, label=f"{layer} unit {unit}")
     fig.suptitle(f"Top {k} samples of {layer} unit {unit} (mean {row['mean']:.3g}, max {row['max']:.3g})")
     return fig
 
 
-def _overlay(ax, image: np.ndarray, unit_map: np.ndarray, position: int, top: float):
-    """``unit_map`` upsampled over ``image`` on ``ax``, a cross where the maximum was (``position``, flat)."""
+def _overlay(ax, image: np.ndarray, unit_map: np.ndarray, position: int, top: float, positions: list[int]):
+    """``unit_map`` upsampled over ``image`` on ``ax``, a cross where the maximum was (``position``, flat
+    in the layer's ``positions`` ``[h, w]``, which the kept map may pool)."""
     height, width = image.shape[:2]
     shown = ax.imshow(unit_map, cmap="magma", alpha=0.55, vmin=0, vmax=top, extent=(0, width, height, 0),
                       interpolation="bilinear")
-    h, w = unit_map.shape
+    h, w = positions
     y, x = divmod(position, w)
     ax.plot((x + 0.5) * width / w, (y + 0.5) * height / h, "c+", markersize=12, markeredgewidth=2)
     return shown
 
 
-def top_tokens(units: pd.DataFrame, layer: str, unit: int, tokens: torch.Tensor | Mapping[int, torch.Tensor],
+def top_tokens(units: pd.DataFrame, layer: str, unit: int, tokens: np.ndarray | Mapping[int, np.ndarray],
                decode: Callable[[Sequence[int]], list[str]], context: int = 6, shown: int | None = None) -> Figure:
     """The unit's first ``shown`` top sequences (default all) as text: ``tokens`` is the dataset
     (``[samples, positions]``, or its top samples by id), ``decode`` turns ids into strings; the
@@ -184,7 +172,7 @@ def layer_histograms(units: pd.DataFrame, bins: int = 40) -> Figure:
     for (mean_ax, dead_ax), layer in zip(axes, layers):
         rows = units[units.layer == layer]
         dead = 1 - rows.fraction_above
-        mean_ax.hist(rows["mean"], bins=bins, color="tab:blue")
+        mean_ax.hist(rows["mean"][np.isfinite(rows["mean"])], bins=bins, color="tab:blue")  # a NaN mean: no bar
         dead_ax.hist(dead, bins=np.linspace(0, 1, bins + 1), color="tab:red")
         mean_ax.set_ylabel(f"{layer}\n({len(rows)} units)", fontsize=9)
         dead_ax.set_title(f"{(dead >= 1).sum()} never above {rows.threshold.iloc[0]:g}", fontsize=8, loc="right")

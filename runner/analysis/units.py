@@ -4,7 +4,7 @@
 shards of ``data.shard``) and across the ranks of a run under ``torch.distributed`` (each
 rank's part, ``rank-N``, holds the table of its samples): counts, ``above`` and sketch buckets
 add, min and max are the extremes, ``(count, mean, M2)`` fold with Chan's update, the top-k and
-bottom-k candidates are re-ranked (value, then the lower sample id) and second moments add. Integers, extremes, sketches
+bottom-k candidates are re-ranked in the order they were kept (``common.unit_sketch.ranked``) and second moments add. Integers, extremes, sketches
 and top-k sets come out exactly as one job writes them; means and variances to float64 rounding
 (a different order of additions, ~1e-15 relative). Derived columns: ``variance`` (population:
 M2 / count), ``std``, ``fraction_above`` (``above / count``; a unit's dead fraction is one minus it).
@@ -17,10 +17,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from common.records import UNITS
-from hooks.unit_stats import SketchGrid, chan_merge
+from common.records import UNIT_EXAMPLES, UNIT_INPUTS, UNITS
+from common.unit_sketch import SketchGrid, chan_merge, ranked
 from runner.analysis.load import run_dirs
 from runner.store.ranks import rank_files
 
@@ -47,6 +46,44 @@ def load_units(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     merged["std"] = np.sqrt(merged.variance)
     merged["fraction_above"] = merged.above / merged["count"]
     return merged
+
+
+def load_unit_examples(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
+    """The kept top examples of the run at ``path`` (``unit_examples.parquet``), or of every run under it
+    merged like ``load_units``' top samples: per unit, the first ``examples`` of all parts in the top
+    order, ``rank`` 0 the largest; ``map`` as ``[h, w]`` float32 arrays (``None`` for a unit without
+    one). Rows in the order the first run recorded its layers (the model's call order)."""
+    tables = [pq.read_table(file) for run in run_dirs(path, on_corrupt) for _, file in rank_files(run, UNIT_EXAMPLES)]
+    if not tables:
+        raise FileNotFoundError(f"no run at or under '{path}' wrote {UNIT_EXAMPLES} (a units entry with examples > 0 "
+                                f"writes it)")
+    frame = pa.concat_tables(tables).to_pandas()
+    key = frame[KEY].astype(str).agg("/".join, axis=1)
+    unit = pd.factorize(key)[0]  # first-seen order: the first part's
+    keep = frame.groupby(unit)["rank"].transform("max").to_numpy() + 1  # what each part kept
+    order = ranked(frame.value.to_numpy(), frame["sample"].to_numpy(), True, unit)
+    frame = frame.iloc[order].assign(rank=lambda rows: rows.groupby(unit[order]).cumcount().to_numpy())
+    frame = frame[frame["rank"].to_numpy() < keep[order]].reset_index(drop=True)
+    frame["map"] = [np.asarray(m, np.float32).reshape(s) if len(s) else None for m, s in zip(frame["map"], frame.map_shape)]
+    return frame
+
+
+def load_unit_inputs(path: str | Path, on_corrupt: str = "error") -> dict[tuple[str, int], np.ndarray]:
+    """The inputs the runs at or under ``path`` kept for their top examples (``unit_inputs.parquet``), by
+    ``(hook, sample)``: an image as ``[C, H, W]`` float32, token ids as 1-D int64."""
+    found = {}
+    for run in run_dirs(path, on_corrupt):
+        for _, file in rank_files(run, UNIT_INPUTS):
+            for row in pq.read_table(file).to_pylist():
+                values = (np.asarray(row["input"], np.float32) if row["input"] else np.asarray(row["input_ids"], np.int64))
+                found[(row["hook"], row["sample"])] = values.reshape(row["input_shape"])
+    return found
+
+
+def recorded_layers(run_dir: str | Path) -> list[str]:
+    """The layers of the run's ``units.parquet`` in the order it recorded them: the model's call order."""
+    return list(dict.fromkeys(pq.read_table(rank_files(Path(run_dir), UNITS)[0][1], columns=["layer"])
+                              .column("layer").to_pylist()))
 
 
 def _read(file: Path) -> pa.Table:
@@ -76,7 +113,7 @@ def _merge(rows: pd.DataFrame) -> dict:
     out["sketch_count"] = np.array([sketch[i] for i in out["sketch_index"]], dtype=np.int64)
     for names, largest in ((_TOP, True), (_BOTTOM, False)):
         values, samples, positions = (np.concatenate(rows[name].to_list()) for name in names)
-        order = np.lexsort((samples, -values if largest else values))[:int(first.top_k)]
+        order = ranked(values, samples, largest)[:int(first.top_k)]
         out.update(zip(names, (values[order], samples[order], positions[order])))
     if len(first.second_moment):
         out["second_moment"] = np.sum(np.stack(rows.second_moment.to_list()), axis=0)
@@ -96,7 +133,7 @@ def unit_quantiles(units: pd.DataFrame, qs: list[float]) -> pd.DataFrame:
                             for index, cum, rank in zip(units.sketch_index, cumulative, ranks)], dtype=np.int64)
         values = np.empty(len(units))
         for layout, rows in layouts.items():
-            values[rows] = SketchGrid(*layout).value(torch.from_numpy(buckets[rows])).numpy()
+            values[rows] = SketchGrid(*layout).value(buckets[rows])
         out[f"q{q:g}"] = np.clip(values, units["min"].to_numpy(), units["max"].to_numpy())
     return out
 

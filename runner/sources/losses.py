@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from hooks.recorder import walk
+from common.slots import walk
 from runner.config.registry import LOSSES
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
