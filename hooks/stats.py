@@ -42,8 +42,10 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
     take one pass of the C kernel (``native.reduce_contiguous``); large CUDA tensors one compiled
-    pass (``fused_reductions``); small ones, tensor subclasses the kernel cannot read and
-    machines where neither can be built the eager passes (``eager_reductions``), as does a hook
+    pass (``fused_reductions``); the eager passes (``eager_reductions``) take small CUDA tensors,
+    tensor subclasses the kernel cannot read, CPU tensors where the kernel cannot be built or is
+    switched off (``HOOK_RUNNER_NATIVE=0``; never ``torch.compile`` on CPU) and CUDA tensors where
+    ``torch.compile`` is unavailable, as does a hook
     that ``torch.compile`` traces: torch ops go into the graph, where the kernel would break it.
     """
     x = tensor_kinds.ordinary(x, "the tensor to reduce").detach()
@@ -61,10 +63,11 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
     if torch.compiler.is_compiling():  # a hook traced by torch.compile: torch ops, in the graph, no graph break
         return eager_reductions(flat)
-    if flat.device.type == "cpu" and native.kernel() is not None:
-        flat = flat.contiguous()
-        if native.readable(flat):
-            return native.reduce_contiguous(flat)
+    if flat.device.type == "cpu":
+        if native.kernel() is not None:
+            flat = flat.contiguous()
+            if native.readable(flat):
+                return native.reduce_contiguous(flat)
     elif flat.numel() >= COMPILE_MIN_NUMEL:
         fused = compiled_reductions()
         if fused is not None:

@@ -12,10 +12,13 @@
  * summed again element by element in double (`exact_*`), which counts NaN and Inf and never
  * overflows for float32 data. Sums run around `shift` (see SHIFT), so the variance of data whose
  * mean dwarfs its spread does not cancel. A NaN anywhere makes min and max NaN, as torch.aminmax
- * gives.
+ * gives. Nothing here assumes finite values (kernel_keys.h says how min and max still vectorise).
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "kernel_keys.h"
 
 #define BLOCK 256
 
@@ -24,28 +27,29 @@ typedef struct {
     int64_t zeros, nans, infs;
 } totals_t;
 
-/* A block in its own precision. The compiler may assume no NaN or Inf here (that is what lets it
- * vectorise min and max), so this function must not test for them: a block holding one gives
- * non-finite sums, which the caller (compiled with IEEE semantics) tests. */
-#define FAST(NAME, T, ABS)                                                             \
-    __attribute__((optimize("finite-math-only")))                                    \
+/* A block in its own precision, vectorised. A block holding a NaN or an Inf gives non-finite sums
+ * (IEEE arithmetic: nothing here assumes finite values), and the caller sums it again exactly, so
+ * its extremes here need not be right for NaN. */
+#define FAST(NAME, T, K, ABS)                                                          \
     static void NAME(const T *x, int64_t n, T shift, T *sums, T *lo, T *hi, int32_t *zeros) { \
-        T sum = 0, sumsq = 0, abs_sum = 0, l = x[0], h = x[0];                       \
+        T sum = 0, sumsq = 0, abs_sum = 0;                                           \
+        K l = key_##T(x[0]), h = l;                                                  \
         int32_t z = 0;                                                               \
         for (int64_t i = 0; i < n; i++) {                                            \
             const T v = x[i], d = v - shift;                                         \
+            const K k = key_##T(v);                                                  \
             sum += d;                                                                \
             sumsq += d * d;                                                          \
             abs_sum += ABS(v);                                                       \
             z += v == 0;                                                             \
-            l = v < l ? v : l;                                                       \
-            h = v > h ? v : h;                                                       \
+            l = k < l ? k : l;                                                       \
+            h = k > h ? k : h;                                                       \
         }                                                                            \
         sums[0] = sum;                                                               \
         sums[1] = sumsq;                                                             \
         sums[2] = abs_sum;                                                           \
-        *lo = l;                                                                     \
-        *hi = h;                                                                     \
+        *lo = value_##T(l);                                                          \
+        *hi = value_##T(h);                                                          \
         *zeros = z;                                                                  \
     }
 
@@ -119,8 +123,8 @@ typedef struct {
 
 SHIFT(shift_f32, float)
 SHIFT(shift_f64, double)
-FAST(fast_f32, float, fabsf)
-FAST(fast_f64, double, fabs)
+FAST(fast_f32, float, int32_t, fabsf)
+FAST(fast_f64, double, int64_t, fabs)
 EXACT(exact_f32, float)
 EXACT(exact_f64, double)
 REDUCE(reduce_f32, fast_f32, exact_f32, float)
