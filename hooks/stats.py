@@ -30,6 +30,10 @@ RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "n
 #: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
 COMPILE_MIN_NUMEL = 1 << 12
 
+#: Below this magnitude float32 squares lose their digits to underflow: a float32 tensor (the C
+#: kernel: a block) of smaller magnitudes only is summed in float64.
+TINY = 2.0 ** -60
+
 _compiled = None  # the compiled ``fused_reductions``, built on first use; False when unavailable
 
 
@@ -110,7 +114,8 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
     NaN and ±Inf, ``x != x`` exactly at NaN. Small tensors (below ``COMPILE_MIN_NUMEL``) and CUDA
     tensors are summed in float64 outright; a large float32 CPU tensor is summed in float32 (the
-    fast path), and again in float64 only when a sum overflowed although every element is finite.
+    fast path), and again in float64 only when a sum overflowed although every element is finite,
+    or when every magnitude is below ``TINY``.
     A hook that ``torch.compile`` traces sums in float64 outright: that check reads a tensor's value
     in Python (a graph break per call), while the graph fuses the widening into the reduction.
     """
@@ -121,7 +126,8 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     narrow = (flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
               and not torch.compiler.is_compiling())
     sums = _sums(flat, shift) if narrow else _sums(flat.double(), shift.double())
-    if narrow and not bool(torch.isfinite(torch.stack(sums)).all()) and not bool(nonfinite):
+    if narrow and not bool(nonfinite) and (not bool(torch.isfinite(torch.stack(sums)).all())
+                                           or float(torch.maximum(-lo, hi)) < TINY):
         sums = _sums(flat.double(), shift.double())
     parts = (
         *sums,

@@ -70,16 +70,18 @@ typedef struct {
         }                                                                            \
     }
 
-/* The whole tensor, block by block: a block whose fast sums are finite is added as it is,
- * any other is summed again exactly. */
-#define REDUCE(NAME, FAST_NAME, EXACT_NAME, T)                                         \
+/* The whole tensor, block by block: a block whose fast sums are finite is added as it is, any
+ * other is summed again exactly, as is a block of magnitudes all below `tiny` (float32 squares
+ * below 2^-60 lose their digits to underflow; hooks.stats.eager_reductions does the same). */
+#define REDUCE(NAME, FAST_NAME, EXACT_NAME, T, TINY)                                   \
     static void NAME(const T *x, int64_t n, double shift, totals_t *t) {            \
         for (int64_t start = 0; start < n; start += BLOCK) {                         \
             const int64_t m = n - start < BLOCK ? n - start : BLOCK;                 \
             T sums[3], lo, hi;                                                       \
             int32_t zeros;                                                           \
             FAST_NAME(x + start, m, (T)shift, sums, &lo, &hi, &zeros);               \
-            if (!(isfinite(sums[0]) && isfinite(sums[1]) && isfinite(sums[2]))) {    \
+            if (!(isfinite(sums[0]) && isfinite(sums[1]) && isfinite(sums[2]))       \
+                || (hi > -lo ? hi : -lo) < (TINY)) {                                 \
                 EXACT_NAME(x + start, m, shift, t);                                  \
                 continue;                                                            \
             }                                                                        \
@@ -127,8 +129,8 @@ FAST(fast_f32, float, int32_t, fabsf)
 FAST(fast_f64, double, int64_t, fabs)
 EXACT(exact_f32, float)
 EXACT(exact_f64, double)
-REDUCE(reduce_f32, fast_f32, exact_f32, float)
-REDUCE(reduce_f64, fast_f64, exact_f64, double)
+REDUCE(reduce_f32, fast_f32, exact_f32, float, 0x1p-60f)
+REDUCE(reduce_f64, fast_f64, exact_f64, double, 0.0)
 
 /* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
 void hr_reduce(const void *x, int64_t n, int is_double, double *out) {
