@@ -114,8 +114,9 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
     NaN and ±Inf, ``x != x`` exactly at NaN. Small tensors (below ``COMPILE_MIN_NUMEL``) and CUDA
     tensors are summed in float64 outright; a large float32 CPU tensor is summed in float32 (the
-    fast path), and again in float64 only when a sum overflowed although every element is finite,
-    or when every magnitude is below ``TINY``.
+    fast path), and again in float64 only when a sum is not finite (a float32 sum of finite values
+    may overflow, and meet an infinity of the other sign: NaN where float64 gives the infinity, as
+    the C kernel does) or when every magnitude is below ``TINY``.
     A hook that ``torch.compile`` traces sums in float64 outright: that check reads a tensor's value
     in Python (a graph break per call), while the graph fuses the widening into the reduction.
     """
@@ -126,8 +127,7 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     narrow = (flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
               and not torch.compiler.is_compiling())
     sums = _sums(flat, shift) if narrow else _sums(flat.double(), shift.double())
-    if narrow and not bool(nonfinite) and (not bool(torch.isfinite(torch.stack(sums)).all())
-                                           or float(torch.maximum(-lo, hi)) < TINY):
+    if narrow and (not bool(torch.isfinite(torch.stack(sums)).all()) or float(torch.maximum(-lo, hi)) < TINY):
         sums = _sums(flat.double(), shift.double())
     parts = (
         *sums,

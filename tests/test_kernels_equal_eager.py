@@ -22,7 +22,7 @@ from torch import nn
 
 from conftest import built, make_config, run, stats_of
 from hooks import native
-from hooks.stats import reduce_tensor, summarize
+from hooks.stats import eager_reductions, reduce_tensor, summarize
 from hooks.unit_stats import SketchGrid, UnitStats
 from runner.analysis.units import load_units
 
@@ -133,6 +133,19 @@ def test_magnitudes_whose_float32_squares_underflow_have_the_float64_spread_on_b
         assert got["l2"][0] == pytest.approx(x.double().norm().item(), rel=1e-6, abs=0)
 
 
+def test_float32_sums_that_overflow_beside_an_infinity_give_float64_s_infinity_on_both_paths():
+    """Two values of 3e38 overflow a float32 sum, which then meets -inf: NaN, where float64 (and the
+    kernel, whose blocks holding an infinity are summed in float64) gives -inf. The eager float32 sums
+    of 4,096 elements or more are taken again in float64 whenever they are not finite."""
+    x = torch.randn(4100, generator=torch.Generator().manual_seed(0)) * 1e-3
+    x[[1, 2, 9]] = torch.tensor([3e38, -INF, 3e38])
+    built(native.kernel(), "statistics kernel")
+    want = x.double().mean().item()
+    assert want == -INF
+    for raw in (reduce_tensor(x), eager_reductions(x)):
+        assert summarize(raw.numpy()[None], np.array([x.numel()]))["mean"][0] == want
+
+
 def test_a_row_with_one_nan_has_nan_extremes_at_the_nan_and_leads_the_top_k_as_in_pytorch():
     """The issue's case: one NaN in a conv-sized batch. PyTorch's ``max(dim)`` and ``min(dim)`` give NaN at the
     first NaN, and ``topk`` ranks NaN above every number; the kernel gave the row's finite extremes."""
@@ -172,6 +185,13 @@ def test_float64_values_whose_squares_overflow_give_a_non_finite_spread_on_both_
         np.testing.assert_allclose(kernel[key], eager[key], rtol=1e-12)
     assert (kernel["l2"][0], math.isnan(eager["l2"][0])) == (INF, True)  # pinned: fix both, then this line
     assert not np.isfinite(kernel["std"][0]) and not np.isfinite(eager["std"][0])
+    built(native.units_kernel(), "units kernel")
+    maps = x.view(3, 1, 100)
+    kernel = unit_state([maps], 100)
+    with eager_only():
+        eager = unit_state([maps], 100)
+    assert not kernel["m2"].isfinite().any() and not eager["m2"].isfinite().any()
+    assert torch.equal(kernel["max"], eager["max"]) and torch.equal(kernel["top_position"], eager["top_position"])
 
 
 class Poisoned(nn.Module):
