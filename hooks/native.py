@@ -9,7 +9,12 @@ fights PyTorch's on the same cores. ctypes releases the GIL while the kernel run
 The build takes well under a second with the machine's C compiler (``$CC``, else ``cc``) and is
 cached per source, flags and CPU (it is tuned with ``-march=native``, so a node with another
 CPU builds its own) in ``$HOOK_RUNNER_CACHE`` or ``~/.cache/hook-runner``. Without a compiler
-the statistics fall back to eager PyTorch, with one warning.
+the statistics fall back to eager PyTorch, with one warning: the compiler is tried once per
+process, not once per kernel or per run.
+
+The kernels give the eager reductions' statistics on every input, NaN and Inf included (no
+finite-math assumption anywhere: ``kernel_keys.h``). ``HOOK_RUNNER_NATIVE=0`` turns them off:
+nothing is built and the eager PyTorch reductions run wherever a kernel would have.
 """
 from __future__ import annotations
 
@@ -29,6 +34,11 @@ from common.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("stats_kernel.c")
 UNITS_SOURCE = Path(__file__).with_name("units_kernel.c")
+#: The header both kernels include: part of every build's cache key.
+HEADER = Path(__file__).with_name("kernel_keys.h")
+#: The switch: ``HOOK_RUNNER_NATIVE=0`` runs the eager PyTorch reductions wherever a kernel would run.
+SWITCH = "HOOK_RUNNER_NATIVE"
+SWITCH_VALUES = {"1": True, "0": False}
 
 #: Reassociation lets the compiler vectorise the sums; no finite-math, so NaN and Inf compare as IEEE says.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
@@ -39,6 +49,17 @@ OPENMP = ("-fopenmp",)
 
 _kernel = None  # the loaded ``hr_reduce``; False once the build failed
 _units_kernel = None  # the loaded ``hr_units``; False once the build failed
+_no_compiler = None  # the compiler command that could not be run: no kernel tries it again in this process
+
+
+def enabled() -> bool:
+    """Whether the C kernels may run: ``HOOK_RUNNER_NATIVE`` unset or 1; 0 turns them off (read on
+    every call, so a process may switch). Any other value is refused in one line."""
+    value = os.environ.get(SWITCH, "1").strip()
+    if value not in SWITCH_VALUES:
+        raise ConfigError(f"{SWITCH}={value!r}: valid: 1 (the C statistics kernels, the default) or 0 (eager "
+                          f"PyTorch reductions)")
+    return SWITCH_VALUES[value]
 
 
 def cache_dir() -> Path:
@@ -57,7 +78,7 @@ def _cpu_signature() -> str:
 
 
 def library_path(compiler: str, source: Path = SOURCE, extra: tuple[str, ...] = ()) -> Path:
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, *FLAGS, *extra, platform.machine(),
+    key = hashlib.sha256("\0".join([source.read_text(), HEADER.read_text(), compiler, *FLAGS, *extra, platform.machine(),
                                     _cpu_signature()]).encode()).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
 
@@ -77,8 +98,11 @@ def build(compiler: str, target: Path, source: Path = SOURCE, extra: tuple[str, 
 
 
 def kernel():
-    """The ``hr_reduce`` C function, built on first use; None where it cannot be built (one warning)."""
+    """The ``hr_reduce`` C function, built on first use; None where it cannot be built (one warning)
+    or the switch is off."""
     global _kernel
+    if not enabled():
+        return None
     if _kernel is None:
         _kernel = _load(SOURCE, "hr_reduce", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p])
     return _kernel or None
@@ -86,8 +110,10 @@ def kernel():
 
 def units_kernel():
     """The ``hr_units`` C function (``units_kernel.c`` says what it takes), built on first use; None
-    where it cannot be built (one warning): ``units`` then takes eager PyTorch passes."""
+    where it cannot be built (one warning) or the switch is off: ``units`` then takes eager PyTorch passes."""
     global _units_kernel
+    if not enabled():
+        return None
     if _units_kernel is None:
         i64, f64, ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
         _units_kernel = _load(UNITS_SOURCE, "hr_units", [ptr, ctypes.c_int, i64, i64, i64, ptr, f64, f64, f64, i64,
@@ -103,8 +129,12 @@ def compiler_command() -> str:
 
 def _load(source: Path, symbol: str, argtypes: list, extras: tuple[tuple[str, ...], ...] = ((),)):
     """``symbol`` of ``source`` built (or found in the cache) and loaded, with the first of ``extras`` (flags
-    beyond ``FLAGS``) the compiler accepts; False, with one warning, where it cannot be built."""
+    beyond ``FLAGS``) the compiler accepts; False, with one warning, where it cannot be built. A compiler
+    that could not be run at all is not run again for the other kernel: one warning in all."""
+    global _no_compiler
     compiler = compiler_command()
+    if compiler == _no_compiler:
+        return False
     try:
         for i, extra in enumerate(extras):
             path = library_path(compiler, source, extra)
@@ -121,8 +151,13 @@ def _load(source: Path, symbol: str, argtypes: list, extras: tuple[tuple[str, ..
         return fn
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else exc
-        warnings.warn(f"the {source.stem.replace('_', ' ')} could not be built ({detail}); statistics use eager "
-                      f"PyTorch reductions, which are slower", RuntimeWarning, stacklevel=3)
+        if isinstance(exc, OSError) and exc.filename == compiler:
+            _no_compiler = compiler
+            what = "the C statistics kernels could not be built"
+        else:
+            what = f"the {source.stem.replace('_', ' ')} could not be built"
+        warnings.warn(f"{what} ({detail}); statistics use eager PyTorch reductions, which are slower "
+                      f"({SWITCH}=0 skips the build)", RuntimeWarning, stacklevel=3)
         return False
 
 

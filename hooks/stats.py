@@ -30,6 +30,10 @@ RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "n
 #: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
 COMPILE_MIN_NUMEL = 1 << 12
 
+#: Below this magnitude float32 squares lose their digits to underflow: a float32 tensor (the C
+#: kernel: a block) of smaller magnitudes only is summed in float64.
+TINY = 2.0 ** -60
+
 _compiled = None  # the compiled ``fused_reductions``, built on first use; False when unavailable
 
 
@@ -42,8 +46,10 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     so nothing overflows. Sums are taken around the first finite-or-zero element (``shift``), so
     the variance of a tensor whose mean dwarfs its spread does not cancel to noise. CPU tensors
     take one pass of the C kernel (``native.reduce_contiguous``); large CUDA tensors one compiled
-    pass (``fused_reductions``); small ones, tensor subclasses the kernel cannot read and
-    machines where neither can be built the eager passes (``eager_reductions``), as does a hook
+    pass (``fused_reductions``); the eager passes (``eager_reductions``) take small CUDA tensors,
+    tensor subclasses the kernel cannot read, CPU tensors where the kernel cannot be built or is
+    switched off (``HOOK_RUNNER_NATIVE=0``; never ``torch.compile`` on CPU) and CUDA tensors where
+    ``torch.compile`` is unavailable, as does a hook
     that ``torch.compile`` traces: torch ops go into the graph, where the kernel would break it.
     """
     x = tensor_kinds.ordinary(x, "the tensor to reduce").detach()
@@ -61,10 +67,11 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
     if torch.compiler.is_compiling():  # a hook traced by torch.compile: torch ops, in the graph, no graph break
         return eager_reductions(flat)
-    if flat.device.type == "cpu" and native.kernel() is not None:
-        flat = flat.contiguous()
-        if native.readable(flat):
-            return native.reduce_contiguous(flat)
+    if flat.device.type == "cpu":
+        if native.kernel() is not None:
+            flat = flat.contiguous()
+            if native.readable(flat):
+                return native.reduce_contiguous(flat)
     elif flat.numel() >= COMPILE_MIN_NUMEL:
         fused = compiled_reductions()
         if fused is not None:
@@ -107,7 +114,9 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     Counts use ``count_nonzero``, the one fast boolean reduction: ``x - x`` is non-zero exactly at
     NaN and ±Inf, ``x != x`` exactly at NaN. Small tensors (below ``COMPILE_MIN_NUMEL``) and CUDA
     tensors are summed in float64 outright; a large float32 CPU tensor is summed in float32 (the
-    fast path), and again in float64 only when a sum overflowed although every element is finite.
+    fast path), and again in float64 only when a sum is not finite (a float32 sum of finite values
+    may overflow, and meet an infinity of the other sign: NaN where float64 gives the infinity, as
+    the C kernel does) or when every magnitude is below ``TINY``.
     A hook that ``torch.compile`` traces sums in float64 outright: that check reads a tensor's value
     in Python (a graph break per call), while the graph fuses the widening into the reduction.
     """
@@ -118,7 +127,7 @@ def eager_reductions(flat: torch.Tensor) -> torch.Tensor:
     narrow = (flat.dtype != torch.float64 and flat.numel() >= COMPILE_MIN_NUMEL and not flat.is_cuda
               and not torch.compiler.is_compiling())
     sums = _sums(flat, shift) if narrow else _sums(flat.double(), shift.double())
-    if narrow and not bool(torch.isfinite(torch.stack(sums)).all()) and not bool(nonfinite):
+    if narrow and (not bool(torch.isfinite(torch.stack(sums)).all()) or float(torch.maximum(-lo, hi)) < TINY):
         sums = _sums(flat.double(), shift.double())
     parts = (
         *sums,

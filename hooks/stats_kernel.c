@@ -12,10 +12,13 @@
  * summed again element by element in double (`exact_*`), which counts NaN and Inf and never
  * overflows for float32 data. Sums run around `shift` (see SHIFT), so the variance of data whose
  * mean dwarfs its spread does not cancel. A NaN anywhere makes min and max NaN, as torch.aminmax
- * gives.
+ * gives. Nothing here assumes finite values (kernel_keys.h says how min and max still vectorise).
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "kernel_keys.h"
 
 #define BLOCK 256
 
@@ -24,28 +27,29 @@ typedef struct {
     int64_t zeros, nans, infs;
 } totals_t;
 
-/* A block in its own precision. The compiler may assume no NaN or Inf here (that is what lets it
- * vectorise min and max), so this function must not test for them: a block holding one gives
- * non-finite sums, which the caller (compiled with IEEE semantics) tests. */
-#define FAST(NAME, T, ABS)                                                             \
-    __attribute__((optimize("finite-math-only")))                                    \
+/* A block in its own precision, vectorised. A block holding a NaN or an Inf gives non-finite sums
+ * (IEEE arithmetic: nothing here assumes finite values), and the caller sums it again exactly, so
+ * its extremes here need not be right for NaN. */
+#define FAST(NAME, T, K, ABS)                                                          \
     static void NAME(const T *x, int64_t n, T shift, T *sums, T *lo, T *hi, int32_t *zeros) { \
-        T sum = 0, sumsq = 0, abs_sum = 0, l = x[0], h = x[0];                       \
+        T sum = 0, sumsq = 0, abs_sum = 0;                                           \
+        K l = key_##T(x[0]), h = l;                                                  \
         int32_t z = 0;                                                               \
         for (int64_t i = 0; i < n; i++) {                                            \
             const T v = x[i], d = v - shift;                                         \
+            const K k = key_##T(v);                                                  \
             sum += d;                                                                \
             sumsq += d * d;                                                          \
             abs_sum += ABS(v);                                                       \
             z += v == 0;                                                             \
-            l = v < l ? v : l;                                                       \
-            h = v > h ? v : h;                                                       \
+            l = k < l ? k : l;                                                       \
+            h = k > h ? k : h;                                                       \
         }                                                                            \
         sums[0] = sum;                                                               \
         sums[1] = sumsq;                                                             \
         sums[2] = abs_sum;                                                           \
-        *lo = l;                                                                     \
-        *hi = h;                                                                     \
+        *lo = value_##T(l);                                                          \
+        *hi = value_##T(h);                                                          \
         *zeros = z;                                                                  \
     }
 
@@ -66,16 +70,18 @@ typedef struct {
         }                                                                            \
     }
 
-/* The whole tensor, block by block: a block whose fast sums are finite is added as it is,
- * any other is summed again exactly. */
-#define REDUCE(NAME, FAST_NAME, EXACT_NAME, T)                                         \
+/* The whole tensor, block by block: a block whose fast sums are finite is added as it is, any
+ * other is summed again exactly, as is a block of magnitudes all below `tiny` (float32 squares
+ * below 2^-60 lose their digits to underflow; hooks.stats.eager_reductions does the same). */
+#define REDUCE(NAME, FAST_NAME, EXACT_NAME, T, TINY)                                   \
     static void NAME(const T *x, int64_t n, double shift, totals_t *t) {            \
         for (int64_t start = 0; start < n; start += BLOCK) {                         \
             const int64_t m = n - start < BLOCK ? n - start : BLOCK;                 \
             T sums[3], lo, hi;                                                       \
             int32_t zeros;                                                           \
             FAST_NAME(x + start, m, (T)shift, sums, &lo, &hi, &zeros);               \
-            if (!(isfinite(sums[0]) && isfinite(sums[1]) && isfinite(sums[2]))) {    \
+            if (!(isfinite(sums[0]) && isfinite(sums[1]) && isfinite(sums[2]))       \
+                || (hi > -lo ? hi : -lo) < (TINY)) {                                 \
                 EXACT_NAME(x + start, m, shift, t);                                  \
                 continue;                                                            \
             }                                                                        \
@@ -119,12 +125,12 @@ typedef struct {
 
 SHIFT(shift_f32, float)
 SHIFT(shift_f64, double)
-FAST(fast_f32, float, fabsf)
-FAST(fast_f64, double, fabs)
+FAST(fast_f32, float, int32_t, fabsf)
+FAST(fast_f64, double, int64_t, fabs)
 EXACT(exact_f32, float)
 EXACT(exact_f64, double)
-REDUCE(reduce_f32, fast_f32, exact_f32, float)
-REDUCE(reduce_f64, fast_f64, exact_f64, double)
+REDUCE(reduce_f32, fast_f32, exact_f32, float, 0x1p-60f)
+REDUCE(reduce_f64, fast_f64, exact_f64, double, 0.0)
 
 /* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
 void hr_reduce(const void *x, int64_t n, int is_double, double *out) {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ def cli(overrides, out_dir) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     execute(cfg, out_dir, overrides)
+
+
+def built(kernel, what: str):
+    """``kernel`` (a C kernel of ``hooks.native``, None where it is not built): a test that needs it is
+    skipped on a machine without a C compiler (the default suite passes there too) and fails on one
+    whose compiler failed to build it."""
+    from hooks import native
+
+    if kernel is None and shutil.which(native.compiler_command()) is None:
+        pytest.skip(f"no C compiler: the {what} cannot be built")
+    assert kernel is not None, f"the {what} could not be built on this machine"
+    return kernel
 
 
 def run(cfg, out_dir, overrides=()) -> Path:

@@ -17,7 +17,7 @@ import torch
 from sklearn.datasets import load_digits
 from torchvision import datasets, transforms
 
-from conftest import image_folder_of, make_config, run
+from conftest import built, image_folder_of, make_config, run
 from common.errors import ConfigError
 from runner.analysis.units import layer_second_moment, load_unit_examples, load_unit_inputs, load_units, unit_quantiles
 from runner.engine.plan import compile_plan
@@ -423,7 +423,7 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
     from common.unit_sketch import SketchGrid
     from hooks.unit_stats import UnitStats
 
-    assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
+    built(native.units_kernel(), "units kernel")
     grid = SketchGrid(relative_error, 1e-6, 1e6)
     edge = torch.from_numpy(grid.edges(np.array([grid.first + 40]))[0])  # a bucket's smallest float32, and the one below
     below = torch.nextafter(edge.float(), torch.zeros(1)).double()
@@ -506,9 +506,9 @@ def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
     batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
     from hooks import native
 
-    assert native.units_kernel() is not None, "the units kernel could not be built on this machine"
-    built = native.library_path(native.compiler_command(), native.UNITS_SOURCE, native.OPENMP)
-    assert b"GOMP_parallel" in built.read_bytes(), "the kernel was built without OpenMP: one thread only"
+    built(native.units_kernel(), "units kernel")
+    library = native.library_path(native.compiler_command(), native.UNITS_SOURCE, native.OPENMP)
+    assert b"GOMP_parallel" in library.read_bytes(), "the kernel was built without OpenMP: one thread only"
     states, threads = [], torch.get_num_threads()
     try:
         for n in (1, 2):
@@ -533,7 +533,7 @@ def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monke
     monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "OPENMP", ("-fno-such-flag-anywhere",))
     monkeypatch.setattr(native, "_units_kernel", None)
-    assert native.units_kernel() is not None
+    built(native.units_kernel(), "units kernel")
     assert [p.name for p in tmp_path.iterdir()] == [native.library_path(native.compiler_command(), native.UNITS_SOURCE).name]
     x, grid = torch.randn(4, 3, 9), SketchGrid(0.01, 1e-6, 1e6)
     kernel = UnitStats(3, 2, 0.0, grid, False, [9])
