@@ -57,7 +57,7 @@ class SketchGrid:
     def index(self, x: np.ndarray) -> np.ndarray:
         """The bucket of each value of ``x``, monotone in the value, as the C kernel gives it."""
         x = np.asarray(x)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # float64 beyond float32's range: the last bucket
             magnitude = np.abs(x.astype(np.float32))
             key = np.clip(self.key(magnitude) - self.first, 0, self.last - self.first)
             index = np.where(x > 0, self.side + 1 + key, self.side - 1 - key)
