@@ -14,6 +14,11 @@ the model itself ranks first at that position (its output's argmax: where in dep
 forms); ``next`` is the input's next token (the last position has none: target -1, NaN, rank -1); an
 integer is that token at every position. The rows of a pass are made when the model returns (the
 final target is known then). Passes run aside (the clean pass of ``patch``) and on the meta device add no rows.
+
+The lens's own reading is invisible to every other hook: it runs the two modules' ``forward``
+rather than calling the modules, so no hook on them (another entry's, a user's, PyTorch's global
+module hooks) sees it, nothing changes what it reads, and their call numbers stay the model's (a
+``patch`` on ``lm_head`` from a run made without the lens matches the model's own call).
 """
 from __future__ import annotations
 
@@ -111,7 +116,8 @@ class LogitLens(SampleOutputs):
         if not self.session.recorder.enabled:
             return  # a pass aside, or a step sample.every leaves out
         with torch.no_grad():
-            self._pending.append((layer, samples, self._unembedding(self._norm(x.detach())).double().cpu()))
+            logits = self._unembedding.forward(self._norm.forward(x.detach()))  # not a module call: see the docstring
+            self._pending.append((layer, samples, logits.double().cpu()))
 
     def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:
         pending, self._pending = self._pending, []
