@@ -153,6 +153,9 @@ class Recorder:
         self._calls_total: dict[tuple, int] = {}  # the counts of finished steps
         self._calls: dict[tuple, int] = {}
         self._backward_calls: dict[tuple, int] = {}
+        #: ``(hook, layer, phase, kind, slot)`` of the rows made from a ``DTensor``: each the whole
+        #: tensor's, which every rank records alike (``common.ranks.SAME_ON_EVERY_RANK``)
+        self.same_on_every_rank: set[tuple[str, str, str, str, str]] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -256,12 +259,15 @@ class Recorder:
             tensor = self._sample(tensor)
         if tensor.is_nested:
             tensor = tensor_kinds.nested_elements(tensor)
-        shard = None
-        if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
+        shard, whole = None, shards.is_sharded(tensor)
+        if whole:  # a DTensor: its whole values when kept, else the local shard
             tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
+        slots = [f"{slot}.real", f"{slot}.imag"] if tensor.is_complex() else [slot]
+        if whole:
+            self.same_on_every_rank.update((hook, layer, phase, kind, s) for s in slots)
         if tensor.is_complex():
-            for part, values in (("real", tensor.real), ("imag", tensor.imag)):
-                self._append(values, dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)
+            for part, values in zip(slots, (tensor.real, tensor.imag)):
+                self._append(values, dtype, hook, layer, phase, kind, part, call, keep, shard)
         else:
             self._append(tensor, dtype, hook, layer, phase, kind, slot, call, keep, shard)
 
