@@ -22,6 +22,7 @@ module hooks) sees it, nothing changes what it reads, and their call numbers sta
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,20 @@ def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
         raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; the logit lens reads a causal language "
                           f"model; valid: {', '.join(CAUSAL_MODELS)}")
     return norms[-1], unembedding
+
+
+def own_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module.forward(x)``: the lens's reading, which no hook on ``module`` sees (see the module doc). A
+    module FSDP2 shards on its own has its parameters gathered around it (``unshard``/``reshard``), as its
+    own hooks would gather them; every rank reads the same blocks, so the ranks gather together."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # imported by whoever sharded the model
+    if fsdp is None or not isinstance(module, fsdp.FSDPModule):
+        return module.forward(x)
+    module.unshard()
+    try:
+        return module.forward(x)
+    finally:
+        module.reshard()
 
 
 @register("logit_lens")
@@ -116,7 +131,7 @@ class LogitLens(SampleOutputs):
         if not self.session.recorder.enabled:
             return  # a pass aside, or a step sample.every leaves out
         with torch.no_grad():
-            logits = self._unembedding.forward(self._norm.forward(x.detach()))  # not a module call: see the docstring
+            logits = own_call(self._unembedding, own_call(self._norm, x.detach()))
             self._pending.append((layer, samples, logits.double().cpu()))
 
     def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import runner
 import runner.analysis as analysis
 from conftest import make_config, run
 from runner.analysis.lens import load_lens
@@ -88,3 +89,45 @@ def by_hand_unpatched_position() -> torch.Tensor:
     torch.manual_seed(0)
     with torch.no_grad():
         return gpt2_tiny().eval()(batches("data.seed=1")[0]).logits[:, POSITION]
+
+
+def untied_gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = gpt2_tiny().eval()
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # FSDP2 can shard it alone
+    return model
+
+
+def test_the_lens_reads_through_an_unembedding_fsdp2_shards_on_its_own(tmp_path):
+    """``lm_head`` in an FSDP2 group of its own is sharded while the blocks run: the lens gathers it for its
+    reading (one rank, gloo, in this process) and gives the unsharded model's lens."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    x = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(3))
+    plain, blocks = untied_gpt2(), {}
+    for i, block in enumerate(plain.transformer.h):
+        block.register_forward_hook(lambda m, a, out, i=i: blocks.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        plain(x)
+        hand = {i: plain.lm_head(plain.transformer.ln_f(h)).double() for i, h in blocks.items()}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh, model = init_device_mesh("cpu", (1,)), untied_gpt2()
+        for module in [*model.transformer.h, model.lm_head]:
+            fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        with runner.attach(model, hooks=["logit_lens"], overrides=["hooks.logit_lens.top_k=3"],
+                           out_dir=tmp_path / "run") as run:
+            with torch.no_grad():
+                model(x)
+            run.step()
+    finally:
+        dist.destroy_process_group()
+    lens = load_lens(tmp_path / "run")
+    assert len(lens) == 2 * 2 * 16
+    for row in lens.itertuples():
+        logits = hand[row.block][row.sample, row.position]
+        assert list(row.top_ids) == logits.topk(3).indices.tolist()
+        assert row.target_logit == pytest.approx(float(logits[row.target]), rel=1e-5)
