@@ -1,6 +1,7 @@
 """``HookSession``: the one owner of every handle a run registers, removed on exit whatever happens."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from hooks.base import HookType
 
 FORWARD_KINDS = frozenset({"input", "output", "saved"})
+
+
+class LostRowsWarning(UserWarning):
+    """Rows an entry would record that the loop made impossible to record (said once they are lost)."""
 
 
 class Silence(NamedTuple):
@@ -50,7 +55,9 @@ class HookSession:
     before that (``model.zero_grad()`` with no optimizer) leaves them recorded as they landed: the
     same hook keeps a reference to the ``.grad`` of each parameter an entry reads after backward
     (``HookType.grads_after_backward``; no copy, and nothing at all when no entry reads one), and
-    ``landed_grad`` hands it out where ``.grad`` is gone. A backward that reaches no
+    ``landed_grad`` hands it out where ``.grad`` is gone. A ``.grad`` freed inside backward, before
+    that hook ran (an optimizer in backward: ``post_accumulate`` with ``op: sgd``), cannot be
+    recorded after it: one warning names the entry and the parameters. A backward that reaches no
     trainable parameter marks nothing: call ``backward(loss)`` there.
 
     Example:
@@ -225,8 +232,22 @@ class HookSession:
         self._grads_landed = False
         for hook in self._attached:
             hook.after_backward(self.recorder)
+        self._say_freed()
         self._landed.clear()
         self.check_lifetimes()
+
+    def _say_freed(self) -> None:
+        """Warn, per entry, of the parameters whose ``.grad`` was freed inside backward: their rows are lost."""
+        freed = {pid for pid, grad in self._landed.items() if grad is None}
+        if not freed:
+            return
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        for hook in self._attached:
+            gone = [names[id(p)] for p in hook.grads_after_backward() if id(p) in freed]
+            if gone:
+                warnings.warn(f"{hook.key} recorded no after_backward row of {', '.join(gone)}: its .grad was freed "
+                              f"inside backward (an optimizer in backward, e.g. post_accumulate with op=sgd)",
+                              LostRowsWarning, stacklevel=2)
 
     # -- silent entries -------------------------------------------------------------------------
     def silent(self) -> list[Silence]:

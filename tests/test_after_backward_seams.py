@@ -10,6 +10,7 @@ from torch import nn
 
 import runner
 import runner.analysis as analysis
+from hooks.session import LostRowsWarning
 
 MAX = 0.001  #: the clip entry's upper bound (its lower: the preset's -0.01)
 
@@ -63,3 +64,21 @@ def test_gradients_dropped_before_the_step_ends_are_recorded_as_they_landed(tmp_
         assert row.l2 == pytest.approx(float(grad.norm()), rel=1e-6)
         assert row.mean == pytest.approx(float(grad.mean()), rel=1e-6, abs=1e-12)
         assert row.max == pytest.approx(float(grad.max()), rel=1e-6, abs=1e-12)
+
+
+def test_gradients_freed_inside_backward_are_said_lost_in_one_line(tmp_path):
+    """An optimizer in backward (``post_accumulate`` with ``op: sgd``) frees each ``.grad`` before backward
+    ends: the clip entry's after_backward rows cannot be recorded, and a warning names the entry and them."""
+    model = mlp()
+    hooks = {"sgd": {"type": "post_accumulate", "layers": "**", "op": "sgd", "lr": 0.1},
+             "clip": {"type": "clamp", "layers": "**", "max": MAX}}
+    with pytest.warns(LostRowsWarning) as said, runner.attach(model, hooks=hooks, out_dir=tmp_path / "run") as run:
+        for (x, y), in batches(1, 1):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            run.step(loss)
+    assert [str(w.message) for w in said if w.category is LostRowsWarning] == [
+        "hooks.clip recorded no after_backward row of 0.weight, 0.bias, 2.weight, 2.bias: its .grad was freed inside "
+        "backward (an optimizer in backward, e.g. post_accumulate with op=sgd)"]
+    rows = analysis.load_stats(tmp_path / "run")
+    assert "after_backward" not in set(rows.phase) and len(rows[rows.hook == "clip"]) == 8  # backward: 4 param_grad, 4 clipped
