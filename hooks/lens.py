@@ -18,7 +18,8 @@ final target is known then). Passes run aside (the clean pass of ``patch``) and 
 The lens's own reading is invisible to every other hook: it runs the two modules' ``forward``
 rather than calling the modules, so no hook on them (another entry's, a user's, PyTorch's global
 module hooks) sees it, nothing changes what it reads, and their call numbers stay the model's (a
-``patch`` on ``lm_head`` from a run made without the lens matches the model's own call).
+``patch`` on ``lm_head`` from a run made without the lens matches the model's own call). Submodules
+of their own, which neither has in the models the lens reads (GPT-2's, Llama's), would be called as modules.
 """
 from __future__ import annotations
 

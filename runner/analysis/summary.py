@@ -119,11 +119,11 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
 def once_per_tensor(stats: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     """``stats`` of one run with each tensor's row once: of the rows every rank records alike (its first
     part's ``SAME_ON_EVERY_RANK``), the first rank's only; every rank's own rows stay."""
-    ranks = (read_manifest(run_dir) or {}).get("ranks") or {}
-    if stats.empty or stats["rank"].nunique() < 2 or not ranks:
+    if stats.empty or stats["rank"].nunique() < 2:
         return stats
+    ranks = read_manifest(run_dir)["ranks"]  # rows of several ranks: a run over its ranks' parts
     first = min(ranks, key=int)
-    same = (read_manifest(run_dir / ranks[first]) or {}).get(SAME_ON_EVERY_RANK) or []
+    same = read_manifest(run_dir / ranks[first]).get(SAME_ON_EVERY_RANK) or []
     elsewhere = stats["rank"] != int(first)
     if same is True:
         return stats[~elsewhere]
