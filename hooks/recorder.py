@@ -259,15 +259,14 @@ class Recorder:
             tensor = self._sample(tensor)
         if tensor.is_nested:
             tensor = tensor_kinds.nested_elements(tensor)
-        shard, whole = None, shards.is_sharded(tensor)
-        if whole:  # a DTensor: its whole values when kept, else the local shard
+        shard = None
+        if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
             tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
-        slots = [f"{slot}.real", f"{slot}.imag"] if tensor.is_complex() else [slot]
-        if whole:
-            self.same_on_every_rank.update((hook, layer, phase, kind, s) for s in slots)
+            parts = (f"{slot}.real", f"{slot}.imag") if tensor.is_complex() else (slot,)
+            self.same_on_every_rank.update((hook, layer, phase, kind, part) for part in parts)
         if tensor.is_complex():
-            for part, values in zip(slots, (tensor.real, tensor.imag)):
-                self._append(values, dtype, hook, layer, phase, kind, part, call, keep, shard)
+            for part, values in (("real", tensor.real), ("imag", tensor.imag)):
+                self._append(values, dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)
         else:
             self._append(tensor, dtype, hook, layer, phase, kind, slot, call, keep, shard)
 

@@ -8,8 +8,9 @@ norm when it recorded no gradient) and the layers that look dead or non-finite
 (``load.abnormal``). A run of several ranks counts each tensor once: the rows every rank records
 alike (its part manifests' ``common.ranks.SAME_ON_EVERY_RANK``: all of them when every rank ran the
 whole batch, as the CLI's FSDP2 run does; the whole-tensor rows of FSDP2's sharded gradients) are
-read from the first rank only, and each rank's own rows (DDP: its batch) from every rank. A sweep gets a table of the swept values against the last train loss and
-the headline statistic (the fraction clipped, else the largest gradient norm), in job order.
+read from the first rank only, and each rank's own rows (DDP: its batch) from every rank. A sweep
+gets a table of the swept values against the last train loss and the headline statistic (the
+fraction clipped, else the largest gradient norm), in job order.
 Every number is read back from the run's parquet files, the same ones the loaders give.
 """
 from __future__ import annotations
