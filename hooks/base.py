@@ -195,6 +195,11 @@ class HookType:
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
 
+    def grads_after_backward(self) -> list[nn.Parameter]:
+        """The parameters whose ``.grad`` ``after_backward`` reads, once attached (through
+        ``HookSession.landed_grad``, which keeps each as it landed for a loop that drops it early)."""
+        return []
+
     def close(self) -> None:
         """Release what ``attach`` holds besides handles (the session calls it on exit)."""
 

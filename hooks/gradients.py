@@ -122,6 +122,7 @@ class GradTransform(Tap):
         if self.spec.target != "params":
             return super().attach(model, session)
         self._start(session)
+        self._session = session
         self._params = select_params(self, self.targets(model), self.spec.params)
         if self.index is not None:
             shards.refuse_sharded(self._params, f"{self.key}.index", "change elements at positions of the "
@@ -151,9 +152,13 @@ class GradTransform(Tap):
     def after_backward(self, recorder) -> None:
         super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
         for layer, pname, p in self._params:
-            if p.grad is not None:
-                recorder.record(p.grad, hook=self.name, layer=layer, phase="after_backward",
+            grad = self._session.landed_grad(p)
+            if grad is not None:
+                recorder.record(grad, hook=self.name, layer=layer, phase="after_backward",
                                 kind="param_grad", slot=pname, call=0)
+
+    def grads_after_backward(self) -> list[nn.Parameter]:
+        return [p for _, _, p in self._params]
 
 
 @dataclass

@@ -14,9 +14,16 @@ the model itself ranks first at that position (its output's argmax: where in dep
 forms); ``next`` is the input's next token (the last position has none: target -1, NaN, rank -1); an
 integer is that token at every position. The rows of a pass are made when the model returns (the
 final target is known then). Passes run aside (the clean pass of ``patch``) and on the meta device add no rows.
+
+The lens's own reading is invisible to every other hook: it runs the two modules' ``forward``
+rather than calling the modules, so no hook on them (another entry's, a user's, PyTorch's global
+module hooks) sees it, nothing changes what it reads, and their call numbers stay the model's (a
+``patch`` on ``lm_head`` from a run made without the lens matches the model's own call). Submodules
+of their own, which neither has in the models the lens reads (GPT-2's, Llama's), would be called as modules.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +66,20 @@ def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
         raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; the logit lens reads a causal language "
                           f"model; valid: {', '.join(CAUSAL_MODELS)}")
     return norms[-1], unembedding
+
+
+def own_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module.forward(x)``: the lens's reading, which no hook on ``module`` sees (see the module doc). A
+    module FSDP2 shards on its own has its parameters gathered around it (``unshard``/``reshard``), as its
+    own hooks would gather them; every rank reads the same blocks, so the ranks gather together."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # imported by whoever sharded the model
+    if fsdp is None or not isinstance(module, fsdp.FSDPModule):
+        return module.forward(x)
+    module.unshard()
+    try:
+        return module.forward(x)
+    finally:
+        module.reshard()
 
 
 @register("logit_lens")
@@ -111,7 +132,8 @@ class LogitLens(SampleOutputs):
         if not self.session.recorder.enabled:
             return  # a pass aside, or a step sample.every leaves out
         with torch.no_grad():
-            self._pending.append((layer, samples, self._unembedding(self._norm(x.detach())).double().cpu()))
+            logits = own_call(self._unembedding, own_call(self._norm, x.detach()))
+            self._pending.append((layer, samples, logits.double().cpu()))
 
     def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:
         pending, self._pending = self._pending, []

@@ -98,6 +98,9 @@ class Recorder:
         self._calls_total: dict[tuple, int] = {}  # the counts of finished steps
         self._calls: dict[tuple, int] = {}
         self._backward_calls: dict[tuple, int] = {}
+        #: ``(hook, layer, phase, kind, slot)`` of the rows made from a ``DTensor``: each the whole
+        #: tensor's, which every rank records alike (``common.ranks.SAME_ON_EVERY_RANK``)
+        self.same_on_every_rank: set[tuple[str, str, str, str, str]] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -204,6 +207,8 @@ class Recorder:
         shard = None
         if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
             tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
+            parts = (f"{slot}.real", f"{slot}.imag") if tensor.is_complex() else (slot,)
+            self.same_on_every_rank.update((hook, layer, phase, kind, part) for part in parts)
         if tensor.is_complex():
             for part, values in (("real", tensor.real), ("imag", tensor.imag)):
                 self._append(values, dtype, hook, layer, phase, kind, f"{slot}.{part}", call, keep, shard)

@@ -1,6 +1,7 @@
 """``HookSession``: the one owner of every handle a run registers, removed on exit whatever happens."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from hooks.base import HookType
 
 FORWARD_KINDS = frozenset({"input", "output", "saved"})
+
+
+class LostRowsWarning(UserWarning):
+    """Rows an entry would record that the loop made impossible to record (said once they are lost)."""
 
 
 class Silence(NamedTuple):
@@ -46,7 +51,13 @@ class HookSession:
     ``backward``: a post-accumulate-grad hook on each trainable parameter marks that gradients
     landed, and ``flush()`` records them before anything can change them: before any optimizer
     steps (a global optimizer step pre-hook, so after DDP's averaging and a framework's
-    clipping), or when the loop ends the step and calls it. A backward that reaches no
+    clipping), or when the loop ends the step and calls it. A loop that drops the gradients
+    before that (``model.zero_grad()`` with no optimizer) leaves them recorded as they landed: the
+    same hook keeps a reference to the ``.grad`` of each parameter an entry reads after backward
+    (``HookType.grads_after_backward``; no copy, and nothing at all when no entry reads one), and
+    ``landed_grad`` hands it out where ``.grad`` is gone. A ``.grad`` freed inside backward, before
+    that hook ran (an optimizer in backward: ``post_accumulate`` with ``op: sgd``), cannot be
+    recorded after it: one warning names the entry and the parameters. A backward that reaches no
     trainable parameter marks nothing: call ``backward(loss)`` there.
 
     Example:
@@ -69,6 +80,8 @@ class HookSession:
         self._attached_at: dict[str, int] = {}
         self._removed_at: dict[str, int] = {}
         self._grads_landed = False
+        self._reads_grad: set[int] = set()  # ids of the parameters whose .grad an attached entry reads after backward
+        self._landed: dict[int, torch.Tensor | None] = {}  # their .grad as the last backward left it
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         """Take ownership of ``handle``; it is removed when the session closes or its entry's lifetime ends."""
@@ -94,6 +107,7 @@ class HookSession:
         for hook in reversed(self._attached):
             hook.close()
         self._attached = []
+        self._landed.clear()
 
     @property
     def step(self) -> int:
@@ -166,6 +180,7 @@ class HookSession:
                 self._owner = None
             self._attached.append(hook)
             self._attached_at.setdefault(hook.name, self._step)
+        self._watch_reads()
 
     def _detach(self, hooks: list[HookType]) -> None:
         names = {h.name for h in hooks}
@@ -176,12 +191,18 @@ class HookSession:
         for hook in reversed(hooks):
             hook.close()
         self._attached = [h for h in self._attached if h.name not in names]
+        self._watch_reads()
+
+    def _watch_reads(self) -> None:
+        self._reads_grad = {id(p) for hook in self._attached for p in hook.grads_after_backward()}
 
     # -- passes -------------------------------------------------------------------------------
     def _watch_gradients(self) -> None:
         """Know when a backward pass wrote ``.grad`` (``flush`` records it then), whoever called it."""
         def landed(param: torch.Tensor) -> None:
             self._grads_landed = True
+            if id(param) in self._reads_grad:
+                self._landed[id(param)] = param.grad
 
         for param in self.model.parameters():
             if param.requires_grad:
@@ -200,13 +221,33 @@ class HookSession:
         if self._grads_landed:
             self.after_backward()
 
+    def landed_grad(self, param: torch.Tensor) -> torch.Tensor | None:
+        """``param.grad``, or where the loop has dropped it since the last backward (``zero_grad()``
+        before the step ends), the ``.grad`` that backward left (for entries' ``after_backward``)."""
+        return param.grad if param.grad is not None else self._landed.get(id(param))
+
     def after_backward(self) -> None:
         """Let each hook record what exists only once backward is done (accumulated ``.grad``),
         then remove entries that reached ``max_calls``."""
         self._grads_landed = False
         for hook in self._attached:
             hook.after_backward(self.recorder)
+        self._say_freed()
+        self._landed.clear()
         self.check_lifetimes()
+
+    def _say_freed(self) -> None:
+        """Warn, per entry, of the parameters whose ``.grad`` was freed inside backward: their rows are lost."""
+        freed = {pid for pid, grad in self._landed.items() if grad is None}
+        if not freed:
+            return
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        for hook in self._attached:
+            gone = [names[id(p)] for p in hook.grads_after_backward() if id(p) in freed]
+            if gone:
+                warnings.warn(f"{hook.key} recorded no after_backward row of {', '.join(gone)}: its .grad was freed "
+                              f"inside backward (an optimizer in backward, e.g. post_accumulate with op=sgd)",
+                              LostRowsWarning, stacklevel=2)
 
     # -- silent entries -------------------------------------------------------------------------
     def silent(self) -> list[Silence]:

@@ -19,6 +19,7 @@ import fsdp_cases
 import runner
 import runner.analysis as analysis
 from conftest import readme_block
+from runner.analysis.summary import summarize_run
 
 pytestmark = pytest.mark.torchrun
 
@@ -98,3 +99,22 @@ def test_the_readme_fsdp_example_runs_as_written_on_two_ranks(tmp_path):
     assert sorted(set(stats["rank"])) == [0, 1] and len(grads) > 0
     assert (grads["max"] <= 0.01 + 1e-9).all() and (grads["min"] >= -0.01 - 1e-9).all()  # clip's bounds, whole tensors
     assert {tuple(shape) for shape in grads.tensor_shape} == {(16, 8), (16,), (3, 16), (3,)}
+    # Every rank records each gradient's whole row: the summary counts it once, as one unsharded process does.
+    clip_line = [line for line in summarize_run(readme_loop_unsharded(tmp_path / "whole")) if "clipped" in line]
+    assert len(clip_line) == 1 and clip_line[0] in summarize_run(tmp_path / "runs" / "fsdp")
+
+
+def readme_loop_unsharded(out: Path) -> Path:
+    """The README's FSDP2 example in one process without FSDP2: the same model, batches and entries."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with runner.attach(model, hooks=["clip", "stats"], out_dir=out) as run:
+        for _ in range(3):
+            x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            run.backward(loss)
+            run.step(loss)
+            opt.step()
+            opt.zero_grad()
+    return out

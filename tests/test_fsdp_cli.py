@@ -21,6 +21,7 @@ from common.errors import ConfigError
 from conftest import cli, make_config
 from runner.cli.callbacks import EarlyChecks
 from runner.cli.commandline import check_command_line
+from runner.analysis.summary import summarize_run
 from runner.engine.plan import compile_plan
 from runner.engine.fsdp import LAUNCH_ENV
 
@@ -62,6 +63,9 @@ def test_the_readme_command_gives_each_rank_the_rows_of_the_unsharded_run(tmp_pa
     for rank in (0, 1):  # the trained weights are the unsharded run's: so are the losses of step 1
         np.testing.assert_allclose(steps[steps["rank"] == rank].sort_values("step")["loss"].to_numpy(),
                                    whole_steps.sort_values("step")["loss"].to_numpy(), rtol=1e-5)
+    # The summary counts each gradient and element once, as the unsharded run's does (not each rank's).
+    clip_line = [line for line in summarize_run(tmp_path / "whole") if "clipped" in line]
+    assert len(clip_line) == 1 and clip_line[0] in summarize_run(tmp_path / "runs" / "fsdp_cli")
 
 
 LAUNCHED = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}

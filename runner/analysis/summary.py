@@ -5,8 +5,12 @@ how many gradients and what fraction of their elements it clipped, per layer gro
 ``clipped`` rows: ``1 - zero_frac`` of each is the fraction clipped); any other entry that
 recorded statistics names the layers with the largest and smallest gradient norm (the output
 norm when it recorded no gradient) and the layers that look dead or non-finite
-(``load.abnormal``). A sweep gets a table of the swept values against the last train loss and
-the headline statistic (the fraction clipped, else the largest gradient norm), in job order.
+(``load.abnormal``). A run of several ranks counts each tensor once: the rows every rank records
+alike (its part manifests' ``common.ranks.SAME_ON_EVERY_RANK``: all of them when every rank ran the
+whole batch, as the CLI's FSDP2 run does; the whole-tensor rows of FSDP2's sharded gradients) are
+read from the first rank only, and each rank's own rows (DDP: its batch) from every rank. A sweep
+gets a table of the swept values against the last train loss and the headline statistic (the
+fraction clipped, else the largest gradient norm), in job order.
 Every number is read back from the run's parquet files, the same ones the loaders give.
 """
 from __future__ import annotations
@@ -19,15 +23,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
+from common.ranks import SAME_ON_EVERY_RANK
 from common.records import RUN_TOTAL_SCHEMAS
 
 from runner.analysis.load import (GRADIENT_KINDS, abnormal, config_path, label_of, load_stats, load_steps,
                                   override_columns, run_dirs)
+from runner.analysis.intact import read_manifest
 from runner.analysis.order import natural_key
 
 #: The statistic columns the summary reads (a sweep is never read whole).
 COLUMNS = ["step", "call", "hook", "layer", "phase", "kind", "slot", "numel", "l2", "zero_frac",
            "nan_count", "inf_count"]
+#: The columns that name one tensor's row of a step (a rank records each once).
+ROW_KEY = ["hook", "layer", "phase", "kind", "slot"]
 #: Kinds whose norm a recording entry's line names, the first one the entry recorded.
 NORM_KINDS = ("grad_output", "param_grad", "grad_input", "output", "input")
 #: Rows of a sweep's table shown on the terminal (the report shows them all).
@@ -98,7 +106,7 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
     """The lines of one run: the run itself, then one or two per hook entry (``on_corrupt`` as for ``load_stats``)."""
     run_dir = Path(run_dir)
     steps = load_steps(run_dir, on_corrupt=on_corrupt)
-    stats = load_stats(run_dir, columns=COLUMNS, on_corrupt=on_corrupt)
+    stats = once_per_tensor(load_stats(run_dir, columns=COLUMNS, on_corrupt=on_corrupt), run_dir)
     lines = [f"run {run_dir}: {_steps_line(steps)}"]
     totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
@@ -107,6 +115,22 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
         own = [line for line in _entry_lines(rows, kind) if not (totals.get(name) and line == "recorded nothing")]
         lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines
+
+
+def once_per_tensor(stats: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """``stats`` of one run with each tensor's row once: of the rows every rank records alike (its first
+    part's ``SAME_ON_EVERY_RANK``), the first rank's only; every rank's own rows stay."""
+    if stats.empty or stats["rank"].nunique() < 2:
+        return stats
+    ranks = read_manifest(run_dir)["ranks"]  # rows of several ranks: a run over its ranks' parts
+    first = min(ranks, key=int)
+    same = read_manifest(run_dir / ranks[first]).get(SAME_ON_EVERY_RANK) or []
+    elsewhere = stats["rank"] != int(first)
+    if same is True:
+        return stats[~elsewhere]
+    keys = pd.MultiIndex.from_frame(stats[ROW_KEY].astype(str))
+    shared = keys.isin([tuple(key) for key in same]) if same else np.zeros(len(stats), dtype=bool)
+    return stats[~(elsewhere & shared)]
 
 
 def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:

@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from common.errors import ConfigError, choice_error
+from common.ranks import SAME_ON_EVERY_RANK
 from hooks import HookSession
 from hooks.compiled import compiled_problem
 from hooks.base import HookType
@@ -240,6 +241,8 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             run = AttachedRun(StepWriter(session, outputs, s, device, live), first, found)
             yield run
             outputs.extra["lifetimes"] = run.lifetimes
+            if rank_extra:  # under torch.distributed: the rows a reader counts once (common.ranks)
+                outputs.extra[SAME_ON_EVERY_RANK] = s.fsdp.enabled or sorted(map(list, recorder.same_on_every_rank))
             write_tables(session.hooks, outputs)  # run totals: units.parquet, a store's last shard
 
 
