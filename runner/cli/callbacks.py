@@ -23,13 +23,14 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from runner.cli.commandline import expand
-from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
+from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, failure_code, keep_claim
+from runner.cli.resume import carried, resume_mode, swept
 from runner.cli.summary import print_summary
 from runner.cli.taken_dirs import job_dir, sweep_dir_problems
 from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import OK, write_sweep
+from runner.store.sweep_record import OK, PENDING, finish_sweep, read_sweep, state_line, write_sweep
 
 
 def _report(problems: list[str], headline: str | None, code: int) -> None:
@@ -57,31 +58,35 @@ class EarlyChecks(Callback):
             _report([str(exc)], None, failure_code(exc))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        headline, bad, code = sweep_dir_problems(config, expand(list(config.hydra.overrides.task)))
+        jobs = expand(list(config.hydra.overrides.task))
+        try:
+            mode = resume_mode(config)
+        except ConfigError as exc:  # said by the command-line check already; here for a sweep started otherwise
+            _report([str(exc)], None, EXIT_CONFIG_ERROR)
+        previous = read_sweep(config.hydra.sweep.dir) if mode else None
+        kept = carried(previous, mode) if previous else {}
+        headline, bad, code = sweep_dir_problems(config, jobs, skip=set(kept))
         if headline:
             _report(bad, headline, code)
+        if config.get("plan"):
+            return  # the jobs print their plans and write nothing
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        entries = [{"num": num, "overrides": swept(overrides), "state": PENDING, "error": None,
+                    "run_dir": os.path.relpath(job_dir(config, num), sweep_dir), **kept.get(num, {})}
+                   for num, overrides in enumerate(jobs)]
+        write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(),
+                    kept=sorted(num for num, job in kept.items() if job["state"] == OK))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):
             return  # the jobs printed their plans and wrote nothing
-        jobs = sweep_jobs(config)
-        write_sweep(config.hydra.sweep.dir, jobs)
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        jobs = finish_sweep(sweep_dir)
         failed = [job for job in jobs if job["state"] != OK]
         if len(failed) < len(jobs):
-            print_summary(config.hydra.sweep.dir, bool(config.get("quiet")))
+            print_summary(sweep_dir, bool(config.get("quiet")))
         if failed:
             _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
-                    f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
-
-
-def sweep_jobs(config: DictConfig) -> list[dict]:
-    """Every job of the sweep as ``sweep.json`` lists it, from its ``status.json`` (``missing``: none written)."""
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    jobs = []
-    for num, overrides in enumerate(expand(list(config.hydra.overrides.task))):
-        out_dir = job_dir(config, num)
-        status = read_status(out_dir) or {"status": "missing", "error": f"the job wrote no {STATUS}"}
-        jobs.append({"num": num, "overrides": status.get("overrides", overrides), "state": status["status"],
-                     "error": status.get("error"), "run_dir": os.path.relpath(out_dir, sweep_dir)})
-    return jobs
+                    f"{len(failed)} of {len(jobs)} jobs failed ({state_line(jobs)}):", EXIT_RUN_ERROR)
 
