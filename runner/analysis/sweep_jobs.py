@@ -23,12 +23,12 @@ class IncompleteSweepWarning(UserWarning):
 
 def listed_runs(path: str | Path) -> list[Path] | None:
     """The complete runs ``sweep.json`` lists at ``path`` (one warning line when some of its jobs are
-    not complete, naming them); ``None`` without one."""
+    not complete, naming them: ``IncompleteSweepWarning``); ``None`` without one."""
     jobs = read_sweep(path)
     if jobs is None:
         return None
     runs = [Path(job["run_dir"]) for job in jobs if job["state"] == OK and (Path(job["run_dir"]) / MANIFEST).is_file()]
-    if len(runs) < len(jobs):
+    if 0 < len(runs) < len(jobs):  # none: the loaders' error says why
         warnings.warn(f"{path}: {state_line(jobs)}; reading the {len(runs)} complete run(s)", IncompleteSweepWarning,
                       stacklevel=4)
     return runs
