@@ -201,16 +201,18 @@ def test_a_changed_command_line_is_refused_naming_what_differs(sweep):
 
 # --- the real CLI, stopped mid-job on each local launcher -------------------------------------------------
 
-#: Six jobs of about 2 s each (300 steps of a linear model under a clamp), two swept keys.
-COMMAND = ["model=linear", "hooks=clip", "steps=300", "hooks.clip.max=0.1,0.01,0.001", "seed=0,1", "quiet=true"]
+#: The README's sweep ("Stop and resume a sweep"): six jobs of about 2 s each (300 steps of a linear
+#: model), two swept keys.
+COMMAND = ["model=linear", "hooks=stats", "steps=300", "optimizer=sgd,adam", "seed=range(0,3)"]
+README = (ROOT / "README.md").read_text(encoding="utf-8").split("#### Stop and resume a sweep\n", 1)[1]
 LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
              "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]}
 #: Columns that differ between two runs of the same jobs: where they ran, and how long they took.
-VARYING = ["run_dir", "hydra.sweep.dir", "wall_time_s", "peak_memory_bytes"]
+VARYING = ["run_dir", "hydra.sweep.dir", "quiet", "wall_time_s", "peak_memory_bytes"]
 
 
 def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "-m", *COMMAND, *LAUNCHERS[launcher], *extra,
+    return subprocess.Popen([sys.executable, "-m", "runner", "-m", *COMMAND, "quiet=true", *LAUNCHERS[launcher], *extra,
                              f"hydra.sweep.dir={sweep}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, **popen)
 
@@ -275,12 +277,15 @@ def test_ctrl_c_mid_job_stops_the_sweep_and_resume_finishes_it(tmp_path, uninter
     proc.send_signal(signal.SIGINT)
     code, _, err = finished(proc)
     assert code == 130, err
-    not_run = ("3 not started (job 3: hooks.clip.max=0.01 seed=1; job 4: hooks.clip.max=0.001 seed=0; "
-               "job 5: hooks.clip.max=0.001 seed=1)")
-    line = f"6 jobs: 2 complete, 1 interrupted (job 2: hooks.clip.max=0.01 seed=0), {not_run}"
+    not_run = ("3 not started (job 3: optimizer=adam seed=0; job 4: optimizer=adam seed=1; "
+               "job 5: optimizer=adam seed=2)")
+    line = f"6 jobs: 2 complete, 1 interrupted (job 2: optimizer=sgd seed=2), {not_run}"
     assert err.splitlines()[-2:] == [
         f"error: interrupted; nothing of this run was written to '{sweep / '2'}'",
         f"error: the sweep stopped: {line}; continue it with the same command and resume=true"]
+    shown = README.split("```text\n", 1)[1].split("```", 1)[0].replace("runs/sgd_adam", str(sweep))
+    assert f"$ python -m runner -m {' '.join(COMMAND)} hydra.sweep.dir={sweep}" in shown.replace("'", "")
+    assert "\n".join(err.splitlines()[-2:]) in shown  # as the README shows them
     state = analysis.sweep_state(sweep)
     assert state["state"].tolist() == [OK, OK, INTERRUPTED, PENDING, PENDING, PENDING]
     assert analysis.failed_jobs(sweep)["job_dir"].tolist() == [str(sweep / str(n)) for n in (2, 3, 4, 5)]
