@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import open_dict
 
 import runner.analysis as analysis
 from common.errors import ConfigError
 from conftest import make_config
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import NOT_STARTED, IncompleteSweepWarning
+from runner.cli.callbacks import EarlyChecks
 from runner.cli.execute import execute
 from runner.cli.resume import as_recorded, carried, command_problem, difference, resume_mode, swept
 from runner.config.compose import compose_with_hydra
@@ -153,6 +155,56 @@ def test_a_resumed_sweep_keeps_its_complete_jobs_and_refuses_one_that_is_not_its
     assert json.loads((sweep / "2" / "manifest.json").read_text()) == manifest  # untouched
 
 
+def test_a_failed_job_a_resume_keeps_is_not_run_again(sweep, capsys):
+    job(sweep, 1, on_nonfinite="error", loss="log_mean")
+    status = (sweep / "1" / "status.json").read_text()
+    error = read_sweep(sweep)[1]["error"]
+    capsys.readouterr()
+    job(sweep, 1, on_nonfinite="error", loss="log_mean", resume="true")  # listed failed by the resumed sweep's start
+    assert capsys.readouterr().out == (f"kept {sweep / '1'}: failed before the sweep was resumed ({error}); "
+                                       f"resume=failed runs it again\n")
+    assert (sweep / "1" / "status.json").read_text() == status
+
+
+def start(sweep: Path, *extra: str) -> None:
+    """The sweep's start (``on_multirun_start``) for ``BASE seed=0,1,2 EXTRA``, in-process."""
+    config = compose_with_hydra([*BASE, "seed=0", f"hydra.sweep.dir={sweep}", *extra])
+    with open_dict(config):
+        config.hydra.overrides.task = [*BASE, "seed=0,1,2", *extra]
+    EarlyChecks().on_multirun_start(config)
+
+
+def test_a_resumed_sweep_starts_with_its_complete_jobs_kept_and_the_others_pending(sweep):
+    job(sweep, 0)
+    job(sweep, 1, on_nonfinite="error", loss="log_mean")
+    (sweep / "2").mkdir()
+    update_job(sweep, sweep / "2", state=RUNNING, run_id="killed")
+    start(sweep, "resume=true")
+    record = read_record(sweep)
+    assert [j["state"] for j in record["jobs"]] == [OK, "failed", PENDING]
+    assert (record["kept"], record["pid"], record["command"]) == ([0, 1], os.getpid(), [*BASE, "seed=0,1,2"])
+    start(sweep, "resume=failed")
+    assert states(sweep) == [OK, PENDING, PENDING]
+
+
+def test_a_resume_is_refused_while_a_job_of_the_sweep_still_runs(sweep, capsys):
+    job(sweep, 0)
+    (sweep / "1").mkdir()
+    lock = DirLock.acquire(sweep / "1", time.time)  # job 1's process lives on (a worker the launcher left)
+    try:
+        update_job(sweep, sweep / "1", state=RUNNING, run_id=lock.token)
+        with pytest.raises(SystemExit) as exit_:
+            start(sweep, "resume=true")
+    finally:
+        lock.release()
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "error: sweep rejected before any job ran: 1 of 3 jobs are invalid"
+    assert err[1].startswith(f"error: job 1 ({' '.join(BASE)} seed=1 resume=true): cannot write '{sweep / '1'}': "
+                             f"a run is writing there: process {os.getpid()} on host ")
+    assert [j["state"] for j in json.loads((sweep / SWEEP).read_text())["jobs"]] == [OK, RUNNING, PENDING]  # as it was
+
+
 def test_a_job_run_by_a_resume_records_what_an_uninterrupted_job_records(sweep, tmp_path):
     plain = compile_plan(make_config(*BASE, "seed=1"), [*BASE, "seed=1"])
     resumed = as_recorded(compile_plan(make_config(*BASE, "seed=1", "resume=true"), [*BASE, "seed=1", "resume=true"]))
@@ -207,8 +259,9 @@ COMMAND = ["model=linear", "hooks=stats", "steps=300", "optimizer=sgd,adam", "se
 README = (ROOT / "README.md").read_text(encoding="utf-8").split("#### Stop and resume a sweep\n", 1)[1]
 LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
              "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]}
-#: Columns that differ between two runs of the same jobs: where they ran, and how long they took.
-VARYING = ["run_dir", "hydra.sweep.dir", "quiet", "wall_time_s", "peak_memory_bytes"]
+#: Columns that differ between two runs of the same jobs: where and how they ran (the launcher's
+#: settings are overrides of the job's too), and how long they took.
+VARYING = ["run_dir", "quiet", "wall_time_s", "peak_memory_bytes"]
 
 
 def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subprocess.Popen:
@@ -234,8 +287,8 @@ def wait_for(sweep: Path, done, timeout: float = 600) -> list[dict]:
 
 def tables(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     stats, steps = analysis.load_stats(sweep), analysis.load_steps(sweep)
-    return tuple(frame.drop(columns=[c for c in VARYING if c in frame.columns]).reset_index(drop=True)
-                 for frame in (stats, steps))
+    return tuple(frame.drop(columns=[c for c in frame.columns if c in VARYING or c.startswith("hydra")])
+                 .reset_index(drop=True) for frame in (stats, steps))
 
 
 @pytest.fixture(scope="module")

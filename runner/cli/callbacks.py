@@ -1,15 +1,17 @@
-"""Hydra callbacks: the run directory is checked before Hydra writes into it, and a sweep ends
-with the list of its failed jobs.
+"""Hydra callbacks: the run directory is checked before Hydra writes into it, a sweep's record is
+written before its first job and closed after its last, with the list of its failed jobs.
 
 Hydra calls ``on_run_start`` / ``on_multirun_start`` before it creates any job directory or
 writes ``.hydra/`` (the configs themselves were checked, and every job's plan compiled, by
 ``runner.cli.commandline`` before Hydra started). A run aimed at a directory that holds a
 complete run, or that cannot be written, is refused there, so that directory stays as it was.
-What can only fail at run time (a NaN with ``on_nonfinite=error``, a full disk) is written to the
-job's ``status.json``; the other jobs run on and the sweep ends with a list of the failed jobs'
-overrides and a non-zero exit, and ``sweep.json`` in the sweep directory lists every job with its
-run state (``runner.store.sweep_record``). (Hydra skips ``on_multirun_end`` when a job raises, so
-jobs report through files instead of exceptions.)
+A sweep that passes writes ``sweep.json`` (``runner.store.sweep_record``): every job ``pending``,
+or, with ``resume``, the jobs it keeps (``runner.cli.resume``); each job then updates its own entry
+(``runner.cli.execute``), so the file is true when the sweep is stopped. What can only fail at run
+time (a NaN with ``on_nonfinite=error``, a full disk) is written to the job's ``status.json`` and
+its entry; the other jobs run on and the sweep ends with a list of the failed jobs' overrides and
+a non-zero exit. (Hydra skips ``on_multirun_end`` when a job raises, so jobs report through files
+instead of exceptions.)
 """
 from __future__ import annotations
 
@@ -64,8 +66,9 @@ class EarlyChecks(Callback):
         except ConfigError as exc:  # said by the command-line check already; here for a sweep started otherwise
             _report([str(exc)], None, EXIT_CONFIG_ERROR)
         previous = read_sweep(config.hydra.sweep.dir) if mode else None
-        kept = carried(previous, mode) if previous else {}
-        headline, bad, code = sweep_dir_problems(config, jobs, skip=set(kept))
+        start = carried(previous, mode) if previous else {}
+        kept = {num for num, job in start.items() if job["state"] != PENDING}  # their jobs write nothing
+        headline, bad, code = sweep_dir_problems(config, jobs, skip=kept)
         if headline:
             _report(bad, headline, code)
         if config.get("plan"):
@@ -73,10 +76,9 @@ class EarlyChecks(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         entries = [{"num": num, "overrides": swept(overrides), "state": PENDING, "error": None,
-                    "run_dir": os.path.relpath(job_dir(config, num), sweep_dir), **kept.get(num, {})}
+                    "run_dir": os.path.relpath(job_dir(config, num), sweep_dir), **start.get(num, {})}
                    for num, overrides in enumerate(jobs)]
-        write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(),
-                    kept=sorted(num for num, job in kept.items() if job["state"] == OK))
+        write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(), kept=sorted(kept))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):

@@ -2,8 +2,9 @@
 
 Exit status: 0 when every file and the manifest were written; 2 for a configuration error
 (nothing written); 1 for a run that failed (output not writable, ``on_nonfinite=error``);
-130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep a
-failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.cli.callbacks``).
+130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep each
+job keeps its entry of ``sweep.json`` true (``running``, then how it ended, Ctrl-C included), a
+failed job is recorded in its ``status.json`` too and the sweep goes on (see ``runner.cli.callbacks``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, read_record, read_sweep,
+from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, job_entry, read_record,
                                        state_line, update_job)
 
 EXIT_RUN_ERROR = 1
@@ -119,8 +120,7 @@ def _kept(plan: Plan, out_dir: str | Path, overrides: Sequence[str]) -> bool:
     """Whether ``sweep.json`` lists this job as kept by a resume (``ok`` or ``failed`` before it
     started); an ``ok`` job's run is checked to be this job's (``resume.kept_problem``)."""
     sweep_dir = find_sweep(out_dir)
-    job = next((job for job in read_sweep(sweep_dir) or () if Path(job["run_dir"]).resolve() == Path(out_dir).resolve()),
-               None) if sweep_dir else None
+    job = job_entry(sweep_dir, out_dir) if sweep_dir else None
     if job is None or job["state"] not in (OK, FAILED):
         return False
     if job["state"] == FAILED:

@@ -99,6 +99,15 @@ def find_sweep(run_dir: str | Path, levels: int = 4) -> Path | None:
     return None
 
 
+def job_entry(sweep_dir: str | Path, run_dir: str | Path) -> dict | None:
+    """The entry (reconciled, absolute ``run_dir``) of the job writing ``run_dir``, or ``None``."""
+    record = _load(Path(sweep_dir))
+    for job in (record or {}).get("jobs", ()):
+        if _same(Path(sweep_dir) / job["run_dir"], run_dir):
+            return reconcile({**job, "run_dir": str(Path(sweep_dir) / job["run_dir"])})
+    return None
+
+
 def read_record(path: str | Path) -> dict | None:
     """``sweep.json`` at ``path`` with its jobs reconciled (``reconcile``) and their ``run_dir``
     absolute, or ``None`` where there is none."""
