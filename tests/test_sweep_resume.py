@@ -94,8 +94,6 @@ def test_a_running_entry_is_reconciled_with_its_directory(sweep):
     finally:
         lock.release()
     assert states(sweep)[1] == INTERRUPTED  # its process is gone, nothing committed
-    (sweep / "1" / "status.json").write_text(json.dumps({"status": "failed", "error": "boom", "run_id": lock.token}))
-    assert (read_sweep(sweep)[1]["state"], read_sweep(sweep)[1]["error"]) == ("failed", "boom")
     assert json.loads((sweep / SWEEP).read_text())["jobs"][1]["state"] == RUNNING  # reading rewrites nothing
 
 
@@ -351,18 +349,24 @@ def test_ctrl_c_mid_job_stops_the_sweep_and_resume_finishes_it(tmp_path, uninter
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_sweep_whose_launcher_is_killed_is_read_truthfully_and_resumes(tmp_path, uninterrupted, launcher):
+    """SIGKILL: no handler runs, no entry is updated. submitit's local jobs are processes of their own
+    that outlive their launcher and finish the whole sweep, so there the launcher and its jobs are
+    killed together, as when the machine or the allocation is lost."""
     sweep = tmp_path / "sweep"
     proc = cli(sweep, launcher=launcher)
     try:
         wait_for(sweep, lambda jobs: any(job["state"] == RUNNING for job in jobs))
         time.sleep(0.5)
-        proc.kill()  # SIGKILL: no handler runs, no entry is updated
+        if launcher == "submitit_local":
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
         proc.wait()
         # a job the dead launcher had handed to another process (a joblib worker, a submitit job) may still end
         jobs = wait_for(sweep, lambda jobs: all(job["state"] != RUNNING for job in jobs))
         states = [job["state"] for job in jobs]
         assert set(states) <= {OK, INTERRUPTED, PENDING} and states != [OK] * 6, states
-        if launcher == "basic":  # the job it ran died with it
+        if launcher != "joblib":  # the job it ran died with it (a joblib worker outlives it and ends its job)
             assert INTERRUPTED in states and states.index(INTERRUPTED) == states.count(OK)
         failed = analysis.failed_jobs(sweep)
         assert failed["job_dir"].tolist() == [str(sweep / str(n)) for n, s in enumerate(states) if s != OK]

@@ -89,6 +89,7 @@ class EarlyChecks(Callback):
         if len(failed) < len(jobs):
             print_summary(sweep_dir, bool(config.get("quiet")))
         if failed:
+            print(f"sweep {sweep_dir}: {state_line(jobs)}")
             _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
-                    f"{len(failed)} of {len(jobs)} jobs failed ({state_line(jobs)}):", EXIT_RUN_ERROR)
+                    f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
 

@@ -63,7 +63,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             if not plan.settings.fsdp.enabled:  # an FSDP2 run's rank 0 claims it for every rank (runner.store.ranks)
                 claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
             if multirun:
-                _record(out_dir, state=RUNNING, error=None, run_id=_run_id(claim))
+                _record(out_dir, state=RUNNING, error=None, run_id=None if claim is None else claim.run_id)
             run(plan, out_dir, claim, group=str(Path(out_dir).resolve().parent) if multirun else None)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
@@ -73,18 +73,18 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     except (ConfigError, OutputError, NonFiniteError) as exc:
         if isinstance(exc, ConfigError) and cfg.get("plan"):
             print(_modules_only(cfg))  # the module table, to pick a selector from
-        _fail(str(exc), out_dir, overrides, multirun, failure_code(exc), run_id=_run_id(claim))
+        _fail(str(exc), out_dir, overrides, multirun, failure_code(exc))
         return
     except (KeyboardInterrupt, Terminated) as exc:
         signal_name = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
         if claim is not None and claim.committed:  # the manifest was in place: the run is complete
             print(f"{signal_name} after the run completed; wrote {out_dir}", file=sys.stderr)
             if multirun:
-                write_status(out_dir, overrides, None, run_id=_run_id(claim))
+                write_status(out_dir, overrides, None)
             return
         print(f"error: {signal_name}; nothing of this run was written to '{out_dir}'", file=sys.stderr)
         if multirun:
-            _stopped(out_dir, overrides, f"{signal_name}; nothing of this run was written", _run_id(claim))
+            _stopped(out_dir, overrides, f"{signal_name}; nothing of this run was written")
         if isinstance(exc, Terminated):
             raise
         sys.exit(EXIT_INTERRUPTED)
@@ -92,28 +92,23 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
         if not multirun:
             raise  # a bug in the model or the runner: Hydra prints the traceback and exits 1
         log.exception("job failed")
-        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR, scheduler_state(exc),
-              run_id=_run_id(claim))
+        _fail(f"{type(exc).__name__}: {exc}", out_dir, overrides, multirun, EXIT_RUN_ERROR, scheduler_state(exc))
         return
     except SystemExit:
         if multirun and in_scheduler_job():  # submitit requeued the job (preemption, time limit) and exits
             write_status(out_dir, overrides, "requeued by the scheduler; resumes from its last complete step",
-                         state="requeued", run_id=_run_id(claim))
+                         state="requeued")
         raise
     finally:
         if claim is not None:
             claim.release()
     if multirun:
-        write_status(out_dir, overrides, None, run_id=_run_id(claim))
+        write_status(out_dir, overrides, None)
     if fsdp.silent_rank():
         return  # one rank of an FSDP2 run: rank 0 says what the run wrote
     print(f"wrote {out_dir}")
     if not multirun:  # a sweep's summary comes when it ends (runner.cli.callbacks)
         print_summary(out_dir, bool(cfg.get("quiet")) or not summary)
-
-
-def _run_id(claim) -> str | None:
-    return None if claim is None else claim.run_id
 
 
 def _kept(plan: Plan, out_dir: str | Path, overrides: Sequence[str]) -> bool:
@@ -145,11 +140,11 @@ def _record(out_dir: str | Path, **fields) -> None:
         log.warning("sweep.json not updated for '%s': %s", out_dir, exc)
 
 
-def _stopped(out_dir: str | Path, overrides: Sequence[str], why: str, run_id: str | None) -> None:
+def _stopped(out_dir: str | Path, overrides: Sequence[str], why: str) -> None:
     """Record the job as interrupted; in the process that launched the sweep, say where the sweep
     stands and how to continue it."""
     try:
-        write_status(out_dir, overrides, why, state=INTERRUPTED, run_id=run_id)
+        write_status(out_dir, overrides, why, state=INTERRUPTED)
     except OSError:
         pass
     sweep_dir = find_sweep(out_dir)
@@ -187,19 +182,17 @@ def failure_code(exc: Exception) -> int:
     return EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
 
 
-def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None,
-                 run_id: str | None = None) -> None:
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
     """Record how one job of a sweep ended (``error`` is ``None`` on success) in its ``status.json``
     and its entry of ``sweep.json``.
 
     ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
     did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
-    ``run_id``: the job's claim, which tells this run's status from an earlier run's.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = state or (FAILED if error else OK)
-    status = {"status": state, "overrides": list(overrides), "error": error, "run_id": run_id}
+    status = {"status": state, "overrides": list(overrides), "error": error}
     (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
     _record(out_dir, state=state, error=error)
 
@@ -213,11 +206,11 @@ def read_status(out_dir: str | Path) -> dict | None:
 
 
 def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int,
-          state: str | None = None, run_id: str | None = None) -> None:
+          state: str | None = None) -> None:
     print(f"error: {message}", file=sys.stderr)
     if not multirun:
         sys.exit(code)
     try:
-        write_status(out_dir, overrides, message, state, run_id)
+        write_status(out_dir, overrides, message, state)
     except OSError:  # the disk that failed the run (read-only, full) refuses its status too: the sweep's
         pass  # record lists the job as one that wrote no status, and the line above said why

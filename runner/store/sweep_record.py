@@ -8,9 +8,8 @@ whatever process it runs in (the basic launcher's, a joblib worker, a submitit j
 is a read-modify-write under an ``fcntl`` lock, and the file is replaced atomically (temporary
 name, fsync, rename), so a reader sees one whole version. A job killed outright (SIGKILL of the
 launcher, a crashed node) updates nothing, so ``read_sweep`` reconciles a ``running`` entry with
-the job's directory: its manifest committed by that run means ``ok``, its ``status.json`` of that
-run says how it ended, a live claim (``.runner.lock``) means still ``running``, anything else
-``interrupted``. A ``pending`` entry of a sweep that stopped is a job that never started.
+the job's directory: its manifest committed by that run means ``ok``, a live claim
+(``.runner.lock``) means still ``running``, anything else ``interrupted``. A ``pending`` entry of a sweep that stopped is a job that never started.
 
 ``sacct`` shows what the scheduler did (a job that failed at run time still ends ``COMPLETED``:
 the runner returns normally so that submitit stores a result); ``sweep.json`` shows what the run
@@ -127,9 +126,9 @@ def read_sweep(path: str | Path) -> list[dict] | None:
 def reconcile(job: dict) -> dict:
     """``job`` (absolute ``run_dir``) as its directory shows it, where its process could not say so.
 
-    A ``running`` job whose run committed is ``ok``; whose ``status.json`` of the same run says how
-    it ended, that; whose claim is still held by a live process, ``running``; else its process was
-    killed: ``interrupted``. The other states are what the job itself wrote.
+    A ``running`` job whose run committed is ``ok``; whose claim is still held by a live process,
+    ``running``; else its process was killed: ``interrupted``. The other states are what the job
+    itself wrote.
     """
     if job.get("state") != RUNNING:
         return job
@@ -137,9 +136,6 @@ def reconcile(job: dict) -> dict:
     run_id = job.get("run_id")
     if run_id and _read_json(run_dir / MANIFEST).get("run_id") == run_id:
         return {**job, "state": OK, "error": None}
-    status = _read_json(run_dir / STATUS)
-    if run_id and status.get("run_id") == run_id and status.get("status") not in UNFINISHED:
-        return {**job, "state": status["status"], "error": status.get("error")}
     if live_holder(run_dir, time.time) is not None:
         return job
     return {**job, "state": INTERRUPTED, "error": "its process ended without a word (killed: SIGKILL, "
