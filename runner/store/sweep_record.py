@@ -62,12 +62,12 @@ def update_job(sweep_dir: str | Path, run_dir: str | Path, **fields) -> bool:
     sweep_dir = Path(sweep_dir)
     with _locked(sweep_dir):
         record = _load(sweep_dir)
-        for job in (record or {}).get("jobs", ()):
-            if _same(sweep_dir / job["run_dir"], run_dir):
-                job.update(fields)
-                _write(sweep_dir, record)
-                return True
-    return False
+        job = _entry(sweep_dir, record, run_dir)
+        if job is None:
+            return False
+        job.update(fields)
+        _write(sweep_dir, record)
+    return True
 
 
 def finish_sweep(sweep_dir: str | Path) -> list[dict]:
@@ -91,20 +91,16 @@ def finish_sweep(sweep_dir: str | Path) -> list[dict]:
 
 def find_sweep(run_dir: str | Path, levels: int = 4) -> Path | None:
     """The sweep directory whose ``sweep.json`` lists ``run_dir`` as a job's (looked for in its parents)."""
-    for parent in list(Path(run_dir).resolve().parents)[:levels]:
-        record = _load(parent)
-        if record and any(_same(parent / job["run_dir"], run_dir) for job in record.get("jobs", ())):
+    for parent in list(Path(os.path.abspath(run_dir)).parents)[:levels]:
+        if _entry(parent, _load(parent), run_dir) is not None:
             return parent
     return None
 
 
 def job_entry(sweep_dir: str | Path, run_dir: str | Path) -> dict | None:
     """The entry (reconciled, absolute ``run_dir``) of the job writing ``run_dir``, or ``None``."""
-    record = _load(Path(sweep_dir))
-    for job in (record or {}).get("jobs", ()):
-        if _same(Path(sweep_dir) / job["run_dir"], run_dir):
-            return reconcile({**job, "run_dir": str(Path(sweep_dir) / job["run_dir"])})
-    return None
+    job = _entry(Path(sweep_dir), _load(Path(sweep_dir)), run_dir)
+    return None if job is None else reconcile({**job, "run_dir": str(Path(sweep_dir) / job["run_dir"])})
 
 
 def read_record(path: str | Path) -> dict | None:
@@ -179,16 +175,14 @@ def _write(sweep_dir: Path, record: dict) -> Path:
     tmp = path.with_name(f".{SWEEP}.tmp-{os.getpid()}")
     record["states"] = counts(record["jobs"])
     record["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    head = {key: value for key, value in record.items() if key != "jobs"}
+    # one job a line: readable, and json's C encoder (indent=2 takes the pure-Python one: 0.1 s for 1,000 jobs)
+    text = json.dumps(head)[:-1] + ', "jobs": [\n' + ",\n".join(json.dumps(job) for job in record["jobs"]) + "\n]}\n"
     with open(tmp, "w") as f:
-        f.write(json.dumps(record, indent=2) + "\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(sweep_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    os.replace(tmp, path)  # whole, old or new (the directory is not fsynced: a reader reconciles a lost update)
     return path
 
 
@@ -217,5 +211,13 @@ def _read_json(path: Path) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def _same(a: str | Path, b: str | Path) -> bool:
-    return Path(a).resolve() == Path(b).resolve()
+def _entry(sweep_dir: Path, record: dict | None, run_dir: str | Path) -> dict | None:
+    """The job of ``record`` (the sweep at ``sweep_dir``) that writes ``run_dir``: paths compared as
+    written, then resolved (one resolve per job would cost a 1,000-job sweep 0.1 s per update)."""
+    jobs = (record or {}).get("jobs", ())
+    target = os.path.normpath(os.path.abspath(run_dir))
+    for job in jobs:
+        if os.path.normpath(os.path.join(os.path.abspath(sweep_dir), job["run_dir"])) == target:
+            return job
+    target = os.path.realpath(run_dir)
+    return next((job for job in jobs if os.path.realpath(sweep_dir / job["run_dir"]) == target), None)
