@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from runner.cli import replay
 from runner.cli.commandline import check_command_line
-from runner.cli.execute import EXIT_CONFIG_ERROR, execute
+from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, execute
 from runner.cli.replay import is_replay
 from runner.cli.warning_lines import one_line_warnings
 from runner.config.compose import CONF_DIR
@@ -31,7 +31,11 @@ def main() -> None:
         execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),
                 multirun=hydra_cfg.mode == RunMode.MULTIRUN, plan=checked.plan_for(cfg))
 
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:  # outside a job (Hydra composing the next one): no traceback, the jobs' record says the rest
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ job the scheduler ends (``scancel``, time limit) raises in the submitting proces
 still run, before the sweep's closing report. Here the same submission is followed by a wait on
 every job: sbatch's error is one line naming the launcher key (status 2, nothing run), a sweep
 none of whose jobs can be scheduled is cancelled with the reason (``unschedulable_after_s``), and a
-job that ended without a result gets a ``status.json`` with its run state (``cancelled``,
-``timeout``, ``failed``) so that ``on_multirun_end`` lists it. Jobs run upstream's ``__call__``
+job that ended without a result gets a ``status.json`` and its ``sweep.json`` entry with its run
+state (``cancelled``, ``timeout``, ``failed``: ``write_status``) so that ``on_multirun_end`` lists it. Jobs run upstream's ``__call__``
 and are requeued through upstream's ``checkpoint`` on preemption and timeout.
 """
 from __future__ import annotations

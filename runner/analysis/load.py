@@ -48,7 +48,7 @@ from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_key, natural_sorted
-from runner.analysis.sweep_jobs import listed_failures, listed_runs
+from runner.analysis.sweep_jobs import incomplete, listed_failures, listed_runs, listed_states
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
 STATUS = "status.json"
@@ -78,12 +78,14 @@ def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[d
     if (path / MANIFEST).is_file():
         found, pending = [path], []
     else:
-        found, pending = listed_runs(path) or [], []  # a sweep's own record of its runs (sweep.json), else a search
-        if not found:
+        found, pending = listed_runs(path), []  # a sweep's own record of its runs (sweep.json), else a search
+        if found is None:
             found, pending = find_jobs(path)
     warn_pending(path, pending, len(found))
     if not found:
-        raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'")
+        state = incomplete(path)
+        raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'"
+                                + (f": {state}" if state else ""))
     runs, footers = intact(natural_sorted(found), on_corrupt, table)
     if not runs:
         raise FileNotFoundError(f"no undamaged complete run at or under '{path}'")
@@ -91,10 +93,13 @@ def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[d
 
 
 def failed_jobs(path: str | Path) -> pd.DataFrame:
-    """Jobs at or under ``path`` that failed: ``job_dir``, ``overrides`` (one string) and ``error``.
+    """Jobs at or under ``path`` that wrote no data: ``job_dir``, ``overrides`` (one string) and ``error``.
 
-    A failed job leaves ``status.json`` with ``"status": "failed"`` and no manifest; its overrides
-    are read from the status file or, failing that, from Hydra's ``.hydra/overrides.yaml``.
+    A sweep's ``sweep.json`` lists them all: failed, interrupted, ended by the scheduler, and not
+    started (a stopped sweep's); ``error`` starts with the state when it is not ``failed``
+    (``interrupted: ...``, ``not started: ...``). Without one, a failed job is found by its
+    ``status.json`` (``"status": "failed"``, no manifest); its overrides are read from the status
+    file or, failing that, from Hydra's ``.hydra/overrides.yaml``.
     """
     listed = listed_failures(path)  # a sweep's sweep.json, with jobs the scheduler ended
     if listed is not None:
@@ -114,6 +119,20 @@ def failed_jobs(path: str | Path) -> pd.DataFrame:
         rows.append({"job_dir": str(job), "overrides": " ".join(overrides or []),
                      "error": str(status.get("error") or status.get("message") or "(no error recorded)")})
     return pd.DataFrame(rows, columns=["job_dir", "overrides", "error"])
+
+
+def sweep_state(path: str | Path) -> pd.DataFrame:
+    """One row per job of the sweep at ``path``, in job order: ``num``, ``overrides`` (its swept
+    values, one string), ``state`` (``ok``, ``failed``, ``interrupted``, ``pending``: not started,
+    ``running``, or the scheduler's ``cancelled``, ``timeout``, ``requeued``), ``error``, ``run_dir``.
+
+    Read from ``sweep.json``, reconciled with the job directories (a job whose process was killed
+    is ``interrupted``); ``FileNotFoundError`` where the sweep wrote none.
+    """
+    jobs = listed_states(path)
+    if jobs is None:
+        raise FileNotFoundError(f"no sweep.json at '{path}': not a sweep's directory, or a sweep from before it")
+    return pd.DataFrame(jobs, columns=["num", "overrides", "state", "error", "run_dir"])
 
 
 def config_path(run_dir: str | Path) -> Path | None:

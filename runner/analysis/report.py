@@ -38,11 +38,13 @@ from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
                                   load_tensors, overrides_of, run_dirs)
+from runner.analysis.sweep_jobs import IncompleteSweepWarning, incomplete, listed_states
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
 from runner.analysis.summary import summarize
 from runner.analysis.unit_plots import RunExamples, layer_histograms, run_examples, top_images_of_run, top_tokens_of_run
 from runner.analysis.units import load_units, recorded_layers
 from runner.store.ranks import rank_files
+from runner.store.sweep_record import OK, RUNNING
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order: summary, pictures, details (each only
@@ -83,6 +85,7 @@ def render(path: str | Path, corrupted: str | Path | None = None, on_corrupt: st
     runs = run_dirs(path, on_corrupt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedRunsWarning)  # said above: each table skips the same runs
+        warnings.simplefilter("ignore", IncompleteSweepWarning)  # said above, and first on the page
         return _page(path, runs, corrupted, on_corrupt)
 
 
@@ -107,10 +110,12 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
     sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS
                          if body[key] is not None)  # a section with nothing for these runs is left out
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    state = incomplete(path)  # a sweep with jobs that wrote no data says so first
+    state = f'<p class="bad">Not complete: {html.escape(state)}.</p>\n' if state else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>hook-runner report: '
             f'{html.escape(path.name)}</title><style>{_CSS}</style></head><body>\n<h1>hook-runner report</h1>\n'
-            f"<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), {len(stats)} statistic rows; "
-            f"made {when}.</p>\n{sections}\n</body></html>\n")
+            f"{state}<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), {len(stats)} statistic "
+            f"rows; made {when}.</p>\n{sections}\n</body></html>\n")
 
 
 def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None,
@@ -190,7 +195,9 @@ def _failed(path: Path) -> str:
     if failed.empty:
         return '<p class="ok">No job failed.</p>'
     shown = failed.assign(job_dir=[str(Path(j).relative_to(path)) for j in failed["job_dir"]])
-    return f'<p class="bad">{len(failed)} job(s) failed and wrote no data.</p>\n' + _table(shown)
+    states = {job["state"] for job in listed_states(path) or () if job["state"] not in (OK, RUNNING)}
+    what = "failed" if states <= {"failed"} else "did not complete (failed, interrupted, not started)"
+    return f'<p class="bad">{len(failed)} job(s) {what} and wrote no data.</p>\n' + _table(shown)
 
 
 def _configs(runs, job: dict[str, str]) -> str:

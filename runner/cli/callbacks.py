@@ -1,15 +1,17 @@
-"""Hydra callbacks: the run directory is checked before Hydra writes into it, and a sweep ends
-with the list of its failed jobs.
+"""Hydra callbacks: the run directory is checked before Hydra writes into it, a sweep's record is
+written before its first job and closed after its last, with the list of its failed jobs.
 
 Hydra calls ``on_run_start`` / ``on_multirun_start`` before it creates any job directory or
 writes ``.hydra/`` (the configs themselves were checked, and every job's plan compiled, by
 ``runner.cli.commandline`` before Hydra started). A run aimed at a directory that holds a
 complete run, or that cannot be written, is refused there, so that directory stays as it was.
-What can only fail at run time (a NaN with ``on_nonfinite=error``, a full disk) is written to the
-job's ``status.json``; the other jobs run on and the sweep ends with a list of the failed jobs'
-overrides and a non-zero exit, and ``sweep.json`` in the sweep directory lists every job with its
-run state (``runner.store.sweep_record``). (Hydra skips ``on_multirun_end`` when a job raises, so
-jobs report through files instead of exceptions.)
+A sweep that passes writes ``sweep.json`` (``runner.store.sweep_record``): every job ``pending``,
+or, with ``resume``, the jobs it keeps (``runner.cli.resume``); each job then updates its own entry
+(``runner.cli.execute``), so the file is true when the sweep is stopped. What can only fail at run
+time (a NaN with ``on_nonfinite=error``, a full disk) is written to the job's ``status.json`` and
+its entry; the other jobs run on and the sweep ends with a list of the failed jobs' overrides and
+a non-zero exit. (Hydra skips ``on_multirun_end`` when a job raises, so jobs report through files
+instead of exceptions.)
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from runner.cli.commandline import expand
-from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, STATUS, failure_code, keep_claim, read_status
+from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, failure_code, keep_claim
+from runner.cli.resume import carried, resume_mode, swept
 from runner.cli.summary import print_summary
 from runner.cli.taken_dirs import job_dir, sweep_dir_problems
 from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import OK, write_sweep
+from runner.store.sweep_record import OK, PENDING, finish_sweep, read_sweep, state_line, write_sweep
 
 
 def _report(problems: list[str], headline: str | None, code: int) -> None:
@@ -57,31 +60,36 @@ class EarlyChecks(Callback):
             _report([str(exc)], None, failure_code(exc))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        headline, bad, code = sweep_dir_problems(config, expand(list(config.hydra.overrides.task)))
+        jobs = expand(list(config.hydra.overrides.task))
+        try:
+            mode = resume_mode(config)
+        except ConfigError as exc:  # said by the command-line check already; here for a sweep started otherwise
+            _report([str(exc)], None, EXIT_CONFIG_ERROR)
+        previous = read_sweep(config.hydra.sweep.dir) if mode else None
+        start = carried(previous, mode) if previous else {}
+        kept = {num for num, job in start.items() if job["state"] != PENDING}  # their jobs write nothing
+        headline, bad, code = sweep_dir_problems(config, jobs, skip=kept)
         if headline:
             _report(bad, headline, code)
+        if config.get("plan"):
+            return  # the jobs print their plans and write nothing
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        entries = [{"num": num, "overrides": swept(overrides), "state": PENDING, "error": None,
+                    "run_dir": os.path.relpath(job_dir(config, num), sweep_dir), **start.get(num, {})}
+                   for num, overrides in enumerate(jobs)]
+        write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(), kept=sorted(kept))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("plan"):
             return  # the jobs printed their plans and wrote nothing
-        jobs = sweep_jobs(config)
-        write_sweep(config.hydra.sweep.dir, jobs)
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        jobs = finish_sweep(sweep_dir)
         failed = [job for job in jobs if job["state"] != OK]
         if len(failed) < len(jobs):
-            print_summary(config.hydra.sweep.dir, bool(config.get("quiet")))
+            print_summary(sweep_dir, bool(config.get("quiet")))
         if failed:
+            print(f"sweep {sweep_dir}: {state_line(jobs)}")
             _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
                     f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
-
-
-def sweep_jobs(config: DictConfig) -> list[dict]:
-    """Every job of the sweep as ``sweep.json`` lists it, from its ``status.json`` (``missing``: none written)."""
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    jobs = []
-    for num, overrides in enumerate(expand(list(config.hydra.overrides.task))):
-        out_dir = job_dir(config, num)
-        status = read_status(out_dir) or {"status": "missing", "error": f"the job wrote no {STATUS}"}
-        jobs.append({"num": num, "overrides": status.get("overrides", overrides), "state": status["status"],
-                     "error": status.get("error"), "run_dir": os.path.relpath(out_dir, sweep_dir)})
-    return jobs
 

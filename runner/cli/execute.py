@@ -2,13 +2,15 @@
 
 Exit status: 0 when every file and the manifest were written; 2 for a configuration error
 (nothing written); 1 for a run that failed (output not writable, ``on_nonfinite=error``);
-130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep a
-failed job is recorded in its ``status.json`` and the sweep goes on (see ``runner.cli.callbacks``).
+130 after Ctrl-C and 143 after SIGTERM (nothing written, no temporary file left). In a sweep each
+job keeps its entry of ``sweep.json`` true (``running``, then how it ended, Ctrl-C included), a
+failed job is recorded in its ``status.json`` too and the sweep goes on (see ``runner.cli.callbacks``).
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from common.errors import ConfigError
+from runner.cli.resume import as_recorded, kept_problem, swept
 from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
 from runner.cli.summary import print_summary
 from runner.engine import fsdp
@@ -24,13 +27,13 @@ from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
+from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, job_entry, read_record,
+                                       state_line, update_job)
 
 EXIT_RUN_ERROR = 1
 #: Exit status for a configuration error (argparse's convention for usage errors).
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130
-#: Per-job status file of a sweep: how the job ended (see ``runner.cli.callbacks``).
-STATUS = "status.json"
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +43,27 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     """Run the experiment (``plan``, or the plan compiled from ``cfg``); report a failure as
     ``error: ...`` on stderr and exit non-zero; print the run's summary unless ``quiet`` or not ``summary``.
 
-    With ``multirun`` a failed job writes its ``status.json`` and returns, so the sweep goes on.
+    With ``multirun`` the job's entry in ``sweep.json`` follows it (``running``, then how it ended),
+    a failed job writes its ``status.json`` and returns, so the sweep goes on, and a job a resumed
+    sweep keeps returns at once (``runner.cli.resume``).
     """
     claim = None
+    if multirun:
+        overrides = swept(overrides)
     try:
         with sigterm_raises():
             plan = plan or compile_plan(cfg, overrides)
             if plan.settings.plan:
                 print(describe(plan))
                 return
+            if multirun:
+                plan = as_recorded(plan)
+                if _kept(plan, out_dir, overrides):
+                    return
             if not plan.settings.fsdp.enabled:  # an FSDP2 run's rank 0 claims it for every rank (runner.store.ranks)
                 claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
+            if multirun:
+                _record(out_dir, state=RUNNING, error=None, run_id=None if claim is None else claim.run_id)
             run(plan, out_dir, claim, group=str(Path(out_dir).resolve().parent) if multirun else None)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
@@ -66,8 +79,12 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
         signal_name = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
         if claim is not None and claim.committed:  # the manifest was in place: the run is complete
             print(f"{signal_name} after the run completed; wrote {out_dir}", file=sys.stderr)
+            if multirun:
+                write_status(out_dir, overrides, None)
             return
         print(f"error: {signal_name}; nothing of this run was written to '{out_dir}'", file=sys.stderr)
+        if multirun:
+            _stopped(out_dir, overrides, f"{signal_name}; nothing of this run was written")
         if isinstance(exc, Terminated):
             raise
         sys.exit(EXIT_INTERRUPTED)
@@ -92,6 +109,49 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
     print(f"wrote {out_dir}")
     if not multirun:  # a sweep's summary comes when it ends (runner.cli.callbacks)
         print_summary(out_dir, bool(cfg.get("quiet")) or not summary)
+
+
+def _kept(plan: Plan, out_dir: str | Path, overrides: Sequence[str]) -> bool:
+    """Whether ``sweep.json`` lists this job as kept by a resume (``ok`` or ``failed`` before it
+    started); an ``ok`` job's run is checked to be this job's (``resume.kept_problem``)."""
+    sweep_dir = find_sweep(out_dir)
+    job = job_entry(sweep_dir, out_dir) if sweep_dir else None
+    if job is None or job["state"] not in (OK, FAILED):
+        return False
+    if job["state"] == FAILED:
+        print(f"kept {out_dir}: failed before the sweep was resumed ({job['error']}); resume=failed runs it again")
+        return True
+    problem = kept_problem(plan, out_dir)
+    if problem:
+        _fail(problem, out_dir, overrides, True, EXIT_RUN_ERROR)
+    else:
+        print(f"kept {out_dir}: complete before the sweep was resumed")
+    return True
+
+
+def _record(out_dir: str | Path, **fields) -> None:
+    """Set ``fields`` in this job's entry of its sweep's ``sweep.json`` (none: a sweep without one);
+    a disk that refuses it leaves the entry to ``sweep_record.reconcile``."""
+    try:
+        sweep_dir = find_sweep(out_dir)
+        if sweep_dir is not None:
+            update_job(sweep_dir, out_dir, **fields)
+    except OSError as exc:
+        log.warning("sweep.json not updated for '%s': %s", out_dir, exc)
+
+
+def _stopped(out_dir: str | Path, overrides: Sequence[str], why: str) -> None:
+    """Record the job as interrupted; in the process that launched the sweep, say where the sweep
+    stands and how to continue it."""
+    try:
+        write_status(out_dir, overrides, why, state=INTERRUPTED)
+    except OSError:
+        pass
+    sweep_dir = find_sweep(out_dir)
+    record = read_record(sweep_dir) if sweep_dir else None
+    if record and record.get("pid") == os.getpid():  # the basic launcher: the sweep stops here
+        print(f"error: the sweep stopped: {state_line(record['jobs'])}; continue it with the same command "
+              f"and resume=true", file=sys.stderr)
 
 
 _claims: dict[Path, object] = {}
@@ -123,15 +183,18 @@ def failure_code(exc: Exception) -> int:
 
 
 def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
-    """Record how one job of a sweep ended (``error`` is ``None`` on success).
+    """Record how one job of a sweep ended (``error`` is ``None`` on success) in its ``status.json``
+    and its entry of ``sweep.json``.
 
-    ``state``: ``ok``, ``failed`` (the default for an error), or what the scheduler did:
-    ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
+    ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
+    did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    status = {"status": state or ("failed" if error else "ok"), "overrides": list(overrides), "error": error}
+    state = state or (FAILED if error else OK)
+    status = {"status": state, "overrides": list(overrides), "error": error}
     (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+    _record(out_dir, state=state, error=error)
 
 
 def read_status(out_dir: str | Path) -> dict | None:

@@ -6,6 +6,7 @@ complete before it is printed, so a summary that cannot be made is one warning, 
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -16,9 +17,12 @@ def print_summary(path: str | Path, quiet: bool) -> None:
     if quiet:
         return
     from runner.analysis.summary import summarize  # pandas is imported only when the run has ended
+    from runner.analysis.sweep_jobs import IncompleteSweepWarning
 
     try:
-        text = summarize(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IncompleteSweepWarning)  # the sweep's end names those jobs itself
+            text = summarize(path)
     except (OSError, ValueError, KeyError) as exc:  # e.g. a sweep whose every job failed
         log.warning("no summary of '%s': %s", path, exc)
         return

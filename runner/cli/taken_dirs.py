@@ -7,13 +7,14 @@ which checks every job's directory again just before Hydra writes into it.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from common.errors import ConfigError, OutputError
 from runner.cli.execute import failure_code
+from runner.cli.resume import command_problem, resume_mode
 from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
 
 
@@ -26,14 +27,18 @@ def job_dir(config: DictConfig, num: int) -> Path:
     return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))
 
 
-def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]]) -> tuple[str | None, list[str], int]:
+def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: Collection[int] = ()
+                       ) -> tuple[str | None, list[str], int]:
     """Why the sweep of ``jobs`` cannot write its job directories: ``(headline, lines, exit status)``.
 
     A directory whose every refused job holds a complete run is the same sweep run again: one
-    headline, no per-job lines. No problem: ``(None, [], 0)``.
+    headline, no per-job lines. No problem: ``(None, [], 0)``. The jobs ``skip`` (those a resumed
+    sweep keeps) write nothing and are not checked.
     """
     bad, code, complete = [], 0, 0
     for num, overrides in enumerate(jobs):
+        if num in skip:
+            continue
         try:
             check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
         except (ConfigError, OutputError) as exc:
@@ -50,7 +55,8 @@ def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]]) -> tup
 def held_sweep_line(config: DictConfig, held: int, jobs: int) -> str:
     """The one line refusing a sweep whose ``held`` of ``jobs`` job directories hold a complete run."""
     return (f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({held} of {jobs} job directories hold "
-            f"a complete run); pass overwrite=true to replace it, or choose another hydra.sweep.dir")
+            f"a complete run); pass resume=true to continue it (its complete jobs are kept), overwrite=true to "
+            f"replace it, or choose another hydra.sweep.dir")
 
 
 def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
@@ -58,8 +64,14 @@ def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bo
 
     ``config`` is the first job's, Hydra's node included. Only a complete run is looked for here
     (``refuse_complete_run``); the rest of a directory's check (read-only, full, a live run) is Hydra's
-    callback's, once, after the configs are checked.
+    callback's, once, after the configs are checked. A command with ``resume`` is checked against
+    the sweep it resumes instead (``runner.cli.resume.command_problem``).
     """
+    try:
+        if resume_mode(config):
+            return command_problem(config, jobs, multirun)
+    except ConfigError as exc:
+        return str(exc)
     overwrite = bool(config.get("overwrite"))
     if multirun:
         held = [num for num in range(len(jobs)) if _holds_run(job_dir(config, num), overwrite)]

@@ -246,6 +246,8 @@ class RunConfig:
     on_nonfinite: Policy = Policy.warn
     on_silent: Policy = Policy.warn   #: an entry that matched but recorded or changed nothing
     overwrite: bool = False
+    #: a sweep: false, true (continue the sweep in hydra.sweep.dir), failed (and rerun its failed jobs)
+    resume: Any = False
     plan: bool = False
     plots: list[str] = field(default_factory=list)  #: names in ``runner.config.registry.PLOTS``
     eval_every: int = 0
