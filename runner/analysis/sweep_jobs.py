@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from runner.store.commit import MANIFEST
+from common.records import MANIFEST
 from runner.store.sweep_record import FAILED, OK, PENDING, RUNNING, read_sweep, state_line, swept_values
 
 #: What a job that never ran says in ``failed_jobs``'s ``error``.

@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.records import MANIFEST
+from common.durable import replaced
+from common.manifest import ManifestError, read_manifest
 from runner.store.lock import live_holder
 
 SWEEP = "sweep.json"
@@ -130,7 +131,7 @@ def reconcile(job: dict) -> dict:
         return job
     run_dir = Path(job["run_dir"])
     run_id = job.get("run_id")
-    if run_id and _read_json(run_dir / MANIFEST).get("run_id") == run_id:
+    if run_id and _committed_run_id(run_dir) == run_id:
         return {**job, "state": OK, "error": None}
     if live_holder(run_dir, time.time) is not None:
         return job
@@ -172,17 +173,13 @@ def state_line(jobs: Sequence[dict], most: int = MOST_NAMED) -> str:
 
 def _write(sweep_dir: Path, record: dict) -> Path:
     path = sweep_dir / SWEEP
-    tmp = path.with_name(f".{SWEEP}.tmp-{os.getpid()}")
     record["states"] = counts(record["jobs"])
     record["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     head = {key: value for key, value in record.items() if key != "jobs"}
     # one job a line: readable, and json's C encoder (indent=2 takes the pure-Python one: 0.1 s for 1,000 jobs)
     text = json.dumps(head)[:-1] + ', "jobs": [\n' + ",\n".join(json.dumps(job) for job in record["jobs"]) + "\n]}\n"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # whole, old or new (the directory is not fsynced: a reader reconciles a lost update)
+    with replaced(path, sync_directory=False) as tmp:  # whole, old or new (a reader reconciles a lost update)
+        tmp.write_text(text)
     return path
 
 
@@ -201,6 +198,14 @@ def _locked(sweep_dir: Path) -> Iterator[None]:
 def _load(sweep_dir: Path) -> dict | None:
     record = _read_json(sweep_dir / SWEEP)
     return record if isinstance(record.get("jobs"), list) else None
+
+
+def _committed_run_id(run_dir: Path) -> str | None:
+    """The ``run_id`` of the run committed in ``run_dir``; ``None`` for none or a damaged manifest."""
+    try:
+        return (read_manifest(run_dir) or {}).get("run_id")
+    except (OSError, ManifestError):
+        return None
 
 
 def _read_json(path: Path) -> dict:
