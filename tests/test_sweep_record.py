@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import runner.analysis as analysis
+from runner.analysis.sweep_jobs import IncompleteSweepWarning
 from runner.store.sweep_record import SWEEP
 
 
@@ -21,7 +24,8 @@ def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path):
     assert ok["overrides"] == ["model=convnet", "hooks=clip", "steps=1", "loss=sum", "on_nonfinite=error"]
     assert (failed["state"], failed["run_dir"]) == ("failed", "1") and "the loss is nan" in failed["error"]
     assert f"error: {' '.join(failed['overrides'])}: {failed['error']}" in proc.stderr  # the closing list
-    assert analysis.load_steps(tmp_path).loss.notna().all()  # only the complete job's rows
+    with pytest.warns(IncompleteSweepWarning, match=r"2 jobs: 1 complete, 1 failed \(job 1: loss=log_mean\)"):
+        assert analysis.load_steps(tmp_path).loss.notna().all()  # only the complete job's rows
     assert analysis.failed_jobs(tmp_path).to_dict("records") == [
         {"job_dir": str(tmp_path / "1"), "overrides": " ".join(failed["overrides"]), "error": failed["error"]}]
 
