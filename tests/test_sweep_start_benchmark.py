@@ -17,7 +17,7 @@ from conftest import assert_same_tables
 def test_the_first_step_is_job_0s_and_the_sweep_and_the_loop_run_the_same_runs(tmp_path):
     first = sweep_start.first_step(tmp_path, blocks=1, positions=2)
     assert first.jobs == 2 and math.isfinite(first.wall_s) and first.wall_s > 0 and first.cpu_s > 0
-    jobs = sorted(p.name for p in (tmp_path / "patching").iterdir() if not p.name.startswith("."))
+    jobs = sorted(p.name for p in (tmp_path / "patching").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert jobs == ["0"]  # stopped in job 0's first step: job 1 never started
     assert not (tmp_path / "patching" / "0" / "manifest.json").exists()
 
