@@ -109,3 +109,39 @@ def test_the_real_command_refuses_a_sweep_with_one_index_out_of_range_and_writes
     assert lines[0] == "error: sweep rejected before any job ran: 1 of 9 jobs are invalid"
     assert lines[1].startswith("error: job 8 (") and "hooks.ablate.index: '[99]'" in lines[1] and len(lines) == 2
     assert not sweep.exists()
+
+
+def test_the_sweeper_is_hydras_basic_one_without_its_second_composition():
+    from hydra_plugins.runner_sweeper.sweeper import CheckedSweeper
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from runner.config.compose import compose_with_hydra
+
+    assert compose_with_hydra(["model=convnet"]).hydra.sweeper._target_ == \
+        f"{CheckedSweeper.__module__}.{CheckedSweeper.__name__}"
+    assert [name for name in vars(CheckedSweeper) if not name.startswith("_")] == ["validate_batch_is_legal"]
+    assert issubclass(CheckedSweeper, BasicSweeper)
+
+
+COUNT_COMPOSITIONS = """
+import sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+count = []
+load = ConfigLoaderImpl.load_sweep_config
+ConfigLoaderImpl.load_sweep_config = lambda self, *a, **k: count.append(1) or load(self, *a, **k)
+sys.argv = ["runner", *sys.argv[1:]]
+from runner.__main__ import main
+try:
+    main()
+finally:
+    print("sweep compositions:", len(count))
+"""
+
+
+@pytest.mark.slow
+def test_hydra_composes_each_job_once_when_it_launches_it(tmp_path):
+    done = subprocess.run([sys.executable, "-c", COUNT_COMPOSITIONS, "-m", "model=linear", "hooks=none", "seed=0,1,2",
+                           "quiet=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "sweep compositions: 3" in done.stdout  # Hydra's basic sweeper: 6 (each job validated, then launched)
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1", "2"]
