@@ -95,7 +95,7 @@ def test_each_row_carries_its_jobs_overrides(sweep):
         assert (rows["hooks.clip.max"] == 10.0 ** -i).all() and (rows["seed"] == i).all()
         assert (rows["optimizer"] == ["sgd", "adam"][i % 2]).all()
     assert df["hooks.clip.max"].dtype == np.float64 and df["seed"].dtype == np.int64
-    assert list(df["optimizer"].cat.categories) == ["adam", "sgd"]
+    assert list(df["optimizer"].cat.categories) == ["sgd", "adam"]  # job order: job 0 is sgd
     steps = analysis.load_steps(sweep)
     assert_as_pyarrow(steps, ds.dataset(files_of(sweep, "steps.parquet"), format="parquet").to_table())
     assert isinstance(steps["split"].dtype, pd.CategoricalDtype)

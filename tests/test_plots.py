@@ -118,11 +118,11 @@ def test_compare_runs_draws_one_line_per_job_and_a_panel_per_parameter_kind(tmp_
     weight, bias = fig.axes[:2]
     assert [ax.get_title(loc="left") for ax in (weight, bias)] == ["weight gradients, kernels and matrices",
                                                                    "bias gradients, vectors"]
-    # lines ordered by the swept value, as numbers
-    assert [line.get_label() for line in weight.lines] == ["hooks.clip.max=0.001", "hooks.clip.max=1.0"]
+    # lines in job order, as the values were given
+    assert [line.get_label() for line in weight.lines] == ["hooks.clip.max=1.0", "hooks.clip.max=0.001"]
     for ax, slot in ((weight, "weight"), (bias, "bias")):
         assert [t.get_text() for t in ax.get_xticklabels()] == ["conv", "fc"]
-        for line, directory in zip(ax.lines, ("1", "0")):
+        for line, directory in zip(ax.lines, ("0", "1")):
             job = analysis.per_layer(stats[stats.run_dir == str(tmp_path / directory)], "param_grad")
             np.testing.assert_array_equal(line.get_ydata(), job[job.slot == slot]["l2"])
     fig = plots.loss_curves(analysis.load_steps(tmp_path))
@@ -290,8 +290,8 @@ def test_loss_curves_draw_a_panel_per_metric_of_the_splits_asked_for(run_with, t
     assert png_size(plots.png_bytes(fig)) == (1100, 400)
     for ax, metric in zip(fig.axes, ("loss", "accuracy")):
         assert ax.get_ylabel() == f"{metric} (held out)"
-        assert [line.get_label() for line in ax.lines] == ["hooks=clip", "hooks=none"]
-        for line, hooks in zip(ax.lines, ("clip", "none")):
+        assert [line.get_label() for line in ax.lines] == ["hooks=none", "hooks=clip"]  # the order they ran in
+        for line, hooks in zip(ax.lines, ("none", "clip")):
             held = steps[(steps.hooks == hooks) & (steps.split == "eval")]
             np.testing.assert_array_equal(line.get_xdata(), held.step)
             np.testing.assert_array_equal(line.get_ydata(), held[metric])

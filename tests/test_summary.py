@@ -77,7 +77,7 @@ def test_quiet_prints_no_summary(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'run'}"
 
 
-def test_sweep_summary_is_a_table_of_the_swept_values_in_numeric_order(tmp_path):
+def test_sweep_summary_is_a_table_of_the_swept_values_in_command_line_order(tmp_path):
     sweep = tmp_path / "sweep"
     done = subprocess.run([sys.executable, "-m", "runner", "-m", "model=convnet", "hooks=clip", "hooks.clip.min=-1",
                            "hooks.clip.max=0.1,0.01,1", f"hydra.sweep.dir={sweep}"],
@@ -89,7 +89,7 @@ def test_sweep_summary_is_a_table_of_the_swept_values_in_numeric_order(tmp_path)
     assert lines[1].split() == ["hooks.clip.max", "loss", "clipped"]
     stats = analysis.load_stats(sweep, filters=[("kind", "=", "clipped")])
     losses = analysis.load_steps(sweep).groupby("hooks.clip.max").loss.last()
-    for line, bound in zip(lines[2:5], (0.01, 0.1, 1)):
+    for line, bound in zip(lines[2:5], (0.1, 0.01, 1)):
         rows = stats[stats["hooks.clip.max"] == bound]
         share = np.rint(rows.numel * (1 - rows.zero_frac)).sum() / rows.numel.sum()
         assert line.split() == [f"{bound:g}", f"{losses[bound]:.4g}", f"{100 * share:.1f}%"]

@@ -4,8 +4,9 @@ A run directory is one that holds ``manifest.json`` (written last, so only compl
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
 ``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (``layer``,
-``kind``, ``hook``, ..., the overrides' text and ``run_dir``) as pandas categoricals with sorted
-categories, which do not repeat a string per row, and ``tensor_shape`` as a categorical of
+``kind``, ``hook``, ..., the overrides' text and ``run_dir``) as pandas categoricals, which do
+not repeat a string per row (``run_dir`` and the overrides' categories in job order: the order of
+the values on the command line, ``runner.analysis.order``), and ``tensor_shape`` as a categorical of
 tuples (``runner.analysis.frame``). All files of a sweep are read as one pyarrow dataset; where
 files differ in columns the schema unifies them, so a column that only some jobs wrote is kept
 (null in the rows of the others), and ``columns``/``filters`` are pushed down into the scan.
@@ -47,7 +48,7 @@ from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS
 from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
-from runner.analysis.order import natural_key, natural_sorted
+from runner.analysis.order import natural_sorted
 from runner.analysis.sweep_jobs import incomplete, listed_failures, listed_runs, listed_states
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
@@ -78,15 +79,16 @@ def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[d
     if (path / MANIFEST).is_file():
         found, pending = [path], []
     else:
-        found, pending = listed_runs(path), []  # a sweep's own record of its runs (sweep.json), else a search
+        found, pending = listed_runs(path), []  # a sweep's own record of its runs (sweep.json), in job order
         if found is None:
             found, pending = find_jobs(path)
+            found = natural_sorted(found)  # numbered job directories: 2 before 10
     warn_pending(path, pending, len(found))
     if not found:
         state = incomplete(path)
         raise FileNotFoundError(f"no complete run (a directory with {MANIFEST}) at or under '{path}'"
                                 + (f": {state}" if state else ""))
-    runs, footers = intact(natural_sorted(found), on_corrupt, table)
+    runs, footers = intact(found, on_corrupt, table)
     if not runs:
         raise FileNotFoundError(f"no undamaged complete run at or under '{path}'")
     return runs, footers
@@ -270,11 +272,9 @@ def _per_row(codes: np.ndarray, values: list) -> np.ndarray | pd.Categorical:
 
 def _categorical(codes: np.ndarray, values: list) -> pd.Categorical:
     """Per-row categorical from per-run ``values`` and each row's run index ``codes`` (None -> missing)."""
+    # In the order the runs first have them: the runs are in job order, so groupby and legends list the
+    # values as the command line wrote them (sorting would put {min:-0.01} before {min:-1000}).
     categories = list(dict.fromkeys(v for v in values if v is not None))
-    try:
-        categories.sort(key=natural_key)  # groupby and legends list 0.001, 0.01, 0.1, and h.2 before h.10
-    except TypeError:  # values of several types: first-seen order
-        pass
     index = {v: i for i, v in enumerate(categories)}
     per_run = np.array([index[v] if v is not None else -1 for v in values], dtype=np.int32)
     try:

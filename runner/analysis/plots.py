@@ -28,7 +28,7 @@ from common.records import EXPLAINED_CLASSES
 from runner.analysis import lens  # noqa: F401  (registers the logit_lens picture)
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
 from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
-from runner.analysis.order import natural_key
+from runner.analysis.order import in_job_order
 from runner.analysis.patching_plots import patching_heatmap  # noqa: F401  (runner.plots.patching_heatmap)
 from runner.config.registry import PLOTS
 from runner.store.commit import read_manifest
@@ -152,8 +152,8 @@ def compare_runs(stats: pd.DataFrame, stat: str = "l2", kind: str = "param_grad"
     Parameter gradients get one panel per parameter kind (``weight`` kernels and matrices,
     1-D ``weight`` vectors such as norm scales, ``bias`` vectors), so a line never alternates
     between kinds of different scale. Lines are labelled by ``by`` (columns of the frame), or by
-    the override columns whose values differ between runs, and ordered and coloured by those
-    values. The y axis is logarithmic when every value is positive. 12 inches wide, 1 + 3.2 per panel.
+    the override columns whose values differ between runs, in job order (the order of the values
+    on the command line), each its own colour. The y axis is logarithmic when every value is positive. 12 inches wide, 1 + 3.2 per panel.
     """
     rows = per_layer(stats, kind, step)
     if rows.empty:
@@ -287,10 +287,10 @@ def _depth_ticks(ax, labels, most: int = 40) -> None:
 
 
 def _ordered_runs(rows: pd.DataFrame, by: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """``(label, rows)`` per run, sorted by the values of ``by`` (numbers as numbers), then in job order."""
-    runs = [(run.iloc[0], run) for _, run in rows.groupby("run_dir", sort=False, observed=True)]
-    runs.sort(key=lambda item: tuple(natural_key(item[0][c]) for c in [*by, "run_dir"]))
-    return [(_run_label(first, by), run) for first, run in runs]
+    """``(label, rows)`` per run in job order: the order of the swept values on the command line."""
+    position = {run: i for i, run in enumerate(in_job_order(rows["run_dir"]))}
+    runs = sorted(rows.groupby("run_dir", sort=False, observed=True), key=lambda item: position[item[0]])
+    return [(_run_label(run.iloc[0], by), run) for _, run in runs]
 
 
 def _colours(n: int) -> list:

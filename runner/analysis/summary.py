@@ -10,7 +10,8 @@ alike (its part manifests' ``common.ranks.SAME_ON_EVERY_RANK``: all of them when
 whole batch, as the CLI's FSDP2 run does; the whole-tensor rows of FSDP2's sharded gradients) are
 read from the first rank only, and each rank's own rows (DDP: its batch) from every rank. A sweep
 gets a table of the swept values against the last train loss and the headline statistic (the
-fraction clipped, else the largest gradient norm), in job order.
+fraction clipped, else the largest gradient norm), in job order: the order of the values on the
+command line.
 Every number is read back from the run's parquet files, the same ones the loaders give.
 """
 from __future__ import annotations
@@ -29,7 +30,6 @@ from common.records import RUN_TOTAL_SCHEMAS
 from runner.analysis.load import (GRADIENT_KINDS, abnormal, config_path, label_of, load_stats, load_steps,
                                   override_columns, run_dirs)
 from runner.analysis.intact import read_manifest
-from runner.analysis.order import natural_key
 
 #: The statistic columns the summary reads (a sweep is never read whole).
 COLUMNS = ["step", "call", "hook", "layer", "phase", "kind", "slot", "numel", "l2", "zero_frac",
@@ -191,8 +191,8 @@ def _steps_line(steps: pd.DataFrame) -> str:
 
 
 def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
-    """One row per job of the sweep at ``path``, in job order (by the swept values, numbers as
-    numbers): the swept overrides, ``loss`` (the last train loss, when the jobs had one) and the headline statistic,
+    """One row per job of the sweep at ``path``, in job order (the order of the swept values on the
+    command line, ``runner.analysis.order``): the swept overrides, ``loss`` (the last train loss, when the jobs had one) and the headline statistic,
     ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``.
     ``on_corrupt`` as for ``load_stats``."""
     steps = load_steps(path, columns=["step", "split", "loss"], on_corrupt=on_corrupt)
@@ -219,8 +219,6 @@ def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
         per_tensor = rows.groupby(["run_dir", "layer", "slot", "call"], observed=True)["l2"].mean()
         largest = per_tensor.groupby(level="run_dir", observed=True).max()
         table[f"largest {kinds[0]} l2"] = largest.reindex(runs).to_numpy()
-    if swept:
-        table = table.sort_values(swept, key=lambda column: column.map(natural_key), kind="stable", ignore_index=True)
     return table
 
 

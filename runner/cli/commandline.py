@@ -5,7 +5,9 @@
 plan, unless the command's fixed directory already holds its run(s): that one line comes first,
 before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command before Hydra creates any directory. It returns the
 plans with the problems: ``runner.__main__`` hands each job its plan, so a run is checked,
-built and rehearsed once.
+built and rehearsed once. A sweep's jobs that differ from its first in values only are derived
+from the first's config rather than composed again (``runner.cli.sweep_compile``), and share its
+meta model (``runner.engine.plan_cache``); each is still compiled and rehearsed in full.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from runner.config.compose import LauncherError, compose_job, compose_with_hydra, parse_error
+from runner.config.compose import LauncherError, compose_with_hydra, parse_error
+from runner.cli.sweep_compile import JobComposer
 from runner.cli.taken_dirs import held_run_dir
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
+from runner.engine.plan_cache import shared_meta_models
 
 #: Flags after which Hydra does something else than run jobs (help, print the config, ...).
 _OTHER_MODES = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-p", "--package",
@@ -55,17 +59,19 @@ def check_command_line(argv: Sequence[str]) -> CommandCheck:
     held = _held_dir(jobs, multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck([held])
-    for num, job in enumerate(jobs):
-        try:
-            cfg, remote = compose_job(job)
-            if multirun and (problem := sweep_problem(cfg)):  # the same for every such job: said once
-                return CommandCheck([problem])
-            checked.plans[OmegaConf.to_yaml(cfg)] = compile_plan(cfg, job, check_device=not remote)
-        except LauncherError as exc:  # the same for every job: said once
-            return CommandCheck([str(exc)])
-        except ConfigError as exc:
-            label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
-            checked.problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
+    composer = JobComposer()  # a job differing from the first in values only is not composed again
+    with shared_meta_models():  # nor is its model built again on the meta device
+        for num, job in enumerate(jobs):
+            try:
+                cfg, remote = composer.compose(job)
+                if multirun and (problem := sweep_problem(cfg)):  # the same for every such job: said once
+                    return CommandCheck([problem])
+                checked.plans[OmegaConf.to_yaml(cfg)] = compile_plan(cfg, job, check_device=not remote)
+            except LauncherError as exc:  # the same for every job: said once
+                return CommandCheck([str(exc)])
+            except ConfigError as exc:
+                label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+                checked.problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
     if multirun and checked.problems:
         checked.problems.insert(0, f"sweep rejected before any job ran: {len(checked.problems)} of {len(jobs)} jobs "
                                    f"are invalid")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from torch.func import functional_call
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.nn.modules import module as nn_module
 
@@ -42,7 +42,8 @@ from hooks.shards import is_sharded
 from runner.engine.budget import check_budget
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
-from runner.sources.models import build_model, load_checkpoint
+from runner.engine.plan_cache import meta_model
+from runner.sources.models import load_checkpoint
 
 #: What the meta device says when it, not the config, is the limit (data-dependent code).
 _META_LIMIT = re.compile(r"meta|data-dependent|item\(\)|nonzero", re.I)
@@ -72,8 +73,7 @@ def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks:
     if model_cfg.get("weights"):
         return None  # a weights name downloads: nothing to build on the meta device
     try:
-        with torch.device("meta"):
-            model = build_model(OmegaConf.merge(model_cfg, {"checkpoint": None}))
+        model = meta_model(model_cfg)  # a sweep's jobs of one model config share it (runner.engine.plan_cache)
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001 - not buildable on meta: the real run reports its own errors
