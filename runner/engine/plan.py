@@ -11,8 +11,9 @@ job runs. Each failure is one ``ConfigError`` naming the key.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,8 +331,8 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
     if loss_fn is None:
         for hook in hooks:
             if hook.needs_backward:
-                forward = sorted({"input", "output"} & getattr(hook, "record_kinds", set()))
-                instead = f", record the forward pass only ({hook.key}.kinds=[{','.join(forward)}])," if forward else ""
+                forward = _forward_only(hook, lambda lighter: lighter.needs_backward)
+                instead = f", record the forward pass only ({forward})," if forward else ""
                 raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass but loss=none; "
                                   f"choose a loss (e.g. loss=sum){instead} or drop the entry")
         if optimizer.name != "none":
@@ -346,8 +347,21 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
     if settings.compile:
         for hook in hooks:
             if hook.compile_problem:
+                forward = _forward_only(hook, lambda lighter: lighter.compile_problem)
+                instead = f"record the forward pass only ({forward}), " if forward else ""
                 raise ConfigError(f"{hook.key}: hook type '{hook.spec.type}' {hook.compile_problem}, which "
-                                  f"torch.compile does not support; use compile=false or drop the entry")
+                                  f"torch.compile does not support; {instead}use compile=false or drop the entry")
+
+
+def _forward_only(hook: HookType, problem: Callable[[HookType], object]) -> str:
+    """The override keeping only the entry's forward kinds (``hooks.stats.kinds=[output]``), when the entry
+    so narrowed has no ``problem``; ``""`` when it records no forward kind or the narrowing does not help."""
+    kinds = list(getattr(hook.spec, "kinds", None) or ())
+    forward = [kind for kind in kinds if kind in ("input", "output")]
+    if not forward or forward == kinds:
+        return ""
+    lighter = type(hook)(hook.name, dataclasses.replace(hook.spec, kinds=forward))
+    return "" if problem(lighter) else f"{hook.key}.kinds=[{','.join(forward)}]"
 
 
 def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:

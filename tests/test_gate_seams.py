@@ -1,0 +1,87 @@
+"""Seams of the gate found from outside, each a test that failed before it was closed: a user's own token
+dataset feeding a Hugging Face model from the command line (``model=hf data=dataset``), the documented
+remedy named when ``compile=true`` refuses an entry, an override without a key as one line."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from conftest import make_config, stats_of
+from common.errors import ConfigError
+from runner.cli.commandline import check_command_line
+from runner.engine.plan import compile_plan
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def token_ids(n: int = 6, length: int = 16, vocab: int = 100) -> TensorDataset:
+    """``n`` seeded sequences of token ids in ``[0, vocab)``, unlabelled: a user's own token dataset."""
+    return TensorDataset(torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(5)))
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A 2-block GPT-2 with random weights (no dropout) saved with ``save_pretrained``."""
+    transformers = pytest.importorskip("transformers", reason="the 'transformers' extra is not installed")
+    path = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def test_a_users_token_dataset_feeds_a_hugging_face_model_from_the_command_line(run_with, gpt2_dir):
+    import transformers
+
+    run_dir = run_with("model=hf", f"model.path={gpt2_dir}", "data=dataset", "data._target_=test_gate_seams.token_ids",
+                       "data.batch_size=2", "mode=eval", "epochs=1", "loss=none", "hooks=stats",
+                       "hooks.stats.layers=lm_head", "hooks.stats.kinds=[output]")
+    model = transformers.GPT2LMHeadModel.from_pretrained(gpt2_dir, local_files_only=True).eval()
+    ids = token_ids().tensors[0]
+    rows = stats_of(run_dir, hook="stats").sort_values("step")
+    assert rows.step.tolist() == [0, 1, 2]  # the 6 sequences in order, 2 a step
+    with torch.no_grad():
+        for row in rows.itertuples():
+            logits = model(ids[2 * row.step:2 * row.step + 2]).logits
+            assert row.l2 == pytest.approx(logits.double().norm().item(), rel=1e-5)
+
+
+def test_a_dataset_of_floats_for_a_token_model_is_one_line(gpt2_dir):
+    with pytest.raises(ConfigError) as err:
+        compile_plan(make_config("model=hf", f"model.path={gpt2_dir}", "data=dataset", "data.batch_size=2",
+                                 "data._target_=datasets_for_tests.Squares"))
+    assert str(err.value) == ("data: this model takes token ids (integers), but data=dataset gives torch.float32 "
+                              "[2, 100]; use data=tokens, or data=dataset whose items are integer ids")
+
+
+def test_compile_names_the_remedy_the_readme_documents():
+    shown = re.search(r"\$ python -m runner (model=convnet hooks=stats compile=true)\n  error: (.*)\n", README)
+    checked = check_command_line(shown.group(1).split())
+    assert checked.problems == [shown.group(2)]
+    assert shown.group(2).endswith("record the forward pass only (hooks.stats.kinds=[output]), use compile=false "
+                                   "or drop the entry")
+    assert compile_plan(make_config("model=convnet", "hooks=stats", "compile=true", "hooks.stats.kinds=[output]"))
+
+
+def test_an_edit_of_gradients_is_offered_no_kinds_that_would_not_help():
+    with pytest.raises(ConfigError) as err:
+        compile_plan(make_config("model=convnet", "hooks=clip", "hooks.clip.target=output", "compile=true"))
+    assert "kinds=" not in str(err.value) and str(err.value).endswith("use compile=false or drop the entry")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("=1", "'=1': no key before '='; write KEY=VALUE, e.g. steps=1"),
+    ("+=x", "'+=x': no key before '='; write KEY=VALUE, e.g. steps=1"),
+    ("model=1", "model: unknown preset '1'; valid: "),
+    ("hooks=[clip,2]", "hooks: unknown preset '2'; valid: "),
+    ("model=null", "model: unknown preset 'null'; valid: "),
+    ("hydra/launcher=1", "hydra/launcher: 1 is not a preset name"),
+])
+def test_an_override_hydra_cannot_take_is_one_line(override, message):
+    checked = check_command_line(["model=linear", override])
+    assert len(checked.problems) == 1 and checked.problems[0].startswith(message), checked.problems
