@@ -14,6 +14,7 @@ from conftest import make_config, stats_of
 from common.errors import ConfigError
 from runner.cli.commandline import check_command_line
 from runner.engine.plan import compile_plan
+from test_own_model import gpt2_dir  # noqa: F401  (the fixture: a random-weight GPT-2 saved with save_pretrained)
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 
@@ -21,18 +22,6 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding=
 def token_ids(n: int = 6, length: int = 16, vocab: int = 100) -> TensorDataset:
     """``n`` seeded sequences of token ids in ``[0, vocab)``, unlabelled: a user's own token dataset."""
     return TensorDataset(torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(5)))
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    """A 2-block GPT-2 with random weights (no dropout) saved with ``save_pretrained``."""
-    transformers = pytest.importorskip("transformers", reason="the 'transformers' extra is not installed")
-    path = tmp_path_factory.mktemp("gpt2")
-    torch.manual_seed(3)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False,
-                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
 
 
 def test_a_users_token_dataset_feeds_a_hugging_face_model_from_the_command_line(run_with, gpt2_dir):
