@@ -74,3 +74,57 @@ def test_an_edit_of_gradients_is_offered_no_kinds_that_would_not_help():
 def test_an_override_hydra_cannot_take_is_one_line(override, message):
     checked = check_command_line(["model=linear", override])
     assert len(checked.problems) == 1 and checked.problems[0].startswith(message), checked.problems
+
+
+def widen(module, args, output):
+    return torch.cat([output, output], dim=-1)
+
+
+def widen_grad(grad):
+    return torch.cat([grad, grad], dim=-1)
+
+
+def widen_input(module, args):
+    return torch.cat([args[0], args[0]], dim=-1)
+
+
+def total(module, args, output):
+    print(output.sum().item())  # needs values: the rehearsal leaves it to the real run
+
+
+MLP = ["model=mlp", "data.shape=[2,100]"]
+
+
+def custom(hook: str, fn: str, *more: str) -> str:
+    return f"+hooks.c={{type:custom,layers:fc1,hook:{hook},fn:test_gate_seams.{fn}{''.join(',' + m for m in more)}}}"
+
+
+@pytest.mark.parametrize("entry, message", [
+    (custom("forward", "widen"), "hooks.c: test_gate_seams.widen changed the output of 'fc1' from 0: [2, 200] to "
+                                 "0: [2, 400]; a forward hook must keep the shapes PyTorch gives it"),
+    (custom("tensor", "widen_grad"), "hooks.c: test_gate_seams.widen_grad changed the grad_output of 'fc1' from "
+                                     "0: [2, 200] to 0: [2, 400]; a tensor hook must keep the shapes PyTorch gives it"),
+    (custom("tensor", "widen_grad", "target:params", "params:[bias]"),
+     "hooks.c: test_gate_seams.widen_grad changed the param_grad of 'fc1' from bias: [200] to bias: [400]; "
+     "a tensor hook must keep the shapes PyTorch gives it"),
+    (custom("forward_pre", "widen_input"), "hooks.c: test_gate_seams.widen_input changed the input of 'fc1' from "
+                                           "0: [2, 100] to 0: [2, 200], and the pass then failed: "),
+])
+def test_a_custom_replacement_of_another_shape_is_one_line_before_hydra_writes_anything(entry, message, monkeypatch,
+                                                                                        capsys, tmp_path):
+    import runner.__main__ as runner_main
+
+    out = tmp_path / "run"
+    monkeypatch.setattr("sys.argv", ["runner", *MLP, entry, f"hydra.run.dir={out}"])
+    with pytest.raises(SystemExit) as exit_:
+        runner_main.main()
+    errors = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
+    assert not out.exists()  # refused by the gate: Hydra never ran, no .hydra/
+
+
+def test_a_fn_that_needs_values_is_left_to_the_real_run(run_with, capsys):
+    run_dir = run_with(*MLP, "loss=none", custom("forward", "total"))
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 1 and float(printed[0]) == pytest.approx(stats_of(run_dir, hook="c").iloc[0]["mean"] * 400,
+                                                                     rel=1e-5)
