@@ -1,9 +1,12 @@
 """Seams of the gate found from outside, each a test that failed before it was closed: a user's own token
 dataset feeding a Hugging Face model from the command line (``model=hf data=dataset``), the documented
-remedy named when ``compile=true`` refuses an entry, an override without a key as one line."""
+remedy named when ``compile=true`` refuses an entry, an override without a key as one line, a ``custom``
+replacement of another shape and what only the built model can say (``stop_after``, a model with
+nothing to train) refused before Hydra writes anything."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,6 +98,18 @@ def total(module, args, output):
 MLP = ["model=mlp", "data.shape=[2,100]"]
 
 
+def refused(argv: list[str], out: Path, monkeypatch, capsys) -> list[str]:
+    """``python -m runner ARGV hydra.run.dir=OUT`` in this process: it must exit with status 2 and leave no
+    ``OUT`` (no ``.hydra/``: Hydra never started); what it printed on stderr."""
+    import runner.__main__ as runner_main
+
+    monkeypatch.setattr(sys, "argv", ["runner", *argv, f"hydra.run.dir={out}"])
+    with pytest.raises(SystemExit) as exit_:
+        runner_main.main()
+    assert exit_.value.code == 2 and not out.exists()
+    return capsys.readouterr().err.splitlines()
+
+
 def custom(hook: str, fn: str, *more: str) -> str:
     return f"+hooks.c={{type:custom,layers:fc1,hook:{hook},fn:test_gate_seams.{fn}{''.join(',' + m for m in more)}}}"
 
@@ -112,15 +127,8 @@ def custom(hook: str, fn: str, *more: str) -> str:
 ])
 def test_a_custom_replacement_of_another_shape_is_one_line_before_hydra_writes_anything(entry, message, monkeypatch,
                                                                                         capsys, tmp_path):
-    import runner.__main__ as runner_main
-
-    out = tmp_path / "run"
-    monkeypatch.setattr("sys.argv", ["runner", *MLP, entry, f"hydra.run.dir={out}"])
-    with pytest.raises(SystemExit) as exit_:
-        runner_main.main()
-    errors = capsys.readouterr().err.splitlines()
-    assert exit_.value.code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
-    assert not out.exists()  # refused by the gate: Hydra never ran, no .hydra/
+    errors = refused([*MLP, entry], tmp_path / "run", monkeypatch, capsys)
+    assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
 
 
 def test_a_fn_that_needs_values_is_left_to_the_real_run(run_with, capsys):
@@ -128,3 +136,17 @@ def test_a_fn_that_needs_values_is_left_to_the_real_run(run_with, capsys):
     printed = capsys.readouterr().out.split()
     assert len(printed) == 1 and float(printed[0]) == pytest.approx(stats_of(run_dir, hook="c").iloc[0]["mean"] * 400,
                                                                      rel=1e-5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["model=mlp", "data.shape=[2,100]", "loss=none", "stop_after=conv9"],
+     "stop_after: unknown module 'conv9'; valid: fc1, fc2, relu"),
+    (["model=digits_cnn", "data=digits", "loss=none", "hooks=units", "hooks.units.layers=[conv1]", "stop_after=auto"],
+     "stop_after: auto needs a model that is a sequence of modules (nn.Sequential), not a DigitsCNN; "
+     "name the module, e.g. stop_after=layer2"),
+    (["model=custom", "model._target_=torch.nn.ReLU", "model.input_shape=[2,3]", "optimizer=sgd"],
+     "optimizer: 'sgd' but the model has no trainable parameters"),
+])
+def test_what_only_the_model_can_say_is_refused_before_hydra_writes_anything(argv, message, monkeypatch, capsys,
+                                                                             tmp_path):
+    assert refused(argv, tmp_path / "run", monkeypatch, capsys) == [f"error: {message}"]
