@@ -93,7 +93,7 @@ def test_the_graph_is_read_from_the_files():
     graph = import_graph()
     assert "runner.engine.plan" in graph["runner.cli.commandline"]
     assert "common.errors" in graph["runner.engine.plan"]
-    assert "runner.config.compose" in graph["runner.engine.attach"]
+    assert "runner.config.compose" in graph["runner.engine.plan"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
