@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
+from common.schema_merge import known_keys, merged
 from hooks import build_hooks
 from hooks.base import HookType
 from hooks.compiled import compiled_problem
@@ -174,12 +175,12 @@ def check_attached_model(model: nn.Module, hooks: Sequence[HookType]) -> None:
 def _typed(cfg: DictConfig) -> DictConfig:
     """``cfg`` merged into the schema: a key or type Hydra did not see (``+typo=1``, a config built in
     code) fails here."""
-    _known_keys(cfg, RunConfig, "", "setting")
+    known_keys(RunConfig, cfg, "", "setting")
     _import_modules(cfg)
     for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
                           ("metric", MetricConfig), ("fsdp", FsdpConfig), ("memory", MemoryConfig)):
         if isinstance(cfg.get(group), DictConfig):
-            _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
+            known_keys(schema, cfg[group], f"{group}.", f"key for {group}")
     try:
         typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     except OmegaConfBaseException as exc:
@@ -200,13 +201,6 @@ def _import_modules(cfg: DictConfig) -> None:
         import_named(cfg.get(group), group)
     for name, entry in (cfg.get("hooks") or {}).items():
         import_named(entry, f"hooks.{name}")
-
-
-def _known_keys(node: DictConfig, schema: type, prefix: str, what: str) -> None:
-    known = list(schema.__dataclass_fields__)
-    for key in node.keys():
-        if key not in known:
-            raise choice_error(f"{prefix}{key}", key, known, what)
 
 
 def _unresolvable(node, prefix: str = "") -> str | None:
@@ -380,16 +374,11 @@ def _optimizer(node: DictConfig):
 
 
 def _merged(schema: type, node: DictConfig, key: str, what: str) -> DictConfig:
-    """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest.
-    ``_module_`` (the module registering the choice, imported by ``_typed``) is left out."""
+    """``node`` merged into ``schema`` (``common.schema_merge.merged``), without ``_module_`` (the module
+    registering the choice, imported by ``_typed``)."""
     if MODULE_KEY in node:
         node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != MODULE_KEY])
-    _known_keys(node, schema, f"{key}.", what)
-    try:
-        return OmegaConf.merge(OmegaConf.structured(schema), node)
-    except OmegaConfBaseException as exc:
-        sub = getattr(exc, "full_key", "") or ""
-        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+    return merged(schema, node, key, what)
 
 
 def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, optimizer, settings: RunConfig) -> None:
