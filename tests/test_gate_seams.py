@@ -150,3 +150,16 @@ def test_a_fn_that_needs_values_is_left_to_the_real_run(run_with, capsys):
 def test_what_only_the_model_can_say_is_refused_before_hydra_writes_anything(argv, message, monkeypatch, capsys,
                                                                              tmp_path):
     assert refused(argv, tmp_path / "run", monkeypatch, capsys) == [f"error: {message}"]
+
+
+def test_a_loggers_unknown_key_is_named_as_every_schema_names_one(tmp_path):
+    """One schema merge (``common.schema_merge``) for entries, sources and loggers: the valid keys and the closest."""
+    import runner
+
+    with pytest.raises(ConfigError) as err:
+        with runner.attach(torch.nn.Linear(3, 3), hooks=["stats"], logger={"tensorboard": {"everyy": 3}},
+                           out_dir=tmp_path / "run"):
+            pass
+    assert str(err.value) == ("logger.tensorboard.everyy: unknown key of logger 'tensorboard' 'everyy'; valid: "
+                              "close_timeout_s, dir, entries, every, histograms, queue, stats; did you mean 'every'?")
+    assert not (tmp_path / "run").exists()
