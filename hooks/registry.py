@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
+from common.schema_merge import merged
 from hooks.base import HookType
 
 HOOK_TYPES: dict[str, type[HookType]] = {}
@@ -66,21 +66,9 @@ def check_finite(key: str, spec: Any) -> None:
 
 
 def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: str = "key") -> Any:
-    """Merge ``entry`` into the dataclass ``spec_class``: unknown keys and ill-typed values fail here.
-
-    The error names the full key (``key`` is the config path of ``entry``) and, for an unknown
-    key, lists the valid ones and suggests the closest.
-    """
-    fields = [f.name for f in dataclasses.fields(spec_class)]
-    for k in entry.keys():
-        if k not in fields:
-            raise choice_error(f"{key}.{k}", k, fields, what)
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(spec_class), entry))
-    except OmegaConfBaseException as exc:
-        sub = getattr(exc, "full_key", "") or ""
-        msg = str(exc).splitlines()[0]
-        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {msg}") from None
+    """``entry`` merged into the dataclass ``spec_class`` (``common.schema_merge.merged``: an unknown key
+    or an ill-typed value fails in one line naming the full key), as a ``spec_class`` object."""
+    return OmegaConf.to_object(merged(spec_class, entry, key, what))
 
 
 def build_hooks(entries: Mapping | DictConfig | None) -> list[HookType]:

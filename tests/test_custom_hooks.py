@@ -148,11 +148,11 @@ def test_post_accumulate_calls_fn_with_the_parameter(run_with):
     assert sorted(CALLS) == [(5,), (5, 160)]
 
 
-def test_fn_is_not_called_by_the_rehearsal_and_max_calls_is_exact(run_with):
+def test_fn_is_rehearsed_once_on_meta_and_max_calls_counts_the_real_calls(run_with):
     CALLS.clear()
     run_dir = run_with("model=mlp", "loss=sum", "steps=3",
                        custom("c", fn="test_custom_hooks.count", hook="forward", layers="fc1", max_calls=2))
-    assert CALLS == ["cpu", "cpu"]  # two real calls; the meta-device rehearsal called nothing
+    assert CALLS == ["meta", "cpu", "cpu"]  # the rehearsal's call on meta tensors, then exactly two real ones
     assert sorted(stats_of(run_dir, hook="c").step) == [0, 1]
 
 

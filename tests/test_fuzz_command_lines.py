@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import runner.__main__ as runner_main
@@ -36,7 +36,7 @@ RUN_VALUES = {
     "optimizer": ["none", "sgd", "adam", "sgdd"],
     "data": ["randn", "ones", "nope"],
 }
-STRAYS = ["step=2", "+typo=1", "+model.widht=3", "hooks=", "moddel=mlp", "~steps"]
+STRAYS = ["step=2", "+typo=1", "+model.widht=3", "hooks=", "moddel=mlp", "~steps", "=1", "model=1", "hooks=[clip,1]"]
 HOOK_KEYS = {"min": ["-0.1", "0.1", "nan", "abc"], "max": ["0.1", "-1", "null"], "factor": ["2", "0", "x"],
              "kinds": ["[output]", "[grad_output]", "[bogus]"], "maxx": ["1"], "target": ["output", "params", "x"]}
 
@@ -74,6 +74,7 @@ def run_main(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
 @settings(max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", 3)), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(argv=command_lines())
+@example(argv=["model=linear", "=1", "steps=1"])  # Hydra's compose raised a bare ValueError: 35 lines
 def test_a_command_line_is_a_complete_run_or_one_line_with_status_2(argv, tmp_path_factory, monkeypatch, capsys):
     out = tmp_path_factory.mktemp("fuzz") / "run"
     before = hook_snapshot()

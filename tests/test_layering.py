@@ -95,7 +95,7 @@ def test_the_graph_is_read_from_the_files():
     graph = import_graph()
     assert "runner.engine.plan" in graph["runner.cli.commandline"]
     assert "common.errors" in graph["runner.engine.plan"]
-    assert "runner.config.compose" in graph["runner.engine.attach"]
+    assert "runner.config.compose" in graph["runner.engine.plan"]
 
 
 def test_imports_inside_functions_are_read_and_type_checking_ones_are_not(tmp_path):

@@ -16,7 +16,7 @@ from runner.cli.commandline import check_command_line, expand
 from runner.cli.sweep_compile import JobComposer
 from runner.config.compose import compose_job
 from runner.engine.plan import compile_plan
-from runner.engine.plan_cache import meta_model, shared_meta_models
+from runner.engine.plan_cache import built_on_meta, shared_meta_models
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Values of every scalar kind, as Hydra reads them: ints (a range), floats, quoted text, null, a bool,
@@ -85,17 +85,17 @@ plan_cache_build = plan_cache.build_model
 
 def test_a_meta_model_is_shared_only_as_built():
     cfg = compose_job(["model=convnet"])[0].model
-    assert meta_model(cfg) is not meta_model(cfg)  # outside a sweep's check: built each time
+    assert built_on_meta(cfg) is not built_on_meta(cfg)  # outside a sweep's check: built each time
     with shared_meta_models():
-        first = meta_model(cfg)
-        assert meta_model(cfg) is first
+        first = built_on_meta(cfg)
+        assert built_on_meta(cfg) is first
         handle = first.fc.register_forward_hook(lambda *args: None)  # an entry that left a hook behind
-        again = meta_model(cfg)
-        assert again is not first and meta_model(cfg) is again
+        again = built_on_meta(cfg)
+        assert again is not first and built_on_meta(cfg) is again
         handle.remove()
         again.fc.weight.requires_grad_(False)  # or changed a parameter
-        assert meta_model(cfg) is not again
-        assert type(meta_model(compose_job(["model=mlp"])[0].model)).__name__ != type(again).__name__
+        assert built_on_meta(cfg) is not again
+        assert type(built_on_meta(compose_job(["model=mlp"])[0].model)).__name__ != type(again).__name__
 
 
 @pytest.mark.slow

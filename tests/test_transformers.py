@@ -69,5 +69,5 @@ def test_tokens_model_without_token_data_is_a_one_line_error(tmp_path):
     from conftest import make_config
     from common.errors import ConfigError
     
-    with pytest.raises(ConfigError, match="this model takes token ids, not data=randn; add data=tokens"):
+    with pytest.raises(ConfigError, match=r"this model takes token ids \(integers\), but data=randn gives torch.float32 \[2, 16\]; use data=tokens"):
         run(make_config("model=gpt2_tiny"), tmp_path / "out")

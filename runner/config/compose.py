@@ -8,6 +8,7 @@ here each becomes the runner's one line (the key, the valid choices, the closest
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,7 @@ def compose_with_hydra(overrides: Sequence[str]) -> DictConfig:
         ConfigError: Hydra could not compose it; one line naming the key or the preset.
     """
     try:
+        _check_keys_and_presets(overrides)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     except OverrideParseException as exc:
@@ -60,6 +62,26 @@ def compose_with_hydra(overrides: Sequence[str]) -> DictConfig:
         raise explain(exc, overrides) from None
     except yaml.YAMLError as exc:  # a config file that is not YAML: name the file and the line
         raise ConfigError(_yaml_error(exc)) from None
+
+
+def _check_keys_and_presets(overrides: Sequence[str]) -> None:
+    """What Hydra's compose raises a bare ``ValueError`` for, in one line: an override without a key
+    (``=1``), and a preset group given a value that is not a preset name (``model=1``, ``hooks=[1]``)."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element().lstrip("+~")
+        if override.is_delete() or override.is_sweep_override():
+            continue
+        value = override.value()
+        if not key:
+            raise ConfigError(f"'{override.input_line}': no key before '='; write KEY=VALUE, e.g. steps=1")
+        names = value if isinstance(value, list) else [value]
+        bad = next((json.dumps(name) for name in names if not isinstance(name, str)), None)
+        if bad is None:
+            continue
+        if "/" in key:  # only a config group's key has a '/' (hydra/launcher)
+            raise ConfigError(f"{key}: {bad} is not a preset name")
+        if (CONF_DIR / key).is_dir():
+            raise choice_error(key, bad, _presets(key), "preset")
 
 
 class LauncherError(ConfigError):

@@ -24,19 +24,16 @@ from pathlib import Path
 import torch
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from common.errors import ConfigError, choice_error
 from common.ranks import SAME_ON_EVERY_RANK
 from hooks import HookSession
-from hooks.compiled import compiled_problem
 from hooks.base import HookType
 from hooks.recorder import Recorder
-from runner.config.compose import compose_config
 from runner.config.schema import RunConfig
 from runner.engine.metrics import step_measures
-from runner.engine.plan import compile_hooks, compile_settings
+from runner.engine.plan import ATTACH_SETTINGS, attach_config, check_attached_model, compile_hooks, compile_settings
 from runner.engine.python_errors import python_remedies
 from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
@@ -45,9 +42,6 @@ from runner.live.channel import Sink
 from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
-
-#: The run settings that mean something in the user's loop (the others describe the runner's own loop).
-ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output", "memory")
 
 Hooks = Sequence[str] | Mapping[str, Mapping]
 #: Live loggers, as ``attach(logger=...)`` takes them: names, or settings by name.
@@ -194,14 +188,11 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
         ...         opt.step(); opt.zero_grad()
         ...         run.step(loss)
     """
-    config_yaml, hooks_built, s, lines = _compile(hooks, overrides, settings, logger)
-    if problem := compiled_problem(model):
-        raise ConfigError(problem)
-    for hook in hooks_built:
-        hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
-    for hook in hooks_built:
-        if hook.own_loop_problem:
-            raise ConfigError(hook.own_loop_problem)
+    cfg, lines = attach_config(hooks, overrides, settings, logger)
+    typed, s = compile_settings(cfg, lines)
+    hooks_built = compile_hooks(typed)
+    check_attached_model(model, hooks_built)
+    config_yaml = OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks", "logger"]), resolve=True)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with open_run(model, hooks_built, s, config_yaml, lines, Path(out_dir), device, rehearse=True,
                   sinks=sinks) as run:
@@ -244,29 +235,3 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             if rank_extra:  # under torch.distributed: the rows a reader counts once (common.ranks)
                 outputs.extra[SAME_ON_EVERY_RANK] = s.fsdp.enabled or sorted(map(list, recorder.same_on_every_rank))
             write_tables(session.hooks, outputs)  # run totals: units.parquet, a store's last shard
-
-
-def _compile(hooks: Hooks, overrides: Sequence[str], settings: dict, logger: Loggers = ()):
-    """The config, built entries, settings and command lines of an ``attach`` call, all checked."""
-    for key in settings:
-        if key not in ATTACH_SETTINGS:
-            raise choice_error(key, key, ATTACH_SETTINGS, "setting of runner.attach")
-    if isinstance(hooks, str) or not isinstance(hooks, (Sequence, Mapping)):
-        raise ConfigError(f"hooks: {hooks!r} must be a list of preset names or a mapping of entries")
-    if isinstance(logger, str) or not isinstance(logger, (Sequence, Mapping)):
-        raise ConfigError(f"logger: {logger!r} must be a list of logger names or a mapping of their settings")
-    entries = dict(hooks) if isinstance(hooks, Mapping) else {}
-    loggers = {name: dict(node or {}) for name, node in logger.items()} if isinstance(logger, Mapping) else {}
-    lines = [f"hooks=[{','.join(map(str, hooks))}]" if not entries else "hooks=[]", *overrides]
-    if logger and not loggers:
-        lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
-    composed = OmegaConf.create(OmegaConf.to_container(compose_config(lines), enum_to_str=True))
-    try:
-        cfg = OmegaConf.merge(composed, {"hooks": entries, "logger": loggers}, settings)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{getattr(exc, 'full_key', '') or 'hooks'}: {str(exc).splitlines()[0]}") from None
-    typed, s = compile_settings(cfg, lines)
-    built = compile_hooks(typed)
-    config_yaml = OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks", "logger"]), resolve=True)
-    return config_yaml, built, s, lines
-

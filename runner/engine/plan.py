@@ -1,39 +1,46 @@
 """``compile_plan(cfg)``: a composed config, checked once and built into a frozen ``Plan``.
 
-Every check a run makes before its first pass happens here, once, in one order (``GATE``): the
-modules presets name (``_module_``), the config against the schema (also for configs that did not
-come through Hydra), the run settings, the model target and checkpoint file, the data (built
-once: image files are read here), the loss, the optimizer, each hook entry, the pictures asked
-for, the device, and a rehearsal of one step on the meta device (selectors, shapes, what each
-entry records). ``run(plan, out_dir)`` then only loops;
+Every check a run makes before its first pass happens here, once, in one order (``GATE``, the list
+of the check functions): the modules presets name (``_module_``), the config against the schema
+(also for configs that did not come through Hydra), the run settings, the model target and
+checkpoint file, the data (built once: image files are read here), the loss, the optimizer, each
+hook entry, the pictures asked for, the device, a rehearsal of one step on the meta device
+(selectors, shapes, what each entry records), and what only the built model can say (the module
+``stop_after`` names, parameters to train). ``runner.attach``'s own checks (its arguments, the
+user's model, its first call on the meta device) are listed there too. ``run(plan, out_dir)`` then only loops;
 ``plan=true`` prints ``describe(plan)``; the sweep checks compile every job's plan before any
 job runs. Each failure is one ``ConfigError`` naming the key.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
-from hooks import build_hooks
+from common.schema_merge import known_keys, merged
+from hooks import build_hooks, native
 from hooks.base import HookType
+from hooks.compiled import compiled_problem
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
+from runner.config.compose import compose_config
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
 from runner.config.schema import FsdpConfig, LossConfig, MemoryConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
 from runner.engine.budget import DEVICE, check_budget, held, parse_size, size_text
 from runner.engine.fsdp import check_fsdp
 from runner.engine.metrics import check_metric, missing_metric
-from runner.engine.rehearsal import Rehearsal, rehearse
+from runner.engine.rehearsal import Rehearsal, meta_model, rehearse, rehearse_call
 from runner.engine import early_stop, whole_pass
-from runner.engine.train import EvalSchedule, check_optimizer
+from runner.engine.train import EvalSchedule, check_optimizer, trainable
 from runner.live import typed_loggers
 from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
@@ -72,16 +79,18 @@ class Plan:
 def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device: bool = True) -> Plan:
     """Check ``cfg`` and build its plan; ``check_device=False`` leaves CUDA availability to the job's node.
 
+    Every call below is a check of ``GATE`` (or builds only from what one passed): a check made
+    here in line, or in a function outside ``GATE``, fails ``tests/test_gate.py``.
+
     Raises:
         ConfigError: the first mistake, naming its key, the valid choices and the closest one.
     """
     typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
     _check_checkpoint(model)
-    data = DataSource(_data_config(typed.data), model)
+    data = _data(_data_config(typed.data), model)
     whole_pass.check(settings, data)
-    if settings.epochs is not None:
-        settings.steps = whole_pass.epoch_steps(settings, data, settings.epochs)
+    _steps_of_epochs(settings, data)
     loss_fn = get_loss(typed.loss)
     optimizer = _optimizer(typed.optimizer)
     hooks = compile_hooks(typed)
@@ -89,10 +98,11 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
-    found = rehearse(model, settings.mode.value == "train", data, hooks, loss_fn, settings.sample)
+    meta = meta_model(model)
+    found = rehearse(meta, settings.mode.value == "train", data, hooks, loss_fn, settings.sample)
     check_budget(settings.memory.budget, found)
-    for hook in hooks:
-        hook.check_steps(settings.steps)
+    _check_model(meta, settings, optimizer, hooks)
+    _check_steps(hooks, settings.steps)
     clean_data = _clean_data(typed.data, model, data, hooks)
     return Plan(settings=settings, config_yaml=OmegaConf.to_yaml(typed, resolve=True), overrides=tuple(overrides),
                 model=model, data=data, loss_fn=loss_fn, optimizer=optimizer, hooks=hooks,
@@ -101,14 +111,8 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
                 rehearsal=found, classifies=typed.loss.name in CLASSIFICATION_LOSSES, clean_data=clean_data)
 
 
-#: The gate: every check a config passes before anything runs, whether it came from the command line,
-#: ``runner.attach``, a replay or a test, each made once per compile (``tests/test_gate.py`` counts
-#: them). Builders (``build_model``, the data kinds, ``build_optimizer``) trust what passed.
-GATE = ("_typed", "_import_modules", "_steps_or_epochs", "_check_settings", "check_fsdp", "check_metric", "_check_repeated_presets",
-        "_model_config", "check_target", "check_hf", "_check_checkpoint", "_data_config", "get_loss", "_optimizer",
-        "check_optimizer", "build_hooks", "_check_hooks_against_run", "_check_plots", "_device", "rehearse",
-        "check_budget")
-
+#: The run settings that mean something in ``runner.attach``'s user loop (the others describe the runner's own loop).
+ATTACH_SETTINGS = ("seed", "on_nonfinite", "on_silent", "overwrite", "sample", "output", "memory")
 
 #: Settings copied into ``Plan.settings`` (the groups are checked and built on their own).
 SETTINGS = [name for name in RunConfig.__dataclass_fields__ if name not in ("model", "data", "optimizer", "hooks")]
@@ -133,15 +137,50 @@ def compile_hooks(typed: DictConfig) -> tuple[HookType, ...]:
                               else entry for name, entry in entries.items()}))
 
 
+def attach_config(hooks, overrides: Sequence[str], settings: dict, logger) -> tuple[DictConfig, list[str]]:
+    """``runner.attach``'s arguments as the config and command lines they stand for: ``hooks`` (preset
+    names, or a mapping of entries), ``overrides``, ``settings`` (``ATTACH_SETTINGS`` only) and
+    ``logger`` (names, or a mapping of their settings), composed as the command line composes them."""
+    for key in settings:
+        if key not in ATTACH_SETTINGS:
+            raise choice_error(key, key, ATTACH_SETTINGS, "setting of runner.attach")
+    if isinstance(hooks, str) or not isinstance(hooks, (Sequence, Mapping)):
+        raise ConfigError(f"hooks: {hooks!r} must be a list of preset names or a mapping of entries")
+    if isinstance(logger, str) or not isinstance(logger, (Sequence, Mapping)):
+        raise ConfigError(f"logger: {logger!r} must be a list of logger names or a mapping of their settings")
+    entries = dict(hooks) if isinstance(hooks, Mapping) else {}
+    loggers = {name: dict(node or {}) for name, node in logger.items()} if isinstance(logger, Mapping) else {}
+    lines = [f"hooks=[{','.join(map(str, hooks))}]" if not entries else "hooks=[]", *overrides]
+    if logger and not loggers:
+        lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
+    composed = OmegaConf.create(OmegaConf.to_container(compose_config(lines), enum_to_str=True))
+    try:
+        return OmegaConf.merge(composed, {"hooks": entries, "logger": loggers}, settings), lines
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{getattr(exc, 'full_key', '') or 'hooks'}: {str(exc).splitlines()[0]}") from None
+
+
+def check_attached_model(model: nn.Module, hooks: Sequence[HookType]) -> None:
+    """``runner.attach``'s model can serve its entries: not compiled already (compiled code never runs
+    hooks added after it), each selector matching some module, each entry servable by a user's own loop."""
+    if problem := compiled_problem(model):
+        raise ConfigError(problem)
+    for hook in hooks:
+        hook.targets(model)  # a selector that matches none of the model's modules fails here, one line
+    for hook in hooks:
+        if hook.own_loop_problem:
+            raise ConfigError(hook.own_loop_problem)
+
+
 def _typed(cfg: DictConfig) -> DictConfig:
     """``cfg`` merged into the schema: a key or type Hydra did not see (``+typo=1``, a config built in
     code) fails here."""
-    _known_keys(cfg, RunConfig, "", "setting")
+    known_keys(RunConfig, cfg, "", "setting")
     _import_modules(cfg)
     for group, schema in (("sample", SampleConfig), ("output", OutputConfig), ("loss", LossConfig),
                           ("metric", MetricConfig), ("fsdp", FsdpConfig), ("memory", MemoryConfig)):
         if isinstance(cfg.get(group), DictConfig):
-            _known_keys(cfg[group], schema, f"{group}.", f"key for {group}")
+            known_keys(schema, cfg[group], f"{group}.", f"key for {group}")
     try:
         typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     except OmegaConfBaseException as exc:
@@ -162,13 +201,6 @@ def _import_modules(cfg: DictConfig) -> None:
         import_named(cfg.get(group), group)
     for name, entry in (cfg.get("hooks") or {}).items():
         import_named(entry, f"hooks.{name}")
-
-
-def _known_keys(node: DictConfig, schema: type, prefix: str, what: str) -> None:
-    known = list(schema.__dataclass_fields__)
-    for key in node.keys():
-        if key not in known:
-            raise choice_error(f"{prefix}{key}", key, known, what)
 
 
 def _unresolvable(node, prefix: str = "") -> str | None:
@@ -211,7 +243,10 @@ def _steps_or_epochs(typed: DictConfig) -> None:
 
 
 def _check_settings(s: RunConfig, entry_types: dict[str, str]) -> None:
-    """The run's settings, and its loggers (made typed: ``runner.live.typed_loggers``) against its hook entries."""
+    """The run's settings, the kernels' switch (``HOOK_RUNNER_NATIVE``: read again by every statistic, so
+    a bad value is said here, before anything is written), and its loggers (made typed:
+    ``runner.live.typed_loggers``) against its hook entries."""
+    native.enabled()
     steps = 1 if s.steps is None else s.steps  # None: epochs, counted once the data is built
     for key, value, minimum in (("steps", steps, 1), ("eval_every", s.eval_every, 0), ("eval_steps", s.eval_steps, 1),
                                 ("sample.every", s.sample.every, 1)):
@@ -275,6 +310,34 @@ def _check_checkpoint(model: DictConfig) -> None:
                           "pip install -e '.[safetensors]'")
 
 
+def _data(data: DictConfig, model: DictConfig) -> DataSource:
+    """The data source, built once: its kind checks its keys and reads what must be read (image files)."""
+    return DataSource(data, model)
+
+
+def _steps_of_epochs(settings: RunConfig, data: DataSource) -> None:
+    """``epochs=N``: the steps of N passes over the data (which must have a length), in ``settings.steps``."""
+    if settings.epochs is not None:
+        settings.steps = whole_pass.epoch_steps(settings, data, settings.epochs)
+
+
+def _check_model(model: nn.Module | None, settings: RunConfig, optimizer, hooks: Sequence[HookType]) -> None:
+    """What only the built model can say, asked of the one built on the meta device (``None``: the run's
+    build says it): the module ``stop_after`` names (or, for ``auto``, finds) and the parameters the
+    optimizer would train."""
+    if model is None:
+        return
+    if settings.stop_after is not None:
+        early_stop.stop_module(model, settings.stop_after, hooks)
+    trainable(optimizer, model)
+
+
+def _check_steps(hooks: Sequence[HookType], steps: int) -> None:
+    """Each entry can serve a run of ``steps`` steps (``patch``: its source run kept them)."""
+    for hook in hooks:
+        hook.check_steps(steps)
+
+
 def _clean_data(data: DictConfig, model: DictConfig, corrupted: DataSource, hooks) -> DataSource | None:
     """The batches of the pass the entries ask to run beside each step (``HookType.side_data``:
     ``patch`` with ``source: clean``): the run's data with the entries' keys over it. The entries
@@ -314,24 +377,19 @@ def _optimizer(node: DictConfig):
 
 
 def _merged(schema: type, node: DictConfig, key: str, what: str) -> DictConfig:
-    """``node`` merged into ``schema``: the one place a key the schema lacks is named, with the closest.
-    ``_module_`` (the module registering the choice, imported by ``_typed``) is left out."""
+    """``node`` merged into ``schema`` (``common.schema_merge.merged``), without ``_module_`` (the module
+    registering the choice, imported by ``_typed``)."""
     if MODULE_KEY in node:
         node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != MODULE_KEY])
-    _known_keys(node, schema, f"{key}.", what)
-    try:
-        return OmegaConf.merge(OmegaConf.structured(schema), node)
-    except OmegaConfBaseException as exc:
-        sub = getattr(exc, "full_key", "") or ""
-        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+    return merged(schema, node, key, what)
 
 
 def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, optimizer, settings: RunConfig) -> None:
     if loss_fn is None:
         for hook in hooks:
             if hook.needs_backward:
-                forward = sorted({"input", "output"} & getattr(hook, "record_kinds", set()))
-                instead = f", record the forward pass only ({hook.key}.kinds=[{','.join(forward)}])," if forward else ""
+                forward = _forward_only(hook, lambda lighter: lighter.needs_backward)
+                instead = f", record the forward pass only ({forward})," if forward else ""
                 raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass but loss=none; "
                                   f"choose a loss (e.g. loss=sum){instead} or drop the entry")
         if optimizer.name != "none":
@@ -346,8 +404,21 @@ def _check_hooks_against_run(hooks: Sequence[HookType], loss_fn: LossFn | None, 
     if settings.compile:
         for hook in hooks:
             if hook.compile_problem:
+                forward = _forward_only(hook, lambda lighter: lighter.compile_problem)
+                instead = f"record the forward pass only ({forward}), " if forward else ""
                 raise ConfigError(f"{hook.key}: hook type '{hook.spec.type}' {hook.compile_problem}, which "
-                                  f"torch.compile does not support; use compile=false or drop the entry")
+                                  f"torch.compile does not support; {instead}use compile=false or drop the entry")
+
+
+def _forward_only(hook: HookType, problem: Callable[[HookType], object]) -> str:
+    """The override keeping only the entry's forward kinds (``hooks.stats.kinds=[output]``), when the entry
+    so narrowed has no ``problem``; ``""`` when it records no forward kind or the narrowing does not help."""
+    kinds = list(getattr(hook.spec, "kinds", None) or ())
+    forward = [kind for kind in kinds if kind in ("input", "output")]
+    if not forward or forward == kinds:
+        return ""
+    lighter = type(hook)(hook.name, dataclasses.replace(hook.spec, kinds=forward))
+    return "" if problem(lighter) else f"{hook.key}.kinds=[{','.join(forward)}]"
 
 
 def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn | None) -> bool:
@@ -402,3 +473,19 @@ def describe(plan: Plan) -> str:
         lines += [f"  hooks.{key}: {size_text(nbytes)} of {what}" for key, what, nbytes in kept]
         lines.append(f"  total: {size_text(sum(nbytes for _, _, nbytes in kept))}")
     return "\n".join(lines)
+
+
+#: The gate: every check a config passes before anything runs, whether it came from the command line,
+#: ``runner.attach``, a replay or a test, in the order they are made, each made once per compile
+#: (``tests/test_gate.py`` counts their calls, and fails on a check made outside them: in
+#: ``compile_plan`` or ``runner.attach`` itself, or in the run). On the command line they all run in
+#: ``check_command_line``, before Hydra writes anything. Builders (``build_model``, the data kinds,
+#: ``build_optimizer``) trust what passed.
+GATE = (
+    attach_config, _typed, _import_modules, _steps_or_epochs, _check_settings, check_fsdp, check_metric,
+    _check_repeated_presets, _model_config, check_target, check_hf, _check_checkpoint, _data_config, _data,
+    whole_pass.check, _steps_of_epochs, get_loss, _optimizer, check_optimizer, compile_hooks, build_hooks,
+    _check_hooks_against_run, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
+    _check_model, _check_steps, _clean_data,
+    check_attached_model, rehearse_call,  # runner.attach: the user's model, and its first call on the meta device
+)

@@ -26,7 +26,7 @@ _BUILT: ContextVar[dict[str, tuple[nn.Module, tuple]] | None] = ContextVar("meta
 
 @contextlib.contextmanager
 def shared_meta_models() -> Iterator[None]:
-    """Within: ``meta_model`` keeps the model of each config for the next rehearsal of that config."""
+    """Within: ``built_on_meta`` keeps the model of each config for the next rehearsal of that config."""
     token = _BUILT.set({})
     try:
         yield
@@ -34,7 +34,7 @@ def shared_meta_models() -> Iterator[None]:
         _BUILT.reset(token)
 
 
-def meta_model(model_cfg: DictConfig) -> nn.Module:
+def built_on_meta(model_cfg: DictConfig) -> nn.Module:
     """The model of ``model_cfg`` on the meta device, without its checkpoint: built, or the shared one."""
     built = _BUILT.get()
     key = None if built is None or model_cfg.get("checkpoint") else OmegaConf.to_yaml(model_cfg)

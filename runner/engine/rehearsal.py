@@ -1,6 +1,6 @@
 """One step rehearsed on the meta device, with the real hooks attached: shapes without compute.
 
-The model is built on the meta device (no weights are allocated or loaded) and one forward
+The model is built on the meta device (``meta_model``: no weights are allocated or loaded) and one forward
 (and, with a loss, backward) pass runs there on a batch of the planned shape. That resolves
 every selector, gives every module's output shape and what each entry records per step
 (``plan=true`` prints them), and turns mistakes that only show while a pass runs into one-line
@@ -42,7 +42,7 @@ from hooks.shards import is_sharded
 from runner.engine.budget import check_budget
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
-from runner.engine.plan_cache import meta_model
+from runner.engine.plan_cache import built_on_meta
 from runner.sources.models import load_checkpoint
 
 #: What the meta device says when it, not the config, is the limit (data-dependent code).
@@ -62,24 +62,35 @@ class Rehearsal:
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
 
 
-def rehearse(model_cfg: DictConfig, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
-             loss_fn: LossFn | None, sample=None) -> Rehearsal | None:
-    """Run one meta step; raise ``ConfigError`` for the config's mistakes, ``None`` if not rehearsable.
-
-    ``hooks`` are the plan's specs: the step attaches fresh copies, so nothing it loads or counts stays in them.
-    ``sample`` (``RunConfig.sample``) samples what the step records as the run will.
-    """
-    hooks = [hook.fresh() for hook in hooks]
+def meta_model(model_cfg: DictConfig) -> nn.Module | None:
+    """The model built on the meta device (no weights allocated or read), with ``model.checkpoint``
+    fitted to it (a missing key or a shape that does not fit is one line, before Hydra writes the
+    run's directory); ``None`` when it cannot be built there (a weights name downloads; code the
+    meta device cannot run): the real run reports its own errors."""
     if model_cfg.get("weights"):
         return None  # a weights name downloads: nothing to build on the meta device
     try:
-        model = meta_model(model_cfg)  # a sweep's jobs of one model config share it (runner.engine.plan_cache)
+        model = built_on_meta(model_cfg)  # a sweep's jobs of one model config share it (runner.engine.plan_cache)
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001 - not buildable on meta: the real run reports its own errors
         return None
-    if model_cfg.get("checkpoint"):  # does it fit? said here, before Hydra writes the run's directory
+    if model_cfg.get("checkpoint"):
         load_checkpoint(model, Path(model_cfg.checkpoint), device="meta")
+    return model
+
+
+def rehearse(model: nn.Module | None, train_mode: bool, source: DataSource, hooks: Sequence[HookType],
+             loss_fn: LossFn | None, sample=None) -> Rehearsal | None:
+    """Run one meta step of ``model`` (``meta_model``'s); raise ``ConfigError`` for the config's mistakes,
+    ``None`` if not rehearsable.
+
+    ``hooks`` are the plan's specs: the step attaches fresh copies, so nothing it loads or counts stays in them.
+    ``sample`` (``RunConfig.sample``) samples what the step records as the run will.
+    """
+    if model is None:
+        return None
+    hooks = [hook.fresh() for hook in hooks]
     model.train(train_mode)
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), list(source.input_shape))
     for hook in hooks:
@@ -164,7 +175,7 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     def rehearse_now(module: nn.Module, args: tuple, kwargs: dict) -> None:
         for handle in handles:
             handle.remove()
-        ran = _rehearse_call(module, names[id(module)], args, kwargs, session, found)
+        ran = rehearse_call(module, names[id(module)], args, kwargs, session, found)
         check_budget(budget, found if ran else None)
 
     for module in model.modules():
@@ -172,7 +183,7 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     return found
 
 
-def _rehearse_call(module: nn.Module, name: str, args: tuple, kwargs: dict, session: HookSession,
+def rehearse_call(module: nn.Module, name: str, args: tuple, kwargs: dict, session: HookSession,
                    found: Rehearsal) -> bool:
     """One meta pass (and, with gradients on, a backward of its outputs' sum) of ``module`` on
     ``args``' shapes, through the session's entries; fills ``found`` and returns ``True``, returns

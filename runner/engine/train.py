@@ -47,11 +47,17 @@ def build_optimizer(spec, model: nn.Module) -> torch.optim.Optimizer | None:
     cls = OPTIMIZERS.get(spec.name).build
     if cls is None:
         return None
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ConfigError(f"optimizer: '{spec.name}' but the model has no trainable parameters")
     kwargs = {k: v for k, v in asdict(spec).items() if k != "name"}
-    return cls(params, **kwargs)
+    return cls(trainable(spec, model), **kwargs)
+
+
+def trainable(spec, model: nn.Module) -> list[nn.Parameter]:
+    """``model``'s parameters the optimizer ``spec`` trains: refused when it would train none (the gate
+    asks the model built on the meta device; a model built only for the run is asked here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params and spec.name != "none":
+        raise ConfigError(f"optimizer: '{spec.name}' but the model has no trainable parameters")
+    return params
 
 
 @dataclass(frozen=True)

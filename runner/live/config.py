@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
 from common.records import STAT_COLUMNS
+from common.schema_merge import merged
 from runner.config.registry import LOGGERS
 
 #: The extra that installs every logger's library.
@@ -70,11 +70,7 @@ def typed_loggers(chosen: Any, entry_types: dict[str, str] | None = None) -> dic
     typed = {}
     for name, node in dict(chosen or {}).items():
         entry = LOGGERS.get(name)
-        try:
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(entry.schema), node or {}))
-        except OmegaConfBaseException as exc:
-            sub = getattr(exc, "full_key", "") or ""
-            raise ConfigError(f"logger.{name}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+        cfg = OmegaConf.to_object(merged(entry.schema, node, f"logger.{name}", f"key of logger '{name}'"))
         _check(name, cfg, entry_types)
         if importlib.util.find_spec(entry.build.library) is None:
             raise ConfigError(f"logger={name}: the '{entry.build.library}' package is not installed; {LOGGER_EXTRA}")

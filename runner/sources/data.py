@@ -18,6 +18,11 @@ from runner.config.registry import DATA_KINDS
 from runner.sources.batches import Batch, ItemRange
 
 
+#: The dtypes of token ids an embedding takes (``model.input_kind: tokens``: ``data=tokens``, or a
+#: ``data=dataset`` of integer ids).
+TOKEN_DTYPES = (torch.int64, torch.int32)
+
+
 class DataSource:
     """A checked data config, built once: ``batches(seed, device)`` streams it as often as asked.
 
@@ -27,12 +32,13 @@ class DataSource:
     """
 
     def __init__(self, data: DictConfig, model: DictConfig) -> None:
-        kind = data.kind  # checked by the gate (``runner.engine.gate.check_data``)
-        if model.get("input_kind") == "tokens" and kind != "tokens":
-            raise ConfigError(f"data: this model takes token ids, not data={kind}; add data=tokens")
+        kind = data.kind  # checked by the gate (``runner.engine.plan``)
         self.data, self.model, self.kind = data, model, kind
         self._make = DATA_KINDS.get(kind).build(data, model)
         self.input_shape, self.input_dtype = self._make.shape, self._make.dtype
+        if model.get("input_kind") == "tokens" and self.input_dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"data: this model takes token ids (integers), but data={kind} gives {self.input_dtype} "
+                              f"{list(self.input_shape)}; use data=tokens, or data=dataset whose items are integer ids")
         self.fingerprints = self._make.fingerprints  # of the files already read (runner.store.provenance)
         self._check_targets()
 

@@ -1,0 +1,40 @@
+"""One schema merge for every typed node of a config: a hook entry (``hooks.registry``), a model, data or
+optimizer node (``runner.engine.plan``), a live logger's settings (``runner.live.config``).
+
+``merged`` names a key the schema lacks, with the valid keys and the closest one, and turns
+OmegaConf's ill-typed value into one line naming the full key.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from common.errors import ConfigError, choice_error
+
+
+def merged(schema: type, node: Mapping | DictConfig | object | None, key: str, what: str = "key") -> DictConfig:
+    """``node`` merged into the dataclass ``schema``; ``key`` is the node's full config path.
+
+    Raises:
+        ConfigError: a key ``schema`` lacks (``KEY.k: unknown WHAT 'k'; valid: ...``), or a value of another type.
+    """
+    known_keys(schema, node, f"{key}.", what)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), node or {})
+    except OmegaConfBaseException as exc:
+        sub = getattr(exc, "full_key", "") or ""
+        raise ConfigError(f"{key}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None
+
+
+def known_keys(schema: type, node: Mapping | DictConfig | object | None, prefix: str, what: str = "key") -> None:
+    """Each key of ``node`` is a field of ``schema``; else one line naming ``PREFIXkey``, the valid keys and the
+    closest (a dataclass object, typed already, has no other keys)."""
+    if not isinstance(node, (Mapping, DictConfig)):
+        return
+    fields = [f.name for f in dataclasses.fields(schema)]
+    for k in node.keys():
+        if k not in fields:
+            raise choice_error(f"{prefix}{k}", k, fields, what)
