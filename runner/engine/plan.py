@@ -14,7 +14,6 @@ job runs. Each failure is one ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,15 +298,12 @@ def _model_config(model: DictConfig) -> DictConfig:
 
 
 def _check_checkpoint(model: DictConfig) -> None:
-    """``model.checkpoint`` names a file, and one this Python can read (its loading is the build's)."""
+    """``model.checkpoint`` names a file (its loading, .pt or .safetensors, is the build's)."""
     path = model.get("checkpoint")
     if not path:
         return
     if not Path(path).is_file():
         raise ConfigError(f"model.checkpoint: no file at '{path}'")
-    if str(path).endswith(".safetensors") and importlib.util.find_spec("safetensors") is None:
-        raise ConfigError("model.checkpoint: a .safetensors file needs the 'safetensors' package: "
-                          "pip install -e '.[safetensors]'")
 
 
 def _data(data: DictConfig, model: DictConfig) -> DataSource:
