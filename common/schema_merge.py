@@ -6,8 +6,9 @@ OmegaConf's ill-typed value into one line naming the full key.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,8 +23,22 @@ def merged(schema: type, node: Mapping | DictConfig | object | None, key: str, w
         ConfigError: a key ``schema`` lacks (``KEY.k: unknown WHAT 'k'; valid: ...``), or a value of another type.
     """
     known_keys(schema, node, f"{key}.", what)
-    try:
+    with _one_line(key):
         return OmegaConf.merge(OmegaConf.structured(schema), node or {})
+
+
+def merged_object(schema: type, node: Mapping | DictConfig | object | None, key: str, what: str = "key") -> object:
+    """``merged`` as a ``schema`` object: a mandatory field left unset (``???``) is one line naming it too."""
+    config = merged(schema, node, key, what)
+    with _one_line(key):
+        return OmegaConf.to_object(config)
+
+
+@contextlib.contextmanager
+def _one_line(key: str) -> Iterator[None]:
+    """OmegaConf's error inside as one ``ConfigError`` line naming the full key (``KEY.sub: reason``)."""
+    try:
+        yield
     except OmegaConfBaseException as exc:
         sub = getattr(exc, "full_key", "") or ""
         raise ConfigError(f"{key}{'.' + sub if sub else ''}: {str(exc).splitlines()[0]}") from None

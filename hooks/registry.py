@@ -11,10 +11,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from common.errors import ConfigError, choice_error
-from common.schema_merge import merged
+from common.schema_merge import merged_object
 from hooks.base import HookType
 
 HOOK_TYPES: dict[str, type[HookType]] = {}
@@ -68,7 +68,7 @@ def check_finite(key: str, spec: Any) -> None:
 def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: str = "key") -> Any:
     """``entry`` merged into the dataclass ``spec_class`` (``common.schema_merge.merged``: an unknown key
     or an ill-typed value fails in one line naming the full key), as a ``spec_class`` object."""
-    return OmegaConf.to_object(merged(spec_class, entry, key, what))
+    return merged_object(spec_class, entry, key, what)
 
 
 def build_hooks(entries: Mapping | DictConfig | None) -> list[HookType]:

@@ -75,7 +75,9 @@ def test_attribution_on_resnet18_channels_is_the_hand_written_gradient_times_dif
     for name in layers:
         assert got[name].shape == (model.get_submodule(name).num_features if name == "bn1" else
                                    by_hand[name].shape[0],)
-        torch.testing.assert_close(got[name], by_hand[name])
+        # float32 sums over batch and positions in another order than the hand-written one: a few ulps of
+        # the largest channel's value (2e-5 of 6 on one machine's BLAS), not of each channel's own
+        torch.testing.assert_close(got[name], by_hand[name], rtol=1e-5, atol=1e-5 * by_hand[name].abs().max().item())
     assert all(by_hand[name].abs().max() > 0 for name in layers)
 
 

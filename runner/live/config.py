@@ -10,11 +10,10 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
 
 from common.errors import ConfigError, choice_error
 from common.records import STAT_COLUMNS
-from common.schema_merge import merged
+from common.schema_merge import merged_object
 from runner.config.registry import LOGGERS
 
 #: The extra that installs every logger's library.
@@ -70,7 +69,7 @@ def typed_loggers(chosen: Any, entry_types: dict[str, str] | None = None) -> dic
     typed = {}
     for name, node in dict(chosen or {}).items():
         entry = LOGGERS.get(name)
-        cfg = OmegaConf.to_object(merged(entry.schema, node, f"logger.{name}", f"key of logger '{name}'"))
+        cfg = merged_object(entry.schema, node, f"logger.{name}", f"key of logger '{name}'")
         _check(name, cfg, entry_types)
         if importlib.util.find_spec(entry.build.library) is None:
             raise ConfigError(f"logger={name}: the '{entry.build.library}' package is not installed; {LOGGER_EXTRA}")
