@@ -334,7 +334,7 @@ def test_ctrl_c_mid_job_stops_the_sweep_and_resume_finishes_it(tmp_path, uninter
     assert err.splitlines()[-2:] == [
         f"error: interrupted; nothing of this run was written to '{sweep / '2'}'",
         f"error: the sweep stopped: {line}; continue it with the same command and resume=true"]
-    shown = README.split("```text\n", 1)[1].split("```", 1)[0].replace("runs/sgd_adam", str(sweep))
+    shown = README.split("```text\n", 1)[1].split("```", 1)[0].replace("outputs/multirun/sgd_adam", str(sweep))
     assert f"$ python -m runner -m {' '.join(COMMAND)} hydra.sweep.dir={sweep}" in shown.replace("'", "")
     assert "\n".join(err.splitlines()[-2:]) in shown  # as the README shows them
     state = analysis.sweep_state(sweep)
