@@ -66,9 +66,7 @@ class Store(SampleOutputs):
         super().__init__(name, spec)
         self.writers: dict[str, ShardWriter] = {}
 
-    @property
-    def eval_problem(self) -> str | None:
-        return "stores the run's own pass; eval passes would add other samples"
+    eval_problem = "stores the run's own pass; eval passes would add other samples"
 
     def samples_held(self, model: nn.Module, start: int) -> int:
         """The samples from ``start`` on that every selected layer's store holds in complete shards."""

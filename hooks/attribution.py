@@ -77,13 +77,9 @@ class Attribution(BesideStep):
         return (f"{self.key}: attribution needs the runner's loop, which runs the clean and corrupted batches "
                 f"beside each step (python -m runner)")
 
-    @property
-    def eval_problem(self) -> str:
-        return "estimates patching each training step's batch, which held-out eval batches do not have"
+    eval_problem = "estimates patching each training step's batch, which held-out eval batches do not have"
 
-    @property
-    def compile_problem(self) -> str:
-        return "differentiates the metric in a pass beside each step, which was not checked under compilation"
+    compile_problem = "differentiates the metric in a pass beside each step, which was not checked under compilation"
 
     def edit_output(self):
         return lambda out, args: self._seen(out)

@@ -87,9 +87,7 @@ class ModuleBackward(Tap):
     spec_class = BackwardSpec
     replaced_kind = "grad_input"
 
-    @property
-    def needs_backward(self) -> bool:
-        return True
+    needs_backward = True
 
     def _filler(self):
         value = self.spec.replace
@@ -184,9 +182,7 @@ class ModuleBackward(Tap):
 class FullBackward(ModuleBackward):
     """``grad_input``/``grad_output`` of each call; ``replace`` overwrites every ``grad_input``."""
 
-    @property
-    def record_kinds(self) -> set[str]:
-        return {"grad_input", "grad_output"}
+    record_kinds = frozenset({"grad_input", "grad_output"})
 
     def local_register(self, module, callback):
         """register_full_backward_hook"""
@@ -216,9 +212,7 @@ class BackwardPre(ModuleBackward):
 
     replaced_kind = "grad_output"
 
-    @property
-    def record_kinds(self) -> set[str]:
-        return {"grad_output"}
+    record_kinds = frozenset({"grad_output"})
 
     def local_register(self, module, callback):
         """register_full_backward_pre_hook"""
@@ -261,13 +255,9 @@ class NodeHooks(Tap):
 
     spec_class = NodeSpec
 
-    @property
-    def needs_backward(self) -> bool:
-        return True
+    needs_backward = True
 
-    @property
-    def wants_forward_hook(self) -> bool:
-        return True
+    wants_forward_hook = True
 
     @property
     def expected_kinds(self) -> set[str]:

@@ -106,44 +106,34 @@ class HookType:
     #: (``side_mode("off")``), and the runner skips the first when no entry needs it.
     side_clean: ClassVar[bool] = True
 
-    @property
-    def side_data(self) -> dict | None:
-        """Data keys, over the run's ``data``, of a batch to run beside each step (``patch`` with
-        ``source: clean``), or ``None``: the runner's loop runs that batch with the entry in
-        ``side_mode("capture")``, then the step's batch in ``side_mode("off")``
-        (``runner.engine.side_by_side``), before the step proper."""
-        return None
+    #: Data keys, over the run's ``data``, of a batch to run beside each step (``patch`` with
+    #: ``source: clean``), or ``None``: the runner's loop runs that batch with the entry in
+    #: ``side_mode("capture")``, then the step's batch in ``side_mode("off")``
+    #: (``runner.engine.side_by_side``), before the step proper.
+    side_data: ClassVar[dict | None] = None
 
     @contextlib.contextmanager
     def side_mode(self, mode: str) -> Iterator[None]:
         """What the entry does in a pass beside the step (see ``side_data``); nothing by default."""
         yield
 
-    @property
-    def side_metric(self) -> str | None:
-        """The step metric (``logit``, ``logit_diff``) whose gradient this entry takes in the
-        corrupted pass beside each step, or ``None``: with one, that pass runs with gradients and
-        ``side_backward`` gets the metric of its output (``attribution``)."""
-        return None
+    #: The step metric (``logit``, ``logit_diff``) whose gradient this entry takes in the corrupted pass
+    #: beside each step, or ``None``: with one, that pass runs with gradients and ``side_backward`` gets the
+    #: metric of its output (``attribution``).
+    side_metric: ClassVar[str | None] = None
 
     def side_backward(self, value) -> None:
         """Take what the entry needs from ``value``, the ``side_metric`` of the corrupted pass beside
         the step, a scalar tensor in that pass's graph (``torch.autograd.grad``)."""
 
-    @property
-    def own_loop_problem(self) -> str | None:
-        """Why a user's own loop (``runner.attach``) cannot serve this entry, in one line naming
-        its key, or ``None`` when it can."""
-        return None
+    #: Why a user's own loop (``runner.attach``) cannot serve this entry, in one line naming its key, or
+    #: ``None`` when it can.
+    own_loop_problem: ClassVar[str | None] = None
 
-    @property
-    def stored_runs(self) -> tuple[str, ...]:
-        """The stored run directories this entry reads its values from (checked before the run)."""
-        return ()
+    #: The stored run directories this entry reads its values from (checked before the run).
+    stored_runs: ClassVar[tuple[str, ...]] = ()
 
-    @property
-    def needs_backward(self) -> bool:
-        return False
+    needs_backward: ClassVar[bool] = False
 
     def samples_held(self, model: nn.Module, start: int) -> int:
         """How many samples of a dataset pass, from sample id ``start`` on, this entry holds from an
@@ -161,10 +151,8 @@ class HookType:
         """
         return "hooks the backward pass" if self.needs_backward else None
 
-    @property
-    def eval_problem(self) -> str | None:
-        """Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can."""
-        return None
+    #: Why this entry cannot act in eval passes (``eval_every``), or ``None`` when it can.
+    eval_problem: ClassVar[str | None] = None
 
     @property
     def pytorch_hooks(self) -> str:
@@ -183,11 +171,9 @@ class HookType:
         """A one-line message when ``exc`` (raised during a pass) is this entry's doing, else ``None``."""
         return None
 
-    @property
-    def expected_kinds(self) -> frozenset[str]:
-        """The kinds this entry records whenever its hooks act: ``HookSession.silent`` reports
-        an entry that matched modules but recorded none of one of them. Each type says its own."""
-        return frozenset()
+    #: The kinds this entry records whenever its hooks act: ``HookSession.silent`` reports an entry that
+    #: matched modules but recorded none of one of them. Each type says its own.
+    expected_kinds: ClassVar[frozenset[str]] = frozenset()
 
     def check_steps(self, steps: int) -> None:
         """Refuse, before the run, a run of ``steps`` steps this entry cannot serve (``patch``: its source's steps)."""

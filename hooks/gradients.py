@@ -89,9 +89,7 @@ class GradTransform(Tap):
     spec_class = GradSpec
     _params: list[tuple[str, str, nn.Parameter]] = []
 
-    @property
-    def needs_backward(self) -> bool:
-        return True
+    needs_backward = True
 
     @property
     def compile_problem(self) -> str | None:

@@ -308,10 +308,8 @@ class Patch(BesideStep):
             return (args[0] + delta, *args[1:]), kwargs
         return on_pre
 
-    @property
-    def eval_problem(self) -> str | None:
-        # The values are the source's for the step's own batch: nothing fits a held-out batch.
-        return "patches in values recorded for each training step's batch, which held-out eval batches do not have"
+    # The values are the source's for the step's own batch: nothing fits a held-out batch.
+    eval_problem = "patches in values recorded for each training step's batch, which held-out eval batches do not have"
 
     def check_steps(self, steps: int) -> None:
         """Every step of a run of ``steps`` steps has its source step in the source run (read from the

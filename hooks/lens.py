@@ -95,10 +95,8 @@ class LogitLens(SampleOutputs):
         self._tokens: torch.Tensor | None = None
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # this pass's (layer, samples, logits)
 
-    @property
-    def pytorch_hooks(self) -> str:
-        return ("register_forward_hook (block outputs) + register_forward_pre_hook and register_forward_hook "
-                "(the model's input tokens and output logits)")
+    pytorch_hooks = ("register_forward_hook (block outputs) + register_forward_pre_hook and register_forward_hook "
+                     "(the model's input tokens and output logits)")
 
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The selected blocks, once the model is known to be one the lens reads (its refusal comes first)."""

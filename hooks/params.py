@@ -46,17 +46,11 @@ class PostAccumulate(HookType):
 
     spec_class = PostAccumulateSpec
 
-    @property
-    def needs_backward(self) -> bool:
-        return True
+    needs_backward = True
 
-    @property
-    def pytorch_hooks(self) -> str:
-        return "Tensor.register_post_accumulate_grad_hook on parameters"
+    pytorch_hooks = "Tensor.register_post_accumulate_grad_hook on parameters"
 
-    @property
-    def expected_kinds(self) -> frozenset[str]:
-        return frozenset({"param_grad"})
+    expected_kinds = frozenset({"param_grad"})
 
     def attach(self, model: nn.Module, session) -> None:
         modules = self.targets(model)

@@ -13,21 +13,22 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from common.errors import ConfigError, choice_error
+from common.errors import ConfigError
+from common.registry import Registry
 from common.schema_merge import merged_object
 from hooks.base import HookType
 
-HOOK_TYPES: dict[str, type[HookType]] = {}
+#: Every hook type by its ``type`` name (``@register("clamp")``); each type's spec is stored in Hydra's
+#: ConfigStore as ``hook_schema/TYPE`` (with ``type`` filled in) for presets to inherit.
+HOOK_TYPES = Registry("hooks.NAME.type", "hook type", "hook_schema", name_field="type")
 
 
 def register(name: str) -> Callable[[type[HookType]], type[HookType]]:
-    """Class decorator registering a hook type under ``name``; a duplicate name is a bug."""
+    """Class decorator registering a hook type under ``name`` with its ``spec_class``; a duplicate name is a bug."""
 
     def deco(cls: type[HookType]) -> type[HookType]:
-        if name in HOOK_TYPES:
-            raise KeyError(f"hook type '{name}' is already registered by {HOOK_TYPES[name].__qualname__}")
+        HOOK_TYPES.register(name, schema=cls.spec_class)(cls)
         cls.type_name = name
-        HOOK_TYPES[name] = cls
         return cls
 
     return deco
@@ -41,9 +42,7 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
     type_name = entry.get("type")
     if type_name is None:
         raise ConfigError(f"{key}.type: missing; valid: {', '.join(sorted(HOOK_TYPES))}")
-    if type_name not in HOOK_TYPES:
-        raise choice_error(f"{key}.type", type_name, HOOK_TYPES, "hook type")
-    cls = HOOK_TYPES[type_name]
+    cls = HOOK_TYPES.get(type_name, key=f"{key}.type").build
     spec = typed_config(key, cls.spec_class, entry)
     spec.check_lifetime(key)
     spec.check(key)  # first: a type's own message for a NaN says what it would do

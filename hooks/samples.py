@@ -40,9 +40,7 @@ class SampleOutputs(HookType):
         #: the shape of each output seen on the meta device (the plan's rehearsal), by layer, in call order
         self.planned: dict[str, list[torch.Size]] = {}
 
-    @property
-    def pytorch_hooks(self) -> str:
-        return "register_forward_hook (output)"
+    pytorch_hooks = "register_forward_hook (output)"
 
     def attach(self, model: nn.Module, session) -> None:
         self.session = session

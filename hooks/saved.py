@@ -110,17 +110,12 @@ class SavedTensors(HookType):
         if spec.mode == "custom":
             self._user_pack, self._user_unpack = spec.functions(self.key)
 
-    @property
-    def needs_backward(self) -> bool:
-        return True
+    needs_backward = True
 
-    @property
-    def expected_kinds(self) -> frozenset[str]:
-        return frozenset({"saved"})
+    expected_kinds = frozenset({"saved"})
 
-    @property
-    def pytorch_hooks(self) -> str:
-        return "saved_tensors_hooks, entered by register_forward_pre_hook, left by register_forward_hook(always_call)"
+    pytorch_hooks = ("saved_tensors_hooks, entered by register_forward_pre_hook, "
+                     "left by register_forward_hook(always_call)")
 
     def attach(self, model: nn.Module, session) -> None:
         self._recorder = session.recorder

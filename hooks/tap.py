@@ -171,9 +171,7 @@ class Tap(HookType):
         return parse_index(getattr(self.spec, "index", None), f"{self.key}.index")
     _junctions: dict[int, Junction] = {}  # per module id, once attached
 
-    @property
-    def record_kinds(self) -> set[str]:
-        return set()
+    record_kinds: frozenset[str] = frozenset()
 
     def edit_input(self) -> Edit | None:
         return None
@@ -187,16 +185,12 @@ class Tap(HookType):
     def edit_grad_output(self) -> Edit | None:
         return None
 
-    @property
-    def edited_input(self) -> tuple[str, str]:
-        """``(key, slot)``: the input ``edit_input`` changes (a position or a keyword name), and
-        the spec key naming it, for the one-line error when a call has no tensor there."""
-        return "slot", "0"
+    #: ``(key, slot)``: the input ``edit_input`` changes (a position or a keyword name), and the spec key
+    #: naming it, for the one-line error when a call has no tensor there.
+    edited_input: tuple[str, str] = ("slot", "0")
 
-    @property
-    def grad_slot(self) -> str | None:
-        """The slot whose gradient the gradient edits change; ``None``: every tensor's."""
-        return None
+    #: The slot whose gradient the gradient edits change; ``None``: every tensor's.
+    grad_slot: str | None = None
 
     def on_record(self, layer: str, kind: str, slot: str, tensor: torch.Tensor) -> None:
         """Called for every recorded tensor (``print`` prints here)."""
@@ -204,10 +198,8 @@ class Tap(HookType):
     def on_grad_edit(self, layer: str, slot: str, call: int, grad: torch.Tensor, new: torch.Tensor) -> None:
         """Called after each gradient edit with the gradient and what the edit returned."""
 
-    @property
-    def wants_forward_hook(self) -> bool:
-        """Register the forward hook even when no kind or edit needs it (for ``on_forward``)."""
-        return False
+    #: Register the forward hook even when no kind or edit needs it (for ``on_forward``).
+    wants_forward_hook = False
 
     def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
         """Called in the forward hook of every call, before output edits; ``output`` is ``None``

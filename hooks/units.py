@@ -103,9 +103,7 @@ class Units(SampleOutputs):
         """The forward ended (or raised): a layer called outside the model's forward has no input here."""
         self._input = None
 
-    @property
-    def eval_problem(self) -> str | None:
-        return "sums over the run's own pass; eval passes would mix other samples into it"
+    eval_problem = "sums over the run's own pass; eval passes would mix other samples into it"
 
     def check(self, layer: str, x: torch.Tensor) -> None:
         self._units_view(layer, x)

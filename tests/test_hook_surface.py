@@ -283,7 +283,7 @@ def test_observers_leave_outputs_and_gradients_bit_identical(tmp_path):
     assert all(hook_count(m) == 0 for m in models.values())
 
 
-def test_a_hook_returning_the_wrong_shape_is_named(tmp_path):
+def test_a_hook_returning_the_wrong_shape_is_named(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
     from hooks.registry import HOOK_TYPES, register
@@ -293,6 +293,8 @@ def test_a_hook_returning_the_wrong_shape_is_named(tmp_path):
     class BadSpec(TapSpec):
         pass
 
+    monkeypatch.setattr(HOOK_TYPES, "_entries", dict(HOOK_TYPES._entries))  # the type is gone after the test
+
     @register("bad_shape_for_test")
     class Bad(Tap):
         spec_class = BadSpec
@@ -300,10 +302,7 @@ def test_a_hook_returning_the_wrong_shape_is_named(tmp_path):
         def edit_output(self):
             return lambda out, args: out[..., :1]
 
-    try:
-        cfg = make_config("model=convnet", "+hooks.bad={type:bad_shape_for_test,layers:fc}")
-        with pytest.raises(ConfigError, match=r"hooks.bad on 'fc' output: returned float32 \[1, 1\] in place of "
-                                              r"float32 \[1, 5\]"):
-            run(cfg, tmp_path / "out")
-    finally:
-        del HOOK_TYPES["bad_shape_for_test"]
+    cfg = make_config("model=convnet", "+hooks.bad={type:bad_shape_for_test,layers:fc}")
+    with pytest.raises(ConfigError, match=r"hooks.bad on 'fc' output: returned float32 \[1, 1\] in place of "
+                                          r"float32 \[1, 5\]"):
+        run(cfg, tmp_path / "out")

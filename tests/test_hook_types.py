@@ -78,7 +78,7 @@ def test_every_preset_lists_every_key_so_overrides_need_no_plus(preset):
     import dataclasses
 
     entry = make_config(f"hooks={preset}", "model=resnet18").hooks[preset]
-    fields = {f.name for f in dataclasses.fields(HOOK_TYPES[entry.type].spec_class)}
+    fields = {f.name for f in dataclasses.fields(HOOK_TYPES.get(entry.type).schema)}
     assert set(entry.keys()) == fields
 
 
@@ -87,12 +87,13 @@ def test_every_preset_file_holds_only_what_differs_from_its_type(preset):
     """Presets inherit their type's schema (``/hook_schema/TYPE``): a key repeating a default is noise."""
     import yaml
 
+    from hydra.core.config_store import ConfigStore
+
     from runner.config.compose import CONF_DIR
-    from runner.config.schema import hook_schema
 
     text = yaml.safe_load((CONF_DIR / "hooks" / f"{preset}.yaml").read_text()) or {}
     (inherited,) = [d for d in text.pop("defaults", []) if d != "_self_"]
     type_name = inherited.removeprefix("/hook_schema/").removesuffix("@_here_")
-    defaults = hook_schema(type_name)
+    defaults = ConfigStore.instance().load(f"hook_schema/{type_name}.yaml").node
     same = [k for k, v in text.items() if k != "layers" and k in defaults and defaults[k] == v]
     assert not same, f"{preset}.yaml repeats the defaults of {same}"

@@ -86,7 +86,7 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
             watch.prepare = prepare
         if record:  # the hook's own work fails: ``units``, ``store`` and ``logit_lens`` keep their totals, not the recorder
             own = preset in ("units", "store", "logit_lens")
-            monkeypatch.setattr(HOOK_TYPES[preset] if own else Recorder, "take" if own else "record", record)
+            monkeypatch.setattr(HOOK_TYPES.get(preset).build if own else Recorder, "take" if own else "record", record)
         with pytest.raises(error, match="injected fault"):
             run(cfg, out)
         assert_no_partial_output(out)

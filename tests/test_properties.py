@@ -31,7 +31,7 @@ SELECTOR_FORMS = ["", "*", "**", "leaf:**", "type:Linear", "type:ReLU", "re:fc.*
 BAD_SELECTORS = ["nope", "type:Nope", "re:nope.*"]
 #: Strings a str or list[str] key is drawn from: every string default of every spec, plus the
 #: other values the built-in types know and a word none of them knows.
-WORDS = sorted({f.default for cls in HOOK_TYPES.values() for f in dataclasses.fields(cls.spec_class)
+WORDS = sorted({f.default for name in HOOK_TYPES for f in dataclasses.fields(HOOK_TYPES.get(name).schema)
                 if isinstance(f.default, str)} | {"output", "input", "params", "grad_output", "mul", "set",
                                                    "weight", "bias", "bogus"})
 BASE = {(m, loss): make_config(f"model={m}", f"loss={loss}", "on_nonfinite=ignore")
@@ -71,7 +71,7 @@ def hook_entry(draw, modules: list[str]) -> tuple[dict, bool]:
                          st.sampled_from(modules + SELECTOR_FORMS), st.sampled_from(BAD_SELECTORS))
     layers = draw(selector | st.lists(selector, min_size=1, max_size=3))
     entry = {"type": type_name, "layers": layers}
-    for field in dataclasses.fields(HOOK_TYPES[type_name].spec_class):
+    for field in dataclasses.fields(HOOK_TYPES.get(type_name).schema):
         if field.name not in entry and draw(one_in(2)):
             entry[field.name] = draw(value_for(field))
     stray = draw(one_in(8))

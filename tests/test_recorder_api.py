@@ -102,8 +102,9 @@ for _preset in PRESETS:
     if _preset == "none":
         continue
     _entry = make_config(f"hooks={_preset}", "model=resnet18").hooks[_preset]
-    for _f in dataclasses.fields(HOOK_TYPES[_entry.type].spec_class):
-        if "float" in str(_f.type) and _f.name not in HOOK_TYPES[_entry.type].spec_class.nonfinite_ok:
+    _spec_class = HOOK_TYPES.get(_entry.type).schema
+    for _f in dataclasses.fields(_spec_class):
+        if "float" in str(_f.type) and _f.name not in _spec_class.nonfinite_ok:
             FLOAT_KEYS.append((_preset, _f.name))
 
 

@@ -3,9 +3,11 @@ project (a tmp dir on ``sys.path`` and a conf dir on Hydra's search path), run t
 line and ``runner.attach`` against the same computation in plain PyTorch; a new picture, one module."""
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from runner.cli.execute import execute
 from runner.config.compose import CONF_DIR, compose_config
 import runner.analysis.plots  # noqa: F401  (the built-in pictures, registered before the fixture copies PLOTS)
 from conftest import cli
+import runner.config.registry as runner_registries
 from runner.config.registry import DATA_KINDS, METRICS, OPTIMIZERS, PLOTS
 from runner.engine.plan import compile_plan
 from runner.sources.models import MLP
@@ -95,14 +98,8 @@ MODULES = {
         @register("scale_output")
         class ScaleOutput(HookType):
             spec_class = ScaleOutputSpec
-
-            @property
-            def pytorch_hooks(self):
-                return "register_forward_hook"
-
-            @property
-            def expected_kinds(self):
-                return frozenset({"output"})
+            pytorch_hooks = "register_forward_hook"
+            expected_kinds = frozenset({"output"})
 
             def attach(self, model, session):
                 for layer, module in self.targets(model):
@@ -164,12 +161,9 @@ def own_parts(tmp_path, monkeypatch):
         (conf / path).parent.mkdir(parents=True, exist_ok=True)
         (conf / path).write_text(text)
     monkeypatch.syspath_prepend(str(code))
-    for registry in (DATA_KINDS, OPTIMIZERS, PLOTS, METRICS):
+    for registry in (DATA_KINDS, OPTIMIZERS, PLOTS, METRICS, HOOK_TYPES):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    hook_types = dict(HOOK_TYPES)
     yield f"hydra.searchpath=[file://{conf}]"
-    HOOK_TYPES.clear()
-    HOOK_TYPES.update(hook_types)
     for name in MODULES:
         sys.modules.pop(name, None)
 
@@ -271,3 +265,51 @@ def test_an_unknown_or_clashing_measure_is_one_line(own_parts):
     METRICS.register("loss")(lambda metric: lambda logits: 0.0)
     with pytest.raises(ConfigError, match=r"^metric\.measures: 'loss' is a column steps\.parquet already has"):
         compile_plan(compose_config([*base, "metric.measures=[loss]"]))
+
+
+def _project_trees() -> list[tuple[str, ast.Module]]:
+    root = Path(__file__).resolve().parents[1]
+    return [(".".join(path.relative_to(root).with_suffix("").parts), ast.parse(path.read_text()))
+            for package in ("common", "hooks", "runner") for path in sorted((root / package).rglob("*.py"))]
+
+
+def test_one_registry_class_keeps_every_choice_a_config_names():
+    """Hook types, models, data kinds, losses, optimizers, measures, loggers and plots are each a
+    ``common.registry.Registry``: one way to register (storing the schema), one error line. No other
+    class registers, and a ``register`` decorator of a module (``hooks.register``) hands its choice to one."""
+    from common.registry import Registry
+
+    registries = {name: value for name, value in vars(runner_registries).items()
+                  if name.isupper() and name != "MODULE_KEY"} | {"HOOK_TYPES": HOOK_TYPES}
+    assert sorted(registries) == ["DATA_KINDS", "HOOK_TYPES", "LOGGERS", "LOSSES", "METRICS", "MODELS",
+                                  "OPTIMIZERS", "PLOTS"]
+    assert {name: type(value) for name, value in registries.items()} == dict.fromkeys(registries, Registry)
+    trees = _project_trees()
+    classes = sorted(f"{module}.{node.name}" for module, tree in trees for node in ast.walk(tree)
+                     if isinstance(node, ast.ClassDef)
+                     and any(isinstance(f, ast.FunctionDef) and f.name == "register" for f in node.body))
+    assert classes == ["common.registry.Registry"]
+    decorators = [(module, any(isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                               and call.func.attr == "register" for call in ast.walk(fn)))
+                  for module, tree in trees for fn in tree.body
+                  if isinstance(fn, ast.FunctionDef) and fn.name == "register"]
+    assert decorators == [("hooks.registry", True)]
+    with pytest.raises(ConfigError) as bad:
+        HOOK_TYPES.get("clmap", key="hooks.clip.type")
+    assert str(bad.value) == f"hooks.clip.type: unknown hook type 'clmap'; valid: {', '.join(sorted(HOOK_TYPES))}; " \
+                             "did you mean 'clamp'?"
+
+
+def test_a_hook_type_registered_late_stores_its_schema_for_presets_to_inherit(own_parts, tmp_path):
+    """A user's hook type, registered when its module is imported (long after the built-in ones),
+    stores ``hook_schema/TYPE`` with ``type`` filled in: a preset composed after that inherits its keys,
+    defaults and key checks, as the built-in presets do."""
+    importlib.import_module("fixture_scale_output")
+    stored = ConfigStore.instance().load("hook_schema/scale_output.yaml").node
+    assert (stored.type, stored.factor) == ("scale_output", 1.0)
+    (tmp_path / "conf" / "hooks" / "inherited.yaml").write_text(
+        "# @package hooks.inherited\ndefaults:\n  - /hook_schema/scale_output@_here_\n  - _self_\nlayers: fc2\n")
+    entry = compose_config([own_parts, "model=mlp", "hooks=inherited"]).hooks.inherited
+    assert (entry.type, entry.layers, entry.factor) == ("scale_output", "fc2", 1.0)
+    with pytest.raises(ConfigError, match=r"hooks\.inherited\.factr"):
+        compose_config([own_parts, "model=mlp", "hooks=inherited", "hooks.inherited.factr=2"])

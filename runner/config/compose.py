@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 import yaml
 
 from common.errors import ConfigError, choice_error
+import hooks  # noqa: F401  (registers the hook types, whose specs presets inherit: hook_schema/clamp, ...)
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 import runner.config.slurm  # noqa: F401  (stores the Slurm presets' schema)
 import runner.sources  # noqa: F401  (registers the choices whose schemas presets inherit: data_schema/randn, ...)

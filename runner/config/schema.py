@@ -3,11 +3,10 @@
 Hydra merges every preset into its schema while it composes, so a misspelled key
 (``hooks.clip.maxx=1``, ``+steps_=3``), a value of the wrong type (``steps=abc``) or outside an
 enum (``mode=trian``) fails before anything runs, and presets in ``conf/`` carry only what
-they change. Hook presets inherit their hook type's own spec (``hooks.base.HookSpec``
-subclasses, registered here generically from ``hooks.HOOK_TYPES`` under ``hook_schema/TYPE``);
-the dataclasses of models, data kinds and optimizers are stored as their choice is registered
-(``runner.config.registry``: ``@DATA_KINDS.register("randn", schema=SyntheticData)`` stores
-``data_schema/randn``).
+they change. The schemas of the choices are stored as each choice is registered
+(``common.registry.Registry``): a hook preset inherits its type's spec (``@register("clamp")`` in
+``hooks/`` stores ``hook_schema/clamp``), a data preset its kind's (``@DATA_KINDS.register("randn",
+schema=SyntheticData)`` stores ``data_schema/randn``), and so for models and optimizers.
 
 What a type cannot say (``min <= max``, a selector that matches a module, a shape that fits the
 model) is checked once, by ``runner.engine.plan.compile_plan``.
@@ -20,9 +19,7 @@ from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
-
-from hooks import HOOK_TYPES
+from omegaconf import MISSING
 
 
 class Device(str, Enum):
@@ -269,21 +266,12 @@ class RunConfig:
     logger: dict[str, Any] = field(default_factory=dict)  #: live loggers by name (``runner.live``; ``logger=[tensorboard,wandb]``)
 
 
-def hook_schema(type_name: str):
-    """The structured node of one hook type's spec, with ``type`` filled in."""
-    node = OmegaConf.structured(HOOK_TYPES[type_name].spec_class)
-    node.type = type_name
-    return node
-
-
 def register_schemas() -> None:
-    """Store the run's and the hook types' schemas in Hydra's ConfigStore (idempotent: storing again
-    replaces); the registries store their choices' schemas as they are registered."""
+    """Store the run's schema in Hydra's ConfigStore (idempotent: storing again replaces); the
+    registries store their choices' schemas as they are registered."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     store.store(group="model_schema", name="named", node=NamedModel)
-    for type_name in HOOK_TYPES:
-        store.store(group="hook_schema", name=type_name, node=hook_schema(type_name))
 
 
 register_schemas()
