@@ -67,6 +67,23 @@ def children() -> list[Path]:
     return found
 
 
+def _name(stat: Path) -> str:
+    return stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
+
+
+def started_by_tools(procs: list[Path]) -> list[str]:
+    """The names of the processes below the tools' own processes (W&B's service), not those this process
+    started itself (a service an earlier ``wandb.watch`` in this process left running)."""
+    parent = {stat.parent.name: stat.read_text().rsplit(")", 1)[1].split()[1] for stat in procs}
+    name = {stat.parent.name: _name(stat) for stat in procs}
+    below = {pid for pid in parent if parent[pid] == str(os.getpid()) and name[pid].startswith("python")}
+    found: list[str] = []
+    while below:
+        below = {pid for pid in parent if parent[pid] in below}
+        found += [name[pid] for pid in below]
+    return found
+
+
 def threads() -> set[Path]:
     """The ``/proc/PID/task/TID/stat`` files of this process's threads (none without ``/proc``)."""
     return set(Path(f"/proc/{os.getpid()}/task").glob("*/stat"))
@@ -227,7 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
             segments = phase(model, x, Path(tmp), stack, steps, contender)
             result["phases"][contender] = {
                 "variants": measure(segments, rounds, warmup, steps),
-                "children": [stat.read_text().split("(", 1)[1].split(")")[0] for stat in segments[0].procs]}
+                "children": [_name(stat) for stat in segments[0].procs],
+                "started_by_tools": started_by_tools(segments[0].procs)}
     return print_and_write(result, args.out, "loggers.json")
 
 
