@@ -34,6 +34,7 @@ from runner.engine.plan import compile_plan
 from runner.store.lock import DirLock
 from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, SWEEP, read_record, read_sweep,
                                        state_line, update_job, write_sweep)
+from sweep_checks import tables, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The jobs of the in-process sweeps: three seeds of a one-step linear model.
@@ -257,9 +258,6 @@ COMMAND = ["model=linear", "hooks=stats", "steps=300", "optimizer=sgd,adam", "se
 README = (ROOT / "README.md").read_text(encoding="utf-8").split("#### Stop and resume a sweep\n", 1)[1]
 LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
              "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]}
-#: Columns that differ between two runs of the same jobs: where and how they ran (the launcher's
-#: settings are overrides of the job's too), and how long they took.
-VARYING = ["run_dir", "quiet", "wall_time_s", "peak_memory_bytes"]
 
 
 def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subprocess.Popen:
@@ -271,22 +269,6 @@ def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subproces
 def finished(proc: subprocess.Popen) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=900)
     return proc.returncode, out, "\n".join(line for line in err.splitlines() if "[HYDRA]" not in line)
-
-
-def wait_for(sweep: Path, done, timeout: float = 600) -> list[dict]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        jobs = read_sweep(sweep)
-        if jobs and done(jobs):
-            return jobs
-        time.sleep(0.05)
-    raise TimeoutError(f"{sweep}: {read_sweep(sweep)}")
-
-
-def tables(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    stats, steps = analysis.load_stats(sweep), analysis.load_steps(sweep)
-    return tuple(frame.drop(columns=[c for c in frame.columns if c in VARYING or c.startswith("hydra")])
-                 .reset_index(drop=True) for frame in (stats, steps))
 
 
 @pytest.fixture(scope="module")
