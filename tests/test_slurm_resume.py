@@ -16,7 +16,7 @@ import pytest
 import runner.analysis as analysis
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import IncompleteSweepWarning
-from runner.store.sweep_record import OK, RUNNING, read_record
+from runner.store.sweep_record import OK, PENDING, RUNNING, read_record
 from slurm_cluster import array_id, sh, slurm, submit  # noqa: F401  (slurm: the cluster fixture)
 from sweep_checks import tables, wait_for
 
@@ -35,7 +35,8 @@ def test_a_scancelled_array_task_is_named_and_resume_true_runs_it_alone(slurm, t
     sweep, plain = tmp_path / "sweep", tmp_path / "plain"
     uninterrupted = submit(f"python -m runner -m {JOBS}", plain)  # the same jobs on the basic launcher
     proc = submit(f"python -m runner -m {SLURM} {JOBS}", sweep)
-    wait_for(sweep, lambda jobs: jobs[1]["state"] == RUNNING, timeout=300)
+    started = wait_for(sweep, lambda jobs: jobs[1]["state"] != PENDING, timeout=300)
+    assert started[1]["state"] == RUNNING, started[1]  # not over yet: LONG is long enough
     array = array_id(sweep)
     assert sh(f"scancel {array}_1").returncode == 0
     out, err = proc.communicate(timeout=600)
