@@ -31,9 +31,17 @@ SLURM = "hydra/launcher=slurm_cpu hydra.launcher.partition=debug"
 KEPT = [0, 2, 3]
 
 
-def test_a_scancelled_array_task_is_named_and_resume_true_runs_it_alone(slurm, tmp_path):
+@pytest.fixture
+def uninterrupted(tmp_path):
+    """The same jobs on the basic launcher, running beside the test (stopped if it fails first)."""
+    proc = submit(f"python -m runner -m {JOBS}", tmp_path / "plain")
+    yield proc
+    proc.kill()
+    proc.communicate()
+
+
+def test_a_scancelled_array_task_is_named_and_resume_true_runs_it_alone(slurm, uninterrupted, tmp_path):
     sweep, plain = tmp_path / "sweep", tmp_path / "plain"
-    uninterrupted = submit(f"python -m runner -m {JOBS}", plain)  # the same jobs on the basic launcher
     proc = submit(f"python -m runner -m {SLURM} {JOBS}", sweep)
     started = wait_for(sweep, lambda jobs: jobs[1]["state"] != PENDING, timeout=300)
     assert started[1]["state"] == RUNNING, started[1]  # not over yet: LONG is long enough
