@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import make_config, run
-from test_slurm import ENV, slurm  # noqa: F401  (the one-node cluster fixture of the README's Sweeps section)
+from slurm_cluster import ENV, slurm  # noqa: F401  (the one-node cluster fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]

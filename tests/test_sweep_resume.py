@@ -3,7 +3,8 @@ command with ``resume=true`` finishes it: complete jobs kept, the others run, th
 an uninterrupted sweep.
 
 The state logic is tested in-process on real runs (``sweep.json`` written, updated, reconciled with
-the job directories; a job kept or refused by ``execute``); the slow tests run the real CLI on
+the job directories; a job kept or refused by ``execute``; a dataset pass sharded over a sweep,
+stopped by Ctrl-C and resumed); the slow tests run the real CLI on
 each local launcher and stop it mid-job.
 """
 from __future__ import annotations
@@ -26,14 +27,17 @@ from common.errors import ConfigError
 from conftest import make_config
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import NOT_STARTED, IncompleteSweepWarning
+from runner.analysis.units import load_units
 from runner.cli.callbacks import EarlyChecks
 from runner.cli.execute import execute
 from runner.cli.resume import as_recorded, carried, command_problem, difference, resume_mode, swept
 from runner.config.compose import compose_with_hydra
+from runner.engine import whole_pass
 from runner.engine.plan import compile_plan
 from runner.store.lock import DirLock
 from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, SWEEP, read_record, read_sweep,
                                        state_line, update_job, write_sweep)
+from sweep_checks import tables, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The jobs of the in-process sweeps: three seeds of a one-step linear model.
@@ -164,11 +168,11 @@ def test_a_failed_job_a_resume_keeps_is_not_run_again(sweep, capsys):
     assert (sweep / "1" / "status.json").read_text() == status
 
 
-def start(sweep: Path, *extra: str) -> None:
-    """The sweep's start (``on_multirun_start``) for ``BASE seed=0,1,2 EXTRA``, in-process."""
-    config = compose_with_hydra([*BASE, "seed=0", f"hydra.sweep.dir={sweep}", *extra])
+def start(sweep: Path, *extra: str, base: list[str] = BASE, key: str = "seed") -> None:
+    """The sweep's start (``on_multirun_start``) for ``BASE KEY=0,1,2 EXTRA``, in-process."""
+    config = compose_with_hydra([*base, f"{key}=0", f"hydra.sweep.dir={sweep}", *extra])
     with open_dict(config):
-        config.hydra.overrides.task = [*BASE, "seed=0,1,2", *extra]
+        config.hydra.overrides.task = [*base, f"{key}=0,1,2", *extra]
     EarlyChecks().on_multirun_start(config)
 
 
@@ -183,6 +187,55 @@ def test_a_resumed_sweep_starts_with_its_complete_jobs_kept_and_the_others_pendi
     assert (record["kept"], record["pid"], record["command"]) == ([0, 1], os.getpid(), [*BASE, "seed=0,1,2"])
     start(sweep, "resume=failed")
     assert states(sweep) == [OK, PENDING, PENDING]
+
+
+#: A dataset pass sharded over a sweep of three jobs: unit statistics of the digits (599 a shard).
+SHARDED = ["model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "loss=none", "progress=false", "hooks=units",
+           "hooks.units.layers=[conv1,fc]", "data.num_shards=3"]
+
+
+def sharded_sweep(sweep: Path) -> Path:
+    """``SHARDED data.shard=0,1,2`` as its start writes it, every job pending."""
+    sweep.mkdir()
+    jobs = [[*SHARDED, f"data.shard={shard}"] for shard in range(3)]
+    write_sweep(sweep, entries(jobs), command=[*SHARDED, "data.shard=0,1,2"], pid=os.getpid(), kept=[])
+    return sweep
+
+
+def shard(sweep: Path, num: int, *extra: str) -> None:
+    overrides = [*SHARDED, f"data.shard={num}", *extra]
+    execute(make_config(*overrides), sweep / str(num), overrides, multirun=True)
+
+
+def test_a_dataset_pass_sharded_over_a_sweep_merges_exactly_after_a_resume(tmp_path, monkeypatch):
+    whole, stopped = sharded_sweep(tmp_path / "whole"), sharded_sweep(tmp_path / "stopped")
+    for num in range(3):
+        shard(whole, num)
+    shard(stopped, 0)
+    read = whole_pass.batches
+
+    def ctrl_c_at_the_third_batch(*args, **kwargs):
+        for i, batch in enumerate(read(*args, **kwargs)):
+            if i == 2:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(whole_pass, "batches", ctrl_c_at_the_third_batch)
+    with pytest.raises(SystemExit) as exit_:
+        shard(stopped, 1)  # Ctrl-C two batches into shard 1's pass; shard 2 never starts
+    monkeypatch.undo()
+    assert exit_.value.code == 130 and states(stopped) == [OK, INTERRUPTED, PENDING]
+    with pytest.warns(IncompleteSweepWarning, match="1 interrupted .job 1: data.shard=1., 1 not started"):
+        pd.testing.assert_frame_equal(load_units(stopped), load_units(whole / "0"))  # shard 0 alone
+    manifest = (stopped / "0" / "manifest.json").stat().st_mtime_ns
+    start(stopped, "resume=true", base=SHARDED, key="data.shard")
+    for num in range(3):
+        shard(stopped, num, "resume=true")
+    assert (stopped / "0" / "manifest.json").stat().st_mtime_ns == manifest  # kept, not run again
+    assert states(stopped) == [OK] * 3
+    merged = load_units(stopped)
+    assert (merged["count"][merged.layer == "fc"] == 1797).all()  # every digit once
+    pd.testing.assert_frame_equal(merged, load_units(whole))
 
 
 def test_a_resume_is_refused_while_a_job_of_the_sweep_still_runs(sweep, capsys):
@@ -257,9 +310,6 @@ COMMAND = ["model=linear", "hooks=stats", "steps=300", "optimizer=sgd,adam", "se
 README = (ROOT / "README.md").read_text(encoding="utf-8").split("#### Stop and resume a sweep\n", 1)[1]
 LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
              "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]}
-#: Columns that differ between two runs of the same jobs: where and how they ran (the launcher's
-#: settings are overrides of the job's too), and how long they took.
-VARYING = ["run_dir", "quiet", "wall_time_s", "peak_memory_bytes"]
 
 
 def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subprocess.Popen:
@@ -271,22 +321,6 @@ def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subproces
 def finished(proc: subprocess.Popen) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=900)
     return proc.returncode, out, "\n".join(line for line in err.splitlines() if "[HYDRA]" not in line)
-
-
-def wait_for(sweep: Path, done, timeout: float = 600) -> list[dict]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        jobs = read_sweep(sweep)
-        if jobs and done(jobs):
-            return jobs
-        time.sleep(0.05)
-    raise TimeoutError(f"{sweep}: {read_sweep(sweep)}")
-
-
-def tables(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    stats, steps = analysis.load_stats(sweep), analysis.load_steps(sweep)
-    return tuple(frame.drop(columns=[c for c in frame.columns if c in VARYING or c.startswith("hydra")])
-                 .reset_index(drop=True) for frame in (stats, steps))
 
 
 @pytest.fixture(scope="module")
