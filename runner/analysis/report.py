@@ -5,7 +5,8 @@ what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that 
 everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
 curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
 whole-dataset passes (``units.parquet``: per-layer tables and histograms, and the top examples of
-a few units drawn from the run's own data); then the details, collapsed:
+a few units: their maps and inputs as the run kept them, ``unit_examples.parquet``); first of all,
+a sweep that did not complete says so (``sweep.json``); then the details, collapsed:
 the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
 recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
 as PNG data URIs: no file beside the page and nothing fetched when it is opened.
@@ -13,7 +14,8 @@ as PNG data URIs: no file beside the page and nothing fetched when it is opened.
 The page stays the same size as a sweep grows: per-job pictures and configs are drawn for the
 first jobs only (``MOST_JOB_PICTURES``, ``MOST_CONFIGS``), one line per job in a picture only up to
 ``MOST_LINES`` jobs, and a sweep of more than ``MOST_TABLE_JOBS`` jobs gets the per-layer table
-over all its jobs; a patching sweep's jobs are its heatmap. Jobs are in numeric order (2 before 10).
+over all its jobs; a patching sweep's jobs are its heatmap. Jobs are in job order (the order of the
+values on the command line).
 Any complete run or sweep gives a page, whatever it recorded: a section with nothing for it is left
 out, heading and all (unit statistics of a run without a units entry, patching of a run that patched
 nothing, failed jobs of a single run, pictures where none could be drawn); within a section, what
