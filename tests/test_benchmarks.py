@@ -119,8 +119,8 @@ def test_quick_loggers_benchmark_times_each_logger_against_stats_alone_in_a_phas
     for name in loggers.LOGGERS:  # each tool's own process (its CPU counted), and no other phase's left over
         assert [child for child in phases[name]["children"] if child.startswith("python")] == ["python"], name
         assert phases[name]["variants"][f"stats + {name}"]["cpu_s_per_step"]["logger_thread"] > 0  # pickling
-    # W&B's service, started by the tool's process, and gone with it (one an earlier test's wandb.watch started
-    # in this process may live on in any phase, or end during one: it is not below a tool's process)
-    assert phases["wandb"]["started_by_tools"].count("wandb-core") == 1
+    # W&B's service runs in the W&B phase (the tool's own, or one an earlier test's wandb.watch started in this
+    # process, whose address the tool's process inherits and uses), and none a tool started outlives its phase
+    assert "wandb-core" in phases["wandb"]["children"]
     assert "wandb-core" not in phases["mlflow"]["started_by_tools"]
     assert (tmp_path / "loggers.json").is_file()
