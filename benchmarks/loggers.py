@@ -35,6 +35,7 @@ import copy
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -71,17 +72,22 @@ def _name(stat: Path) -> str:
     return stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
 
 
-def started_by_tools(procs: list[Path]) -> list[str]:
-    """The names of the processes below the tools' own processes (W&B's service), not those this process
-    started itself (a service an earlier ``wandb.watch`` in this process left running)."""
-    parent = {stat.parent.name: stat.read_text().rsplit(")", 1)[1].split()[1] for stat in procs}
-    name = {stat.parent.name: _name(stat) for stat in procs}
-    below = {pid for pid in parent if parent[pid] == str(os.getpid()) and name[pid].startswith("python")}
-    found: list[str] = []
-    while below:
-        below = {pid for pid in parent if parent[pid] in below}
-        found += [name[pid] for pid in below]
+def services() -> set[str]:
+    """The pids of every W&B service on the machine (``wandb-core``), whoever started it."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if _name(stat) == "wandb-core":
+                found.add(stat.parent.name)
     return found
+
+
+def left_running(before: set[str], wait_s: float = 10.0) -> list[str]:
+    """The W&B services that a phase started and that are still running ``wait_s`` after its tools closed."""
+    deadline = time.monotonic() + wait_s
+    while (left := services() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(left)
 
 
 def threads() -> set[Path]:
@@ -240,12 +246,14 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"model": "convnet" if args.quick else "resnet18", "batch": x.shape[0], "rounds": rounds,
               "steps_per_round": steps, "target": TARGET, "phases": {}}
     for contender in contenders:
+        before = services()
         with tempfile.TemporaryDirectory(prefix="bench-loggers-") as tmp, contextlib.ExitStack() as stack:
             segments = phase(model, x, Path(tmp), stack, steps, contender)
             result["phases"][contender] = {
                 "variants": measure(segments, rounds, warmup, steps),
-                "children": [_name(stat) for stat in segments[0].procs],
-                "started_by_tools": started_by_tools(segments[0].procs)}
+                "children": [_name(stat) for stat in segments[0].procs]}
+        # a service wandb.watch starts lives as long as this process does; a tool's ends with its phase
+        result["phases"][contender]["services_left"] = [] if contender == WATCH else left_running(before)
     return print_and_write(result, args.out, "loggers.json")
 
 
