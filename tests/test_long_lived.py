@@ -140,14 +140,22 @@ def check_attach(blocks: int, measure_from: int, tmp_path: Path, model_and_input
     return at
 
 
+def grown(at: dict, start: int, end: int) -> None:
+    """No more live tensors or modules after block ``end`` than after block ``start``. Fewer is no leak:
+    the count is the whole process's, and an earlier test's objects in this worker may be freed meanwhile
+    (CI saw 2613 -> 2603)."""
+    for kind in ("tensors", "modules"):
+        assert at[end][kind] <= at[start][kind], (kind, at)
+
+
 def test_attach_blocks_one_after_another_leave_nothing_behind(tmp_path, model_and_input):
     at = check_attach(6, 3, tmp_path, model_and_input)
-    assert at[6]["tensors"] == at[3]["tensors"] and at[6]["modules"] == at[3]["modules"]
+    grown(at, 3, 6)
 
 
 def test_cli_runs_one_after_another_leave_nothing_behind(tmp_path, monkeypatch):
     at = repeat(4, lambda out, fail: cli_run(out, fail, monkeypatch), tmp_path, 1)
-    assert at[4]["tensors"] == at[1]["tensors"] and at[4]["modules"] == at[1]["modules"]
+    grown(at, 1, 4)
 
 
 def within_one_percent(at: dict, start: int, end: int) -> None:
