@@ -29,6 +29,7 @@ from common.records import RUN_TOTAL_SCHEMAS
 
 from runner.analysis.load import (GRADIENT_KINDS, abnormal, config_path, label_of, load_stats, load_steps,
                                   override_columns, run_dirs)
+from runner.analysis.answers import answer_of
 from runner.analysis.intact import read_manifest
 
 #: The statistic columns the summary reads (a sweep is never read whole).
@@ -112,7 +113,9 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
     for name, kind in entry_types(run_dir).items():
         rows = stats[(stats["hook"] == name) & (stats["phase"] != "eval")]
         named = name if kind == name else f"{name} ({kind})"
-        own = [line for line in _entry_lines(rows, kind) if not (totals.get(name) and line == "recorded nothing")]
+        answer = answer_of(run_dir, name, kind)
+        own = answer.lines if answer is not None else \
+            [line for line in _entry_lines(rows, kind) if not (totals.get(name) and line == "recorded nothing")]
         lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines
 
