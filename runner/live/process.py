@@ -20,29 +20,38 @@ import ctypes
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
-from runner.live.channel import first_line
+from runner.live.channel import ToolError, first_line
 from runner.live.lines import LogLine
 
 #: The tool's process: ``serve`` (``sys.argv[1]``: its answers' file descriptor).
 TOOL_SIDE = "from runner.live.process import main; main()"
 #: The tool's niceness, from its opening on.
 TOOL_NICE = 10
+#: How long a connection to a tool's server may take before the server counts as unreachable.
+PROBE_TIMEOUT_S = 2.0
 #: ``prctl``'s option: the signal a process gets when the thread that started it ends (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 
 
-class ToolProcessError(RuntimeError):
+class ToolProcessError(ToolError):
     """The tool's process raised (its error's type and first line), or ended."""
 
 
 class ProcessSink:
-    """The sink of logger ``name`` made as ``LOGGERS.get(name).build(cfg, context)`` in a new process."""
+    """The sink of logger ``name``, made as ``LOGGERS.get(name).build(cfg, context)`` in a new process.
+
+    Made, it has started the process; ``open`` opens the tool there (on the channel's thread, where
+    it may hang), so that the run's end can end a process that never finished opening."""
 
     def __init__(self, name: str, cfg, context) -> None:
+        self.request = (name, cfg, context)
+        self.server = cfg.server()
         answers, answer_fd = os.pipe()
         path = os.pathsep.join(entry for entry in sys.path if entry)  # a script's own sys.path finds runner too
         self.process = subprocess.Popen([sys.executable, "-c", TOOL_SIDE, str(answer_fd)],
@@ -50,8 +59,11 @@ class ProcessSink:
                                         env={**os.environ, "PYTHONPATH": path})
         os.close(answer_fd)
         self._answers = os.fdopen(answers, "rb")
+
+    def open(self) -> None:
+        """Open the tool in its process; when it cannot, the process is ended and the tool's error raised."""
         try:
-            self._call("open", (name, cfg, context))
+            self._call("open", self.request)
         except BaseException:
             self.abandon()
             self._release()
@@ -65,6 +77,17 @@ class ProcessSink:
             self._call("close", failed)
         finally:
             self._release()
+
+    def diagnosis(self) -> str | None:
+        """What happened to the tool, as seen from here: its process ended, or its server refuses or does
+        not take a connection; None when neither (it may still be slow, or hang)."""
+        if self.process.poll() is not None:
+            return f"its tool process ended ({exit_status(self.process.returncode)})"
+        if self.server is not None:
+            refused = unreachable(self.server)
+            if refused:
+                return f"its server {self.server} is unreachable ({refused})"
+        return None
 
     def abandon(self) -> None:
         """End the tool's process (it hangs: a dead server, or its tool could not start)."""
@@ -84,17 +107,38 @@ class ProcessSink:
             self.process.stdin.flush()
             ok, said = pickle.load(self._answers)
         except (EOFError, BrokenPipeError) as exc:
-            raise ToolProcessError(f"its process ended{_exit_status(self.process)}") from exc
+            raise ToolProcessError(f"its tool process ended{_ended(self.process)}") from exc
         if not ok:
             raise ToolProcessError(said)
 
 
-def _exit_status(process: subprocess.Popen) -> str:
-    """`` (exit status N)`` of a process whose pipe closed (given a moment to end), else nothing."""
+def _ended(process: subprocess.Popen) -> str:
+    """`` (killed by SIGKILL)`` of a process whose pipe closed (given a moment to end), else nothing."""
     try:
-        return f" (exit status {process.wait(1)})"
+        return f" ({exit_status(process.wait(1))})"
     except subprocess.TimeoutExpired:
         return ""
+
+
+def exit_status(code: int) -> str:
+    """A ``Popen.returncode`` in words: ``exit status 1``, ``killed by SIGKILL``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def unreachable(url: str) -> str | None:
+    """Why the server at ``url`` (``http://HOST:PORT``) takes no TCP connection within ``PROBE_TIMEOUT_S``
+    (``Connection refused``, ``timed out``, a name that does not resolve); None when it takes one."""
+    address = urlsplit(url)
+    port = address.port or (443 if address.scheme == "https" else 80)
+    try:
+        socket.create_connection((address.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
 
 
 def serve(requests, answers) -> None:
