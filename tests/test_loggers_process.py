@@ -3,6 +3,7 @@ logged; its errors, its death and its hangs reach the run as they would from its
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import runner.analysis as analysis
 from runner.live import LoggerWarning, RunContext
 from runner.live.lines import LogLine
 from runner.live import process
+from runner.live.channel import Channel
 from runner.live.process import TOOL_NICE, ProcessSink, ToolProcessError
 from runner.live.to_tensorboard import TensorBoardLogger
 
@@ -68,10 +70,18 @@ def test_a_tool_that_cannot_start_is_one_error_line_and_leaves_no_process(tmp_pa
     occupied = tmp_path / "a-file"
     occupied.write_text("")
     before = children()
+    cannot = r"(FileExistsError|NotADirectoryError): .*a-file[^:]*"
     sink = ProcessSink("tensorboard", TensorBoardLogger(dir=str(occupied / "tb")), RunContext(tmp_path))
-    with pytest.raises(ToolProcessError, match=r"^(FileExistsError|NotADirectoryError): "):
+    with pytest.raises(ToolProcessError, match=f"^{cannot}"):
         sink.open()
     assert children() == before
+    channel = Channel("tensorboard", lambda: ProcessSink("tensorboard", TensorBoardLogger(dir=str(occupied / "tb")),
+                                                         RunContext(tmp_path)), size=4, timeout_s=60)
+    channel.put(LogLine(0, {"train/loss": 1.0}))
+    channel.close()
+    assert children() == before
+    # the tool's own error, not the end of the process the sink ended itself
+    assert re.fullmatch(f"could not start: {cannot}: 1 of 1 lines not sent \\(none was sent\\)", channel.summary())
 
 
 def test_a_tool_process_that_died_is_said_on_the_next_line(tmp_path):

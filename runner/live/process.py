@@ -51,6 +51,7 @@ class ProcessSink:
 
     def __init__(self, name: str, cfg, context) -> None:
         self.request = (name, cfg, context)
+        self.abandoned = False
         self.server = cfg.server()
         answers, answer_fd = os.pipe()
         path = os.pathsep.join(entry for entry in sys.path if entry)  # a script's own sys.path finds runner too
@@ -79,9 +80,9 @@ class ProcessSink:
             self._release()
 
     def diagnosis(self) -> str | None:
-        """What happened to the tool, as seen from here: its process ended, or its server refuses or does
-        not take a connection; None when neither (it may still be slow, or hang)."""
-        if self.process.poll() is not None:
+        """What happened to the tool, as seen from here: its process ended (not by ``abandon``), or its
+        server refuses or does not take a connection; None when neither (it may still be slow, or hang)."""
+        if self.process.poll() is not None and not self.abandoned:
             return f"its tool process ended ({exit_status(self.process.returncode)})"
         if self.server is not None:
             refused = unreachable(self.server)
@@ -91,6 +92,7 @@ class ProcessSink:
 
     def abandon(self) -> None:
         """End the tool's process (it hangs: a dead server, or its tool could not start)."""
+        self.abandoned = True  # its end is then no news: ``diagnosis`` does not say it
         self.process.kill()
         self.process.wait()
 
