@@ -137,7 +137,7 @@ class Failing:
         pass
 
 
-def test_a_hanging_and_a_refusing_tool_cost_one_warning_each_and_never_the_run(tmp_path):
+def test_a_hanging_and_a_refusing_tool_are_said_with_why_and_what_they_lost_and_never_cost_the_run(tmp_path):
     hanging, refusing = Blocking(), Failing()
     out = tmp_path / "run"
     with warnings.catch_warnings(record=True) as caught:

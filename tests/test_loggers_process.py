@@ -71,10 +71,6 @@ def test_a_tool_that_cannot_start_is_one_error_line_and_leaves_no_process(tmp_pa
     occupied.write_text("")
     before = children()
     cannot = r"(FileExistsError|NotADirectoryError): .*a-file[^:]*"
-    sink = ProcessSink("tensorboard", TensorBoardLogger(dir=str(occupied / "tb")), RunContext(tmp_path))
-    with pytest.raises(ToolProcessError, match=f"^{cannot}"):
-        sink.open()
-    assert children() == before
     channel = Channel("tensorboard", lambda: ProcessSink("tensorboard", TensorBoardLogger(dir=str(occupied / "tb")),
                                                          RunContext(tmp_path)), size=4, timeout_s=60)
     channel.put(LogLine(0, {"train/loss": 1.0}))

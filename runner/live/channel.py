@@ -246,7 +246,7 @@ class Channel:
                 else:
                     self.lost += 1
                 self._changed.notify_all()
-        if sink is not None and not self._gave_up:
+        if sink is not None:  # given up too: a process sink then only releases its pipes
             try:
                 sink.close(self._failed)
             except Exception as exc:  # noqa: BLE001

@@ -9,7 +9,10 @@ tool and logs at ``TOOL_NICE`` (W&B's service, started by ``wandb.init``, inheri
 yield to torch's threads, yet it keeps up with a run that keeps every core busy (``SCHED_IDLE``
 sent nothing in 80 resnet18 steps, nice 19 fell behind).
 Each call waits for the tool's answer, so ``Channel`` sees the tool's errors, its progress and its
-hangs as it would on its own thread.
+hangs as it would on its own thread; the process is started before the tool is opened in it, so a
+tool that hangs while opening is ended at the run's end like one that hangs later. ``diagnosis``
+names a failure by what the run's side can see: the process's exit status, or the tool's server
+refusing a connection.
 
 The tool's process is ``python -c TOOL_SIDE FD``: requests on stdin, answers on file descriptor FD.
 """
