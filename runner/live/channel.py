@@ -38,17 +38,13 @@ class Sink(Protocol):
 
 
 @runtime_checkable
-class Tool(Protocol):
+class Tool(Sink, Protocol):
     """A sink in a process of its own (``ProcessSink``), which the opener only starts: ``open`` opens the
     tool on the channel's thread (it may hang: a ``wandb.init``, a server that does not answer),
     ``diagnosis`` says what happened to it (its process ended, its server is unreachable; None: nothing
     seen), ``abandon`` ends its process, opened or not."""
 
     def open(self) -> None: ...
-
-    def log(self, line: LogLine) -> None: ...
-
-    def close(self, failed: bool) -> None: ...
 
     def diagnosis(self) -> str | None: ...
 
