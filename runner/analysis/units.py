@@ -117,7 +117,8 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
     the top one bracketed, as ids (no tokenizer is kept); ``sample N`` otherwise, its sample id: in a
     whole-dataset pass its dataset index), the
     unit's ``dead_fraction`` (of its values at or below the entry's threshold), and its layer's units and
-    dead units (never above the threshold). Read from the run's files alone (``TOP_UNIT_COLUMNS``).
+    dead units (never above the threshold); layers in the model's order. Read from the run's files alone
+    (``TOP_UNIT_COLUMNS``).
 
     Example:
         >>> top_units("outputs/units", "layer3")[["unit", "max", "input", "class"]]
@@ -128,8 +129,11 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
             raise KeyError(f"no layer '{layer}' in the units of '{path}'; layers: {', '.join(dict.fromkeys(units.layer))}")
         units = units[units.layer == layer]
     names, inputs = load_unit_names(path, on_corrupt), load_unit_inputs(path, on_corrupt)
+    first = next(run for run in run_dirs(path, on_corrupt) if rank_files(run, UNITS))
+    order = {name: i for i, name in enumerate(recorded_layers(first))}  # the model's order, not the names'
+    groups = sorted(units.groupby(["hook", "layer", "call"], sort=False), key=lambda kv: order.get(kv[0][1], len(order)))
     rows = []
-    for (hook, name, call), group in units.groupby(["hook", "layer", "call"], sort=False):
+    for (hook, name, call), group in groups:
         dead_units = int((group.above == 0).sum())
         for unit_rank, row in enumerate(group.sort_values(["max", "unit"], ascending=[False, True]).head(k).itertuples()):
             for rank in range(min(examples, len(row.top_sample))):
