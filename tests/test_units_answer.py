@@ -24,7 +24,8 @@ from PIL import Image
 from torchvision import datasets
 
 from conftest import cli, image_folder_of, make_config, run
-from runner.analysis.units import TOP_UNIT_COLUMNS, load_unit_names, top_units
+from runner.analysis import top_units
+from runner.analysis.units import TOP_UNIT_COLUMNS, load_unit_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]

@@ -128,7 +128,7 @@ def recorded(runs: list[Path], statistic_rows: int) -> str:
     totals = {name: sum(pq.ParquetFile(file).metadata.num_rows for run in runs for _, file in rank_files(run, name))
               for name in RUN_TOTAL_SCHEMAS}
     parts = [f"{rows:,} rows of {name}" for name, rows in totals.items() if rows]
-    return ", ".join(([f"{statistic_rows:,} statistic rows"] if statistic_rows or not parts else []) + parts)
+    return ", ".join(([f"{statistic_rows} statistic rows"] if statistic_rows or not parts else []) + parts)
 
 
 def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None,
