@@ -15,8 +15,8 @@ weights: for the first ``examples`` top samples of each unit, the unit's map at 
 (``unit_examples.parquet``: ``hooks.unit_stats``) and the model's input for the sample
 (``unit_inputs.parquet``: an image pooled to at most ``INPUT_SIDE`` a side, or token ids), read by a
 forward pre-hook on the model itself, with the sample's name and class as its user knows them where the
-data give them (``Recorder.sample_names``: an ``imagefolder`` file's path and class folder). The first ``examples`` of the top-k at the end were among the
-first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
+data give them (``Recorder.sample_names``: an ``imagefolder`` file's path and class folder). The first
+``examples`` of the top-k at the end were among the first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
 keeping those few is exact.
 """
 from __future__ import annotations

@@ -19,8 +19,8 @@ from torchvision import datasets, transforms
 
 from conftest import built, image_folder_of, make_config, run
 from common.errors import ConfigError
-from runner.analysis.units import (layer_second_moment, load_unit_examples, load_unit_inputs, load_unit_names, load_units,
-                                   unit_quantiles)
+from runner.analysis.units import (layer_second_moment, load_unit_examples, load_unit_inputs, load_unit_names,
+                                   load_units, unit_quantiles)
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 

@@ -218,3 +218,12 @@ def test_data_without_names_give_the_sample_id_and_text_its_tokens_around_the_to
                              f"{' ...' if last < 16 else ''}")
         assert row._15 is None  # no class
     assert load_unit_names(out) == {}
+
+
+def test_the_classes_of_some_examples_are_said_once():
+    from runner.analysis.units import classes_said
+
+    assert classes_said(["top", "top", "top"]) == "all in class top"
+    assert classes_said(["top", "bottom", "top"]) == "classes top 2, bottom 1"
+    assert classes_said(["top", None]) == "classes top 1"  # one example's class is not known: not "all"
+    assert classes_said([None, None]) == ""

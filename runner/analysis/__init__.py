@@ -6,4 +6,5 @@ from runner.analysis.load import (abnormal, config_of, config_path, dead_units, 
 from runner.analysis.units import top_units
 
 __all__ = ["abnormal", "config_of", "config_path", "dead_units", "failed_jobs", "label_of", "load_stats",
-           "load_steps", "load_tensors", "override_columns", "overrides_of", "per_layer", "run_dirs", "sweep_state", "top_units"]
+           "load_steps", "load_tensors", "override_columns", "overrides_of", "per_layer", "run_dirs", "sweep_state",
+           "top_units"]

@@ -3,7 +3,8 @@
 * ``top_images(units, layer, unit, images, maps, names)``: the unit's top-k images in a grid, each
   titled by its name (an ``imagefolder`` file's path under the folder; its sample id otherwise), class
   and value, with the unit's map over it as a heat that is transparent where the unit is quiet and an
-  outline where it is above half its range; the maximum's position is marked, and a legend says so. ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
+  outline where it is above half its range; the maximum's position is marked, and a legend says so.
+  ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
   kept for its top examples (``unit_examples.parquet``, ``unit_inputs.parquet``: the run's own
   weights at the step it saw each sample). Nothing is computed again; a run that kept none is
   refused in one line.
@@ -28,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from runner.analysis.load import config_path, run_dirs
-from runner.analysis.units import load_unit_examples, load_unit_inputs, load_unit_names
+from runner.analysis.units import classes_said, load_unit_examples, load_unit_inputs, load_unit_names
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -135,7 +136,8 @@ def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, m
     if maps is not None:
         fig.colorbar(shown, ax=axes.tolist(), shrink=0.6, label=f"{layer} unit {unit}'s map (opaque: high)")
         fig.legend(handles=_legend(), loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    fig.suptitle(f"{layer} unit {unit}: its top {k} inputs{_classes_said(names)} "
+    classes = classes_said([label for _, label in names])
+    fig.suptitle(f"{layer} unit {unit}: its top {k} inputs{', ' + classes if classes else ''} "
                  f"(unit mean {row['mean']:.3g}, max {row['max']:.3g})", fontsize=11)
     return fig
 
@@ -146,17 +148,6 @@ def example_name(sample: int, name: str, label: str) -> str:
     when the data give one."""
     named = name or f"sample {sample}"
     return named if not label or named.startswith(f"{label}/") else f"{named} (class {label})"
-
-
-def _classes_said(names: Sequence[tuple[str, str]]) -> str:
-    """`` all in class top`` when every shown example is of one class, the classes' counts when several."""
-    labels = [label for _, label in names if label]
-    if not labels:
-        return ""
-    counts = pd.Series(labels).value_counts()
-    if len(counts) == 1 and len(labels) == len(names):
-        return f", all in class {counts.index[0]}"
-    return ", classes " + ", ".join(f"{name} {count}" for name, count in counts.items())
 
 
 #: The overlay's colours: the heat's hue (its opacity rises with the value), the outline and the cross.

@@ -126,16 +126,19 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
     units = load_units(path, on_corrupt)
     if layer is not None:
         if layer not in set(units.layer):
-            raise KeyError(f"no layer '{layer}' in the units of '{path}'; layers: {', '.join(dict.fromkeys(units.layer))}")
+            raise KeyError(f"no layer '{layer}' in the units of '{path}'; "
+                           f"layers: {', '.join(dict.fromkeys(units.layer))}")
         units = units[units.layer == layer]
     names, inputs = load_unit_names(path, on_corrupt), load_unit_inputs(path, on_corrupt)
     first = next(run for run in run_dirs(path, on_corrupt) if rank_files(run, UNITS))
     order = {name: i for i, name in enumerate(recorded_layers(first))}  # the model's order, not the names'
-    groups = sorted(units.groupby(["hook", "layer", "call"], sort=False), key=lambda kv: order.get(kv[0][1], len(order)))
+    groups = sorted(units.groupby(["hook", "layer", "call"], sort=False),
+                    key=lambda kv: order.get(kv[0][1], len(order)))
     rows = []
     for (hook, name, call), group in groups:
         dead_units = int((group.above == 0).sum())
-        for unit_rank, row in enumerate(group.sort_values(["max", "unit"], ascending=[False, True]).head(k).itertuples()):
+        best = group.sort_values(["max", "unit"], ascending=[False, True]).head(k)
+        for unit_rank, row in enumerate(best.itertuples()):
             for rank in range(min(examples, len(row.top_sample))):
                 sample, position = int(row.top_sample[rank]), int(row.top_position[rank])
                 named, label = names.get((hook, sample), ("", ""))
@@ -143,6 +146,18 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
                              len(group), dead_units, rank, sample, float(row.top_value[rank]),
                              named or _text_or_index(inputs.get((hook, sample)), sample, position), label or None])
     return pd.DataFrame(rows, columns=TOP_UNIT_COLUMNS)
+
+
+def classes_said(labels: list[str | None]) -> str:
+    """What the classes of some top examples are: ``all in class top`` when every one has that class,
+    ``classes top 3, bottom 1`` when several; ``""`` when the data name no class."""
+    named = pd.Series([label for label in labels if label], dtype=object)
+    if named.empty:
+        return ""
+    counts = named.value_counts()
+    if len(counts) == 1 and len(named) == len(labels):
+        return f"all in class {counts.index[0]}"
+    return "classes " + ", ".join(f"{name} {count}" for name, count in counts.items())
 
 
 def _text_or_index(kept: np.ndarray | None, sample: int, position: int) -> str:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from common.records import UNITS
 from runner.analysis.answers import Answer
-from runner.analysis.units import top_units
+from runner.analysis.units import classes_said, top_units
 from runner.store.ranks import rank_files
 
 #: Top units per layer, and their first top inputs, named on the terminal and in the table.
@@ -46,22 +46,15 @@ def lines(table: pd.DataFrame, run_dir: Path) -> list[str]:
         for unit, examples in rows.groupby("unit_rank", sort=True):
             row = examples.iloc[0]
             inputs = ", ".join(f"{name} {value:.3g}" for name, value in zip(examples.input, examples.value))
-            out.append(f"  unit {row.unit}: max {row['max']:.3g}, mean {row['mean']:.3g}, dead {_percent(row.dead_fraction)}; "
-                       f"top inputs {inputs}{_classes(examples['class'])}")
+            out.append(f"  unit {row.unit}: max {row['max']:.3g}, mean {row['mean']:.3g}, "
+                       f"dead {_percent(row.dead_fraction)}; top inputs {inputs}{_in_parentheses(classes_said(list(examples['class'])))}")
     if len(layers) > MOST_LAYERS:
         out.append(f"... and {len(layers) - MOST_LAYERS} more layer(s): top_units(RUN_DIR) holds them all")
     return out
 
 
-def _classes(classes: pd.Series) -> str:
-    """`` (all in class top)`` or `` (classes: top 3, bottom 1)``; nothing when the data name no class."""
-    named = classes.dropna()
-    if named.empty:
-        return ""
-    counts = named.value_counts(sort=True)
-    if len(counts) == 1 and len(named) == len(classes):
-        return f" (all in class {counts.index[0]})"
-    return " (classes: " + ", ".join(f"{name} {count}" for name, count in counts.items()) + ")"
+def _in_parentheses(text: str) -> str:
+    return f" ({text})" if text else ""
 
 
 def _percent(fraction: float) -> str:
