@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line, expand  # noqa: F401  (expand: callbacks, tests)
 from runner.cli.taken_dirs import held_run_dir
+from runner.config.compose import compose_with_hydra
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
@@ -43,7 +44,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
     command = composed or compose_command_line(argv)
     if command.other_mode or command.problems:
         return CommandCheck(command.headed())
-    held = held_run_dir(command.first_with_hydra, command.jobs, command.multirun)
+    held = held_run_dir(compose_with_hydra(command.jobs[0]), command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck([held])
     checked = CommandCheck()

@@ -52,8 +52,6 @@ class ComposedCommand:
     multirun: bool = False
     composed: list[ComposedJob] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    #: the first job's config with Hydra's node (its run and sweep directories), for the taken-directory check
-    first_with_hydra: DictConfig | None = None
     other_mode: bool = False  #: Hydra prints help or a config: nothing is checked
 
     def reject(self, num: int, job: Sequence[str], problem: str) -> None:
@@ -91,8 +89,6 @@ def compose_command_line(argv: Sequence[str]) -> ComposedCommand:
             command.reject(num, job, str(exc))
             continue
         command.composed.append(ComposedJob(job, cfg, remote))
-        if num == 0:
-            command.first_with_hydra = composer.first_with_hydra
     return command
 
 

@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config.compose import CONF_DIR, compose_with_hydra, job_config
+from runner.config.compose import CONF_DIR, compose_job
 
 _ABSENT = object()
 
@@ -38,7 +38,6 @@ class JobComposer:
     def __init__(self) -> None:
         self._parser = OverridesParser.create()
         self._first: tuple[list[str], DictConfig, bool] | None = None
-        self.first_with_hydra: DictConfig | None = None  #: the first job's config with Hydra's node
         self.derived = 0  #: jobs derived from the first rather than composed by Hydra
 
     def compose(self, job: Sequence[str]) -> tuple[DictConfig, bool]:
@@ -48,12 +47,8 @@ class JobComposer:
         if derived is not None:
             self.derived += 1
             return derived, self._first[2]
-        with_hydra = compose_with_hydra(job)
-        first = self._first is None
-        if first:
-            self.first_with_hydra = copy.deepcopy(with_hydra)
-        cfg, remote = job_config(with_hydra)
-        if first:
+        cfg, remote = compose_job(job)
+        if self._first is None:
             self._first = (job, copy.deepcopy(cfg), remote)
         return cfg, remote
 
