@@ -90,3 +90,17 @@ def test_a_mistake_imports_no_torch_and_says_its_one_line(argv, tmp_path):
     heavy = {m for m in imported if m.split(".")[0] in ("torch", "torchvision", "pandas", "matplotlib", "hooks")}
     assert not heavy, sorted(heavy)[:10]
     assert not list(tmp_path.iterdir()), "a mistake writes nothing"
+
+
+@pytest.mark.slow
+def test_the_startup_benchmark_measures_each_command_against_the_import(capsys):
+    """``python -m benchmarks.startup`` with one round: every command ran with its own status (the
+    mistake with 2 and its line), each row is against the import; no time is asserted."""
+    from benchmarks import startup
+
+    rows = startup.main(["--rounds", "1"])
+    assert [row[0] for row in rows] == [startup.IMPORT[0], startup.RUN[0], startup.MISTAKE[0]]
+    assert rows[0][2:4] == ["+0.00", "1.00"]
+    assert [row[5].split(":")[0] for row in rows[1:]] == ["≤ +0.5 s", "< 1.0 s"]
+    printed = capsys.readouterr().out
+    assert f"the mistake's line: error: {_gate_line(['hooks=clip', 'hooks.clip.type=clmap'])}" in printed
