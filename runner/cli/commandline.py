@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line, expand  # noqa: F401  (expand: callbacks, tests)
 from runner.cli.taken_dirs import held_run_dir
-from runner.config.compose import compose_with_hydra
+from runner.cli.resume import resume_mode
+from runner.config.compose import CONF_DIR, compose_with_hydra
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
@@ -44,7 +45,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
     command = composed or compose_command_line(argv)
     if command.other_mode or command.problems:
         return CommandCheck(command.headed())
-    held = held_run_dir(compose_with_hydra(command.jobs[0]), command.jobs, command.multirun)
+    held = _may_be_taken(command) and held_run_dir(compose_with_hydra(command.jobs[0]), command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck([held])
     checked = CommandCheck()
@@ -59,6 +60,21 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
                 command.reject(num, job.overrides, str(exc))
     checked.problems = command.headed()
     return checked
+
+
+def _may_be_taken(command: ComposedCommand) -> bool:
+    """Whether the command's directories may hold its run(s) already, so that composing its first job
+    with Hydra's node to look is worth it: not when they are ``conf/config.yaml``'s own, which name
+    the moment they are made (``${now:...}``), and the command resumes nothing."""
+    if any(job.lstrip("+~").startswith("hydra") for job in command.jobs[0]):
+        return True  # a directory, a search path or a launcher of the command's own
+    try:
+        if resume_mode(command.composed[0].config):
+            return True
+    except ConfigError:
+        return True  # held_run_dir says why
+    dirs = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False).get("hydra", {})
+    return not all("${now:" in str((dirs.get(part) or {}).get("dir", "")) for part in ("run", "sweep"))
 
 
 def _untyped(cfg: DictConfig) -> DictConfig:
