@@ -155,7 +155,8 @@ def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
     """``sweep_table`` as text, its first ``MOST_JOBS`` rows, and the statistics the same in every job."""
     table = sweep_table(path, on_corrupt)
     shown = table.head(MOST_JOBS)
-    lines = shown.to_string(index=False, formatters={"clipped": percent}, float_format=lambda v: f"{v:.4g}").splitlines()
+    lines = shown.to_string(index=False, formatters={"clipped": percent}, float_format=lambda v: f"{v:.4g}"
+                            ).splitlines() if len(table.columns) else []  # nothing swept, no loss, no statistic
     if len(table) > MOST_JOBS:
         lines.append(f"... and {len(table) - MOST_JOBS} more job(s): every job is in the report")
     same = table.attrs["same"]

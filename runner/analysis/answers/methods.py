@@ -105,6 +105,11 @@ def cell_name(row) -> str:
     return f"{row.layer}{receiver} [{row.index}]"
 
 
+def fraction(value: float) -> str:
+    """A recovered fraction to 2 decimals, never ``-0.00``."""
+    return f"{round(value, 2) + 0.0:.2f}"
+
+
 def _recovery_lines(name: str, rows: pd.DataFrame, metric: str, path: Path) -> list[str]:
     clean, corrupted = rows["clean"].mean(), rows["corrupted"].mean()
     if np.isnan(corrupted):  # a sweep from a stored clean run, without its corrupted run
@@ -116,7 +121,7 @@ def _recovery_lines(name: str, rows: pd.DataFrame, metric: str, path: Path) -> l
     top = rows.nlargest(MOST_CELLS, "recovered")
     return [f"{name} of {metric}: clean {clean:.4g}, corrupted {corrupted:.4g}",
             f"recovers most, of {len(rows)} cells: "
-            + ", ".join(f"{cell_name(row)} {row.recovered:.2f}" for row in top.itertuples())]
+            + ", ".join(f"{cell_name(row)} {fraction(row.recovered)}" for row in top.itertuples())]
 
 
 def _steer_lines(steer: pd.DataFrame, metric: str) -> list[str]:
