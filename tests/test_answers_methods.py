@@ -200,3 +200,29 @@ def test_the_lens_answer_is_the_first_block_where_the_target_ranks_first(in_tmp)
     assert text[2] == "    share of readings where it ranks first: " + ", ".join(
         f"{layer} {100 * value:.0f}%" for layer, value in share.items())
     assert share.iloc[-1] == 1.0  # the last block's reading is the model's output: the target is its top token
+
+
+def test_a_sweep_patched_from_a_stored_run_answers_with_the_corrupted_run_it_is_given(in_tmp):
+    """README's first patching sweep (a stored clean run), block 3 at positions 14 and 15: alone it names the clean
+    metric and the cells closest to it; given the corrupted run (``runner.report --corrupted``), the recovered fractions."""
+    clean, corrupted, sweep = commands("### Activation patching", "hooks.patch.source=runs/clean")[:3]  # then the report
+    for words in (clean, corrupted):
+        run_readme(words)
+    path = run_readme(sweep, {"hooks.patch.layers": "transformer.h.3", "hooks.patch.index": "14,15"})
+    clean_metric = steps_of(Path("runs/clean")).logit_diff.mean()
+    corrupted_metric = steps_of(Path("runs/corrupted")).logit_diff.mean()
+    patched = {int(dict(o.split("=", 1) for o in make_config_overrides(job))["hooks.patch.index"]):
+               steps_of(job).logit_diff.mean() for job in (path / "0", path / "1")}
+    alone = summarize(path).splitlines()
+    assert alone[1] == (f"  activation patching of logit_diff: clean {clean_metric:.4g} (the recovered fraction needs "
+                        f"the corrupted run: python -m runner.report {path} --corrupted RUN)")
+    closest = sorted(patched, key=lambda i: abs(patched[i] - clean_metric))
+    assert alone[2] == "  closest to clean, of 2 cells: " + ", ".join(
+        f"transformer.h.3 [{i}] {patched[i]:.4g}" for i in closest)
+    given = summarize(path, corrupted="runs/corrupted").splitlines()
+    recovered = {i: (patched[i] - corrupted_metric) / (clean_metric - corrupted_metric) for i in patched}
+    assert given[1] == f"  activation patching of logit_diff: clean {clean_metric:.4g}, corrupted {corrupted_metric:.4g}"
+    assert given[2] == "  recovers most, of 2 cells: " + ", ".join(
+        f"transformer.h.3 [{i}] {round(recovered[i], 2) + 0.0:.2f}" for i in sorted(recovered, key=recovered.get,
+                                                                                      reverse=True))
+    assert recovered[15] == pytest.approx(1.0)  # as the README says: the last block at the last position
