@@ -122,20 +122,20 @@ def make_config_overrides(job: Path) -> list[str]:
 
 
 def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
-    """README's patching sweep with each job's own clean pass, blocks 2 and 3 at positions 13 to 15 (the README
+    """README's patching sweep with each job's own clean pass, blocks 2 and 3 at positions 14 and 15 (the README
     sweeps 4 blocks x 16 positions: 4 minutes)."""
     (sweep,) = commands("### Activation patching", "hooks.patch.source=clean")[:1]
     path = run_readme(sweep, {"hooks.patch.layers": "transformer.h.2,transformer.h.3",
-                              "hooks.patch.index": "range(13,16)"})
+                              "hooks.patch.index": "range(14,16)"})
     text = summarize(path).splitlines()
     cells = patching_by_hand(path)
     top = cells.sort_values("recovered", ascending=False, kind="stable").head(5)
     assert text[1] == (f"  activation patching of logit_diff: clean {cells.clean.mean():.4g}, "
                        f"corrupted {cells.corrupted.mean():.4g}")
-    assert text[2] == "  recovers most, of 6 cells: " + ", ".join(
+    assert text[2] == "  recovers most, of 4 cells: " + ", ".join(
         f"{row.layer} [{row.index}] {round(row.recovered, 2) + 0.0:.2f}" for row in top.itertuples())
     assert "transformer.h.3 [15] 1.00" in text[2]  # as the README says: the last block at the last position
-    assert len(text) == 4  # no table of 6 lines "transformer.h.2  13"
+    assert len(text) == 4  # no table of 4 lines "transformer.h.2  14"
     from runner.analysis.report import render
 
     page = render(path)
