@@ -74,7 +74,7 @@ MOST_TOP_EXAMPLE_BYTES = 600_000
 MOST_HISTOGRAM_LAYERS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
-th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}pre.summary{white-space:pre-wrap}
 img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.ok{color:#2a7a2a}.bad{color:#b00020}.note{color:#777}"""
 
 
@@ -143,7 +143,7 @@ def job_names(path: Path, runs: list[Path]) -> dict[str, str]:
 
 
 def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
+    return df.to_html(index=False, float_format=lambda v: f"{v + 0.0:.4g}", na_rep="", border=0)  # never -0
 
 
 def _note(text: str) -> str:
