@@ -125,12 +125,11 @@ def _recovery_lines(name: str, rows: pd.DataFrame, metric: str, path: Path) -> l
 
 
 def _steer_lines(steer: pd.DataFrame, metric: str) -> list[str]:
-    lines = [f"steering: KL(unsteered || steered) of the next token, and how often its top token changed; "
-             f"{metric} steered (unsteered)" if "steered" in steer else
-             "steering: KL(unsteered || steered) of the next token, and how often its top token changed"]
-    for layers, rows in steer.groupby("layers", sort=False):
-        cells = [f"scale {row.scale:g}: KL {row.kl:.3g}, top token {100 * row.top_changed:.0f}%"
-                 + (f", {row.steered:.4g} ({row.unsteered:.4g})" if "steered" in steer else "")
-                 for row in rows.itertuples()]
-        lines.append(f"{layers}: " + "; ".join(cells))
+    """A line per steered layer and scale: the KL, how often the top token changed, the metric steered (unsteered)."""
+    measured = "steered" in steer
+    lines = ["steering, per layer and scale: KL(unsteered || steered) of the next token, how often its top token "
+             "changed" + (f", {metric} steered (unsteered)" if measured else "")]
+    for row in steer.itertuples():
+        lines.append(f"{row.layers} scale {row.scale:g}: KL {row.kl:.3g}, top token changed {100 * row.top_changed:.0f}%"
+                     + (f", {row.steered:.4g} ({row.unsteered:.4g})" if measured else ""))
     return lines
