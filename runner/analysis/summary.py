@@ -2,7 +2,8 @@
 
 A run gets one line for itself (steps, last losses) and its entries' answers
 (``runner.analysis.answers``: a ``clamp`` entry's clipped fraction, a ``store`` entry's shards, a
-patching job's recovered fraction, ...); an entry whose type has no answerer names, when it recorded
+patching job's recovered fraction, ...); an entry whose type has no answerer, or whose answerer found
+nothing to answer with, names, when it recorded
 statistics, the layers with the largest and smallest norm and those that look dead or non-finite
 (``answers.statistics.recorded_answer``), else the run-total files it wrote. A sweep of patching,
 attribution or steering jobs answers once for all of them (``answers.SWEEP_ANSWERERS``: the cells
@@ -24,7 +25,7 @@ import yaml
 
 from common.records import RUN_TOTAL_SCHEMAS
 
-from runner.analysis.answers import ANSWERERS, answer_of, sweep_answer_of
+from runner.analysis.answers import answer_of, sweep_answer_of
 from runner.analysis.answers.statistics import COLUMNS, NORM_KINDS, percent, recorded_answer
 from runner.analysis.load import config_path, load_stats, load_steps, override_columns, run_dirs
 
@@ -47,7 +48,7 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
     totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
         named = name if kind == name else f"{name} ({kind})"
-        answer = answer_of(run_dir, name, kind) if kind in ANSWERERS else recorded_answer(run_dir, name)
+        answer = answer_of(run_dir, name, kind) or recorded_answer(run_dir, name)  # no answerer, or nothing to answer
         own = answer.lines if answer is not None else [] if totals.get(name) else ["recorded nothing"]
         lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines
