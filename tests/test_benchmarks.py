@@ -62,8 +62,9 @@ def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp
     clipped = {"clip by hand", "runner clip"}
     for name in set(variants) - {"bare"}:
         oracle = grads["clip by hand" if name in clipped else "bare"]
-        for param, p in grads[name].items():
-            torch.testing.assert_close(p.grad, oracle[param].grad, msg=f"{name}: {param}")
+        for param, p in grads[name].items():  # equal mostly: torch.equal is a tenth of assert_close's time
+            if not torch.equal(p.grad, oracle[param].grad):
+                torch.testing.assert_close(p.grad, oracle[param].grad, msg=f"{name}: {param}")
     assert any(not torch.equal(p.grad, grads["bare"][param].grad) for param, p in grads["clip by hand"].items())
 
 
