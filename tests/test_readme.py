@@ -308,18 +308,6 @@ def test_tutorial_command_runs_as_written_and_gives_what_its_row_says(run_with, 
         seed_hooks.STORAGE.clear()
 
 
-def test_the_own_loop_example_runs_as_written(tmp_path, monkeypatch):
-    """The README's ``runner.attach`` snippet, executed as it stands, writes a run the loaders read."""
-    section = README.read_text().split("### Your own loop", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (Your own loop)", "exec"), {})
-    steps = analysis.load_steps(tmp_path / "runs" / "mine")
-    assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
-    stats = analysis.load_stats(tmp_path / "runs" / "mine")
-    assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()
-
-
 def test_ci_runs_exactly_the_readmes_test_commands():
     """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest lines of the
     README's first block are the pytest lines of ``.ci/run``, in the same order."""

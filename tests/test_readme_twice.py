@@ -113,12 +113,16 @@ def test_a_readme_example_of_configuration_run_twice_gives_its_line(tmp_path, mo
 
 
 def test_runner_attach_run_twice_is_refused_in_python_terms(tmp_path, monkeypatch):
-    """The README's own-loop example as written, twice: the second raises the documented one line."""
+    """The README's own-loop example as written, twice: the first writes a run the loaders read (the
+    ``runner.attach`` snippet runs as it stands), the second raises the documented one line."""
     code = TEXT.split("### Your own loop", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     shown = TEXT.split("a second time raises `ConfigError`", 1)[1].split("```\n", 2)[1].strip()
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md (Your own loop)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "mine")
+    assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
     stats = analysis.load_stats(tmp_path / "runs" / "mine")
+    assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()
     with pytest.raises(ConfigError) as raised:
         exec(compile(code, "README.md (Your own loop)", "exec"), {})
     assert f"error: {raised.value}" == shown
