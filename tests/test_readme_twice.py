@@ -24,12 +24,13 @@ import runner.analysis as analysis
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
 #: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound, one shard
-#: on the local launcher (the second run, as written, is refused before anything is launched).
+#: on the local launcher, one steering scale, 32x32 crops (the second run, as written, is refused before anything is launched).
 SMALLER = {"steps=300": "steps=2", "eval_every=25": "eval_every=1",
            "range(0,16)": "range(15,16)", "data.shard=range(0,4)": "data.shard=range(3,4)",
            "hydra/launcher=slurm_cpu hydra.launcher.partition=debug ": "",  # the first run here; Slurm's in -m slurm
            "transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3": "transformer.h.0",
-           ",{min:-0.01,max:0.01},{min:-0.0001,max:0.0001}": "", "data.path=assets/": f"data.path={ROOT}/assets/"}
+           ",{min:-0.01,max:0.01},{min:-0.0001,max:0.0001}": "", "data.path=assets/": f"data.path={ROOT}/assets/",
+           "hooks.steer.scale=0,16,32": "hooks.steer.scale=16", "data.resize=64 data.crop=64": "data.resize=32 data.crop=32"}
 FIXED = re.compile(r"\b(hydra\.run\.dir|hydra\.sweep\.dir|replay\.out)=(\S+)")
 
 
