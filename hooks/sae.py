@@ -28,16 +28,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from common.errors import ConfigError, choice_error
+from hooks.base import HookType
 from hooks.callables import resolve_callable
 from hooks.index import Index, parse_index
 from hooks.registry import register
-from hooks.sae_format import check_sae, check_saelens
+from hooks.sae_format import check_sae, check_saelens, read_config
+from hooks.sae_width import input_width, output_width
 from hooks.tap import TapSpec, Tap
 
 #: The loader of a SAELens folder, ``_target_``'s default.
@@ -141,6 +145,27 @@ class Sae(Tap):
     def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
         self._layer = layer
 
+    @classmethod
+    def check_with(cls, hooks: list[HookType]) -> None:
+        check_order(hooks)
+
+    def check_built(self, model: nn.Module) -> None:
+        """A SAELens SAE's ``d_in`` against the width of each tensor it would splice (``hooks.sae_width``),
+        where the model built on the meta device tells it."""
+        if self.spec._target_ != SAELENS_LOADER:
+            return
+        d_in = read_config(Path(self.spec.path), f"{self.key}.path")["d_in"]
+        for layer, module in super().targets(model):  # the model's modules, given no features module
+            probe = input_width if self.spec.target == "input" else partial(output_width, slot=self.spec.slot)
+            width = probe(module)
+            if width is not None and width != d_in:
+                self._refuse_width(layer, d_in, f"[..., {width}]", width)
+
+    def _refuse_width(self, layer: str, d_in: int, shape: str, width: Any) -> None:
+        where = self.spec.target + ("" if self.spec.slot is None else f" slot {self.spec.slot}")
+        raise ConfigError(f"{self.key}.path: the SAE at '{self.spec.path}' reads vectors of d_in={d_in}; "
+                          f"'{layer}' {where} is {shape} (last dim {width})")
+
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The modules ``layers`` selects, each given its features module (``<layer>.sae``), which
         entries listed after this one can then select."""
@@ -202,11 +227,8 @@ class Sae(Tap):
     def _spliced(self, x: torch.Tensor) -> torch.Tensor:
         """``decode(f') + (x - decode(f))``: see the module docstring."""
         layer = self._layer
-        d_in = self._dims[0]
-        if x.dim() < 1 or x.shape[-1] != d_in:
-            where = f"{self.spec.target}" + ("" if self.spec.slot is None else f" slot {self.spec.slot}")
-            raise ConfigError(f"{self.key}.path: the SAE at '{self.spec.path}' reads vectors of d_in={d_in}; "
-                              f"'{layer}' {where} is {list(x.shape)} (last dim {x.shape[-1] if x.dim() else '-'})")
+        if x.dim() < 1 or x.shape[-1] != self._dims[0]:
+            self._refuse_width(layer, self._dims[0], str(list(x.shape)), x.shape[-1] if x.dim() else "-")
         features = self._features[layer][1](x)
         clean, self._clean = self._clean, None
         edited = self._edited(features)
@@ -227,7 +249,7 @@ class Sae(Tap):
         return index.apply(features, new)
 
 
-def check_order(hooks: Sequence) -> None:
+def check_order(hooks: Sequence[HookType]) -> None:
     """Refuse an entry selecting an SAE's features (``<layer>.sae``, ``type:SaeFeatures``) that is
     listed before every ``sae`` entry: the features module it names exists only once one is attached."""
     for position, hook in enumerate(hooks):
