@@ -2,20 +2,23 @@
 its reconstruction error, so that the model computes what it computed without it until a feature
 is edited.
 
-At each call of a selected module the hooked tensor ``x`` (``[..., d_in]``) is replaced by
-``decode(f') + (x - decode(f))``, where ``f = encode(x)`` and ``f'`` is ``f`` with the entry's edit
-applied; the error term ``x - decode(f)`` is computed without gradient, as SAELens's
-``use_error_term`` does, so gradients reach ``x`` through the features.
+At each call of a selected module the hooked tensor ``x`` is replaced by ``decode(f') + (x - decode(f))``,
+where ``f = encode(x)`` and ``f'`` is ``f`` with the entry's edit applied; the error term ``x - decode(f)``
+is computed without gradient, as SAELens's ``use_error_term`` does, so gradients reach ``x`` through the
+features. The SAE reads ``x`` along its unit axis (that of ``hooks.units``: the last dim, ``d_in`` wide, of a
+transformer's ``[batch, positions, d_in]``; dim 1, the channels, of a conv map): one vector per position.
 
 The features are the output of a module: the entry adds an ``SaeFeatures`` child named ``sae`` to
 each module it splices (``transformer.h.0.sae``) for as long as it is attached, and calls it on
-``x``. Every hook type selects it by that name and sees ``f`` there: ``stats``, ``units`` (a feature is a
-unit: its statistics and top examples over a dataset pass), ``store``, ``extract``, and the edits
+``x``. A container (``nn.Sequential``, ``nn.ModuleList``) would call that child itself: the entry is
+refused there, naming the module inside it to splice at instead. Every hook type selects it by that name and sees ``f`` there: ``stats``, ``units`` (a feature is a
+unit: its statistics and top examples over a dataset pass; ``f`` has ``d_sae`` units on the axis ``x`` had ``d_in``), ``store``, ``extract``, and the edits
 (``ablate``, ``steer``, ``patch``), whose result is then decoded. List the ``sae`` entry before the
 entries that select its features (``hooks=[sae,units]``): it adds the module they name.
 
 The entry's own edit, on the features ``features`` picks (``[3, 17]``: those features at every
-position; a string such as ``'..., 0:4'`` or ``':, 5, 3'`` as for ``index``, ``hooks.index``), after
+position; a string such as ``'..., 0:4'`` or ``':, 5, 3'`` as for ``index``, ``hooks.index``, indexing
+``[batch, positions..., d_sae]``), after
 the recording entries saw them: ``op: ablate`` sets them to 0, ``clamp`` to ``value``, ``steer`` adds ``value``.
 
 The SAE is read from ``path``: a SAELens folder by default (``hooks.sae_format``); another format
@@ -36,6 +39,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError, choice_error
+from common.unit_sketch import default_unit_axis
 from hooks.base import HookType
 from hooks.callables import resolve_callable
 from hooks.index import Index, parse_index
@@ -49,6 +53,8 @@ SAELENS_LOADER = "hooks.sae_format.load_saelens"
 #: The name of the features module under each spliced module.
 FEATURES = "sae"
 TARGETS = ("output", "input")
+#: Modules whose forward (or their owner's loop) calls every child: a features module added there would run.
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 OPS = ("ablate", "clamp", "steer")
 
 
@@ -164,12 +170,13 @@ class Sae(Tap):
     def _refuse_width(self, layer: str, d_in: int, shape: str, width: Any) -> None:
         where = self.spec.target + ("" if self.spec.slot is None else f" slot {self.spec.slot}")
         raise ConfigError(f"{self.key}.path: the SAE at '{self.spec.path}' reads vectors of d_in={d_in}; "
-                          f"'{layer}' {where} is {shape} (last dim {width})")
+                          f"'{layer}' {where} is {shape}, {width} units wide")
 
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The modules ``layers`` selects, each given its features module (``<layer>.sae``), which
         entries listed after this one can then select."""
-        found = super().targets(model)
+        found = [(layer, module) for layer, module in super().targets(model)
+                 if not (isinstance(module, SaeFeatures) and module.owner == self.key)]  # added by itself
         for layer, module in found:
             if isinstance(module, SaeFeatures):
                 raise ConfigError(f"{self.key}.layers: '{layer}' is the features module of {module.owner}; "
@@ -178,6 +185,12 @@ class Sae(Tap):
         return found
 
     def _features_module(self, layer: str, module: nn.Module) -> SaeFeatures:
+        if isinstance(module, CONTAINERS):
+            children = [name for name, _ in module.named_children()]
+            inner = f"{layer}.{children[-1 if self.spec.target == 'output' else 0]}" if children else "a module"
+            raise ConfigError(f"{self.key}.layers: '{layer}' is a container ({type(module).__name__}), which would call "
+                              f"the features module added to it; splice at the module its {self.spec.target} "
+                              f"is, '{inner}'")
         child = dict(module.named_children()).get(FEATURES)
         if isinstance(child, SaeFeatures) and child.owner == self.key:
             return child
@@ -215,28 +228,33 @@ class Sae(Tap):
         self._features = {}
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        """``encode(x)``, kept for the error term (shapes only on the meta device)."""
+        """The features of ``x`` along its unit axis (kept for the error term as ``[..., d_sae]``), shapes
+        only on the meta device."""
+        axis = default_unit_axis(x.dim())
+        x = x.movedim(axis, -1)
         if x.is_meta:
             self._clean = x.new_empty((*x.shape[:-1], self._dims[1]))
         else:
             if isinstance(self._sae, nn.Module) and self._sae.W_dec.device != x.device:
                 self._sae.to(x.device)
             self._clean = self._sae.encode(x)
-        return self._clean
+        return self._clean.movedim(-1, axis)
 
     def _spliced(self, x: torch.Tensor) -> torch.Tensor:
-        """``decode(f') + (x - decode(f))``: see the module docstring."""
-        layer = self._layer
-        if x.dim() < 1 or x.shape[-1] != self._dims[0]:
-            self._refuse_width(layer, self._dims[0], str(list(x.shape)), x.shape[-1] if x.dim() else "-")
+        """``decode(f') + (x - decode(f))`` along the unit axis: see the module docstring."""
+        layer, axis = self._layer, default_unit_axis(x.dim())
+        if x.dim() < 2 or x.shape[axis] != self._dims[0]:
+            width = x.shape[axis] if x.dim() >= 2 else "-"
+            self._refuse_width(layer, self._dims[0], f"{list(x.shape)} (units: dim {axis})", width)
         features = self._features[layer][1](x)
         clean, self._clean = self._clean, None
-        edited = self._edited(features)
+        edited = self._edited(features.movedim(axis, -1))
         if x.is_meta:
             return x
+        x = x.movedim(axis, -1)
         with torch.no_grad():
             error = x - self._sae.decode(clean)
-        return (self._sae.decode(edited) + error).to(x.dtype)
+        return (self._sae.decode(edited) + error).to(x.dtype).movedim(-1, axis)
 
     def _edited(self, features: torch.Tensor) -> torch.Tensor:
         index = self.features_index

@@ -1,6 +1,6 @@
-"""The width (last dim) of the tensor an ``sae`` entry splices, read from the model built on the meta
-device before the run, for models whose whole forward the meta device cannot run (gpt2_tiny's mask code
-reads a value): the selected module alone is called there.
+"""The width of the tensor an ``sae`` entry splices (its units: ``hooks.units``'s axis), read from the
+model built on the meta device before the run, for models whose whole forward the meta device cannot run
+(gpt2_tiny's mask code reads a value): the selected module alone is called there.
 
 A module's input width is that of the first module in it that says what it reads (``Linear``'s
 ``in_features``, a norm's ``normalized_shape``, ``transformers``' ``Conv1D`` weight ``[in, out]``); its
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.unit_sketch import default_unit_axis
 from hooks.recorder import walk
 
 
@@ -32,7 +33,7 @@ def input_width(module: nn.Module) -> int | None:
 
 
 def output_width(module: nn.Module, slot: Any) -> int | None:
-    """The last dim of ``module``'s output tensor ``slot`` (or its only one) on a meta input, else ``None``."""
+    """The units of ``module``'s output tensor ``slot`` (or its only one) on a meta input, else ``None``."""
     width = input_width(module)
     if width is None or any(not t.is_meta for t in module.parameters()):
         return None
@@ -43,4 +44,4 @@ def output_width(module: nn.Module, slot: Any) -> int | None:
         return None
     tensors = dict(walk(out))
     tensor = tensors.get(str(slot)) if slot is not None else next(iter(tensors.values())) if len(tensors) == 1 else None
-    return tensor.shape[-1] if isinstance(tensor, torch.Tensor) and tensor.dim() else None
+    return tensor.shape[default_unit_axis(tensor.dim())] if isinstance(tensor, torch.Tensor) and tensor.dim() > 1 else None

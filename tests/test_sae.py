@@ -24,6 +24,7 @@ from runner.analysis import load_stats, load_tensors
 from runner.analysis.units import load_units
 from runner.sources.models import gpt2_tiny
 from runner.store.activations import ActivationStore
+from sae_folders import random_saelens
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = load_file(FIXTURES / "sae_expected.safetensors")
@@ -200,6 +201,43 @@ def test_ablating_the_features_module_equals_the_entry_s_own_ablation(tmp_path):
     assert (logits["own_op"] - logits["unedited"]).abs().max() > 1e-3
 
 
+def test_on_a_conv_map_the_sae_reads_each_pixel_s_channels_and_its_features_are_channels(tmp_path):
+    """On ``[batch, channels, height, width]`` the SAE reads the channel vector at each pixel (the unit axis
+    of ``units``): the features module outputs ``[batch, d_sae, height, width]``, and a steered feature
+    gives the output of a hand-written hook doing the same along dim 1."""
+    folder = random_saelens(tmp_path / "sae", d_in=4, d_sae=6)
+    w = load_file(folder / "sae_weights.safetensors")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = torch.randn(2, 3, 5, 5)
+    entry = {"type": "sae", "layers": "0", "path": str(folder), "features": [1, 4], "op": "steer", "value": 1.5}
+    seen = []
+    with runner.attach(model, hooks={"sae": entry}, out_dir=tmp_path / "run") as attached:
+        handle = model.get_submodule("0.sae").register_forward_hook(lambda m, a, out: seen.append(out))
+        with torch.no_grad():
+            steered = model(x)
+        handle.remove()
+        attached.step()
+
+    def by_hand(module, args, out):
+        pixels = out.movedim(1, -1)
+        f = torch.relu((pixels - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+        edited = f.clone()
+        edited[..., [1, 4]] += 1.5
+        return (edited @ w["W_dec"] - f @ w["W_dec"] + pixels).movedim(-1, 1)
+
+    handle = model[0].register_forward_hook(by_hand)
+    with torch.no_grad():
+        expected = model(x)
+    handle.remove()
+    conv = model[0](x).detach()
+    torch.testing.assert_close(seen[-1], torch.relu((conv.movedim(1, -1) - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+                               .movedim(-1, 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(steered, expected, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        assert (steered - model(x)).abs().max() > 1e-2
+
+
 def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
     folder = tmp_path / "sae_bad"
     shutil.copytree(FIXTURES / "sae_standard", folder)
@@ -216,10 +254,13 @@ def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
      "error: hooks.sae.path: the SAE at 'TOPK' has architecture 'topk'; supported: standard, jumprelu"),
     (("hooks.sae.path=STANDARD", "hooks.sae.layers=transformer.h.0.mlp.c_fc"),
      "error: hooks.sae.path: the SAE at 'STANDARD' reads vectors of d_in=32; 'transformer.h.0.mlp.c_fc' output is "
-     "[..., 128] (last dim 128)"),
+     "[..., 128], 128 units wide"),
     (("hooks=[units,sae]", "hooks.units.layers=transformer.h.0.sae", "hooks.sae.path=STANDARD"),
      "error: hooks.units.layers: 'transformer.h.0.sae' names the features of hooks.sae, which is listed after it; "
      "list hooks.sae first (hooks=[sae,units])"),
+    (("hooks.sae.path=STANDARD", "hooks.sae.layers=transformer.h"),
+     "error: hooks.sae.layers: 'transformer.h' is a container (ModuleList), which would call the features module "
+     "added to it; splice at the module its output is, 'transformer.h.1'"),
     (("hooks.sae.path=STANDARD", "hooks.sae.op=clamp"),
      "error: hooks.sae.features: required with hooks.sae.op: an edit names the features (hooks.sae.features=[3,17]) "
      "and what it does (hooks.sae.op=ablate|clamp|steer)"),
