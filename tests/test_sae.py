@@ -238,6 +238,32 @@ def test_on_a_conv_map_the_sae_reads_each_pixel_s_channels_and_its_features_are_
         assert (steered - model(x)).abs().max() > 1e-2
 
 
+class TorchSae(nn.Module):
+    """Another format's SAE, as a loader named in ``_target_`` returns it: a module with its own
+    ``encode``/``decode`` (here the standard fixture's weights read from a ``.pt`` file)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        for name, value in torch.load(Path(path) / "sae.pt", weights_only=True).items():
+            self.register_buffer(name, value)
+
+    def encode(self, x):
+        return torch.relu((x - self.b_dec) @ self.W_enc + self.b_enc)
+
+    def decode(self, f):
+        return f @ self.W_dec + self.b_dec
+
+
+def test_another_format_s_loader_named_in_target_is_spliced_like_a_saelens_folder(tmp_path):
+    torch.save(load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors"), tmp_path / "sae.pt")
+    features, op, value = EDITS["steer"]
+    entry = {**sae_entry(features=features, op=op, value=value), "layers": "0", "path": str(tmp_path),
+             "_target_": "test_sae.TorchSae"}
+    out, seen = spliced_in_identity(entry, EXPECTED["standard.x"], tmp_path / "run")
+    torch.testing.assert_close(seen, EXPECTED["standard.features"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, EXPECTED["standard.steer"], atol=1e-6, rtol=0)
+
+
 def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
     folder = tmp_path / "sae_bad"
     shutil.copytree(FIXTURES / "sae_standard", folder)
