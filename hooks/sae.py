@@ -268,14 +268,19 @@ class Sae(Tap):
 
 
 def check_order(hooks: Sequence[HookType]) -> None:
-    """Refuse an entry selecting an SAE's features (``<layer>.sae``, ``type:SaeFeatures``) that is
-    listed before every ``sae`` entry: the features module it names exists only once one is attached."""
+    """Refuse an entry selecting an SAE's features (``<layer>.sae``, ``type:SaeFeatures``) that is listed
+    before every ``sae`` entry, or attached at an earlier step than the first listed before it: the
+    features module it names exists only once an ``sae`` entry is attached."""
+    saes = [hook for hook in hooks if isinstance(hook, Sae)]
     for position, hook in enumerate(hooks):
-        if isinstance(hook, Sae):
-            return
         selectors = [hook.spec.layers] if isinstance(hook.spec.layers, str) else list(hook.spec.layers or [])
         named = [s for s in selectors if isinstance(s, str) and (FEATURES in s.split(".") or "SaeFeatures" in s)]
-        later = next((h for h in hooks[position:] if isinstance(h, Sae)), None)
-        if named and later is not None:
-            raise ConfigError(f"{hook.key}.layers: '{named[0]}' names the features of {later.key}, which is listed "
-                              f"after it; list {later.key} first (hooks=[{later.name},{hook.name}])")
+        if not named or not saes or isinstance(hook, Sae):
+            continue
+        before = [sae for sae in saes if hooks.index(sae) < position]
+        if not before:
+            raise ConfigError(f"{hook.key}.layers: '{named[0]}' names the features of {saes[0].key}, which is listed "
+                              f"after it; list {saes[0].key} first (hooks=[{saes[0].name},{hook.name}])")
+        if hook.spec.first_step() < before[0].spec.first_step():
+            raise ConfigError(f"{hook.key}.steps: starts at step {hook.spec.first_step()}, before {before[0].key} "
+                              f"(step {before[0].spec.first_step()}) adds the features '{named[0]}' names")

@@ -287,6 +287,9 @@ def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
     (("hooks.sae.path=STANDARD", "hooks.sae.layers=transformer.h"),
      "error: hooks.sae.layers: 'transformer.h' is a container (ModuleList), which would call the features module "
      "added to it; splice at the module its output is, 'transformer.h.1'"),
+    (("hooks=[sae,units]", "hooks.units.layers=transformer.h.0.sae", "hooks.sae.path=STANDARD", "hooks.sae.steps=[1,null]"),
+     "error: hooks.units.steps: starts at step 0, before hooks.sae (step 1) adds the features "
+     "'transformer.h.0.sae' names"),
     (("hooks.sae.path=STANDARD", "hooks.sae.op=clamp"),
      "error: hooks.sae.features: required with hooks.sae.op: an edit names the features (hooks.sae.features=[3,17]) "
      "and what it does (hooks.sae.op=ablate|clamp|steer)"),
