@@ -43,7 +43,7 @@ from common.unit_sketch import default_unit_axis
 from hooks.base import HookType
 from hooks.callables import resolve_callable
 from hooks.index import Index, parse_index
-from hooks.registry import register
+from hooks.registry import check_finite, register
 from hooks.sae_format import check_sae, check_saelens, read_config
 from hooks.sae_width import input_width, output_width
 from hooks.tap import TapSpec, Tap
@@ -72,6 +72,7 @@ class SaeSpec(TapSpec):
 
     def check(self, key: str) -> None:
         super().check(key)
+        check_finite(key, self)  # first: a NaN value is the mistake, whatever else is missing
         if self.scope != "module":
             raise ConfigError(f"{key}.scope: an SAE is spliced at the modules {key}.layers names; use scope=module")
         if self.target not in TARGETS:
