@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from omegaconf import ListConfig
 from torch import nn
 
 from common.errors import ConfigError, choice_error
@@ -102,8 +103,9 @@ def feature_index(value: Any, key: str) -> Index | None:
 
 
 class SaeFeatures(nn.Module):
-    """The feature activations of the SAE spliced at its parent module: ``forward(x)`` gives
-    ``encode(x)``, ``[..., d_sae]``. A module, so that any entry selects it by name and sees its output."""
+    """The feature activations of the SAE spliced at its parent module: ``forward(x)`` gives ``encode``
+    of ``x`` along its unit axis, ``d_sae`` units there. A module, so that any entry selects it by name and
+    sees its output."""
 
     def __init__(self, owner: str) -> None:
         super().__init__()
@@ -158,10 +160,13 @@ class Sae(Tap):
 
     def check_built(self, model: nn.Module) -> None:
         """A SAELens SAE's ``d_in`` against the width of each tensor it would splice (``hooks.sae_width``),
-        where the model built on the meta device tells it."""
+        where the model built on the meta device tells it, and the feature numbers against ``d_sae``."""
         if self.spec._target_ != SAELENS_LOADER:
             return
-        d_in = read_config(Path(self.spec.path), f"{self.key}.path")["d_in"]
+        cfg = read_config(Path(self.spec.path), f"{self.key}.path")
+        d_in = cfg["d_in"]
+        if isinstance(self.spec.features, (int, list, ListConfig)):  # feature numbers: they fit d_sae or not
+            self.features_index.check(torch.Size([1, cfg["d_sae"]]))
         for layer, module in super().targets(model):  # the model's modules, given no features module
             probe = input_width if self.spec.target == "input" else partial(output_width, slot=self.spec.slot)
             width = probe(module)

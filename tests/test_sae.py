@@ -290,6 +290,9 @@ def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
     (("hooks=[sae,units]", "hooks.units.layers=transformer.h.0.sae", "hooks.sae.path=STANDARD", "hooks.sae.steps=[1,null]"),
      "error: hooks.units.steps: starts at step 0, before hooks.sae (step 1) adds the features "
      "'transformer.h.0.sae' names"),
+    (("hooks.sae.path=STANDARD", "hooks.sae.features=[2,8]", "hooks.sae.op=ablate"),
+     "error: hooks.sae.features: '[2, 8]' does not fit a tensor of shape [1, 8]: [2, 8] has a channel out of range "
+     "for dim 1 (size 8)"),
     (("hooks.sae.path=STANDARD", "hooks.sae.op=clamp"),
      "error: hooks.sae.features: required with hooks.sae.op: an edit names the features (hooks.sae.features=[3,17]) "
      "and what it does (hooks.sae.op=ablate|clamp|steer)"),
