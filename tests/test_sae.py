@@ -134,6 +134,28 @@ def test_the_spliced_model_s_logits_equal_the_unspliced_model_s_and_edits_equal_
     assert (steered - plain).abs().max() > 1e-2
 
 
+def test_spliced_at_the_next_block_s_input_the_sae_sees_and_edits_what_it_did_at_the_output(tmp_path):
+    """``target: input`` of ``transformer.h.1`` is the output of ``transformer.h.0``: the same features,
+    and the same logits under the same edit."""
+    model, x = gpt2(), tokens(1)
+    found = {}
+    for name, entry in {"output": sae_entry(features=[0, 5], op="clamp", value=4.0),
+                        "input": sae_entry(layers="transformer.h.1", target="input", features=[0, 5], op="clamp",
+                                           value=4.0)}.items():
+        seen = []
+        with runner.attach(model, hooks={"sae": entry}, out_dir=tmp_path / name) as attached:
+            spliced = entry["layers"]
+            handle = model.get_submodule(f"{spliced}.sae").register_forward_hook(lambda m, a, out: seen.append(out))
+            with torch.no_grad():
+                found[name] = (model(x).logits, seen)
+            handle.remove()
+            attached.step()
+    torch.testing.assert_close(found["input"][1][-1], found["output"][1][-1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(found["input"][0], found["output"][0], atol=1e-5, rtol=0)
+    with torch.no_grad():
+        assert (found["input"][0] - model(x).logits).abs().max() > 1e-2
+
+
 def block_features(model: nn.Module, batches: list[torch.Tensor]) -> torch.Tensor:
     """The standard fixture's features of ``transformer.h.0``'s output for each batch, by hand, stacked."""
     w = load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors")
