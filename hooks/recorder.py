@@ -284,18 +284,18 @@ class Recorder:
         every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
+        if torch.compiler.is_compiling():  # traced into the graph: no pointers there, and no kernel to ask about
+            return reduce_real(tensor, False, True)
         kernel = self._kernel
         if kernel is None and tensor.is_cpu:  # the switch is read, and the kernel built, only for CPU tensors
             kernel = self._kernel = native.kernel() is not None
-        compiling = torch.compiler.is_compiling()
-        if compiling or tensor.is_inference() or tensor_kinds.is_sparse(tensor):
-            # traced into the graph: no pointers there; no version counter or data_ptr
-            return reduce_real(tensor, bool(kernel), compiling)
+        if tensor.is_inference() or tensor_kinds.is_sparse(tensor):  # no version counter or data_ptr
+            return reduce_real(tensor, bool(kernel), False)
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)
         if seen is not None and seen[0]() is not None:
             return seen[1]
-        raw = reduce_real(tensor, bool(kernel), compiling)
+        raw = reduce_real(tensor, bool(kernel), False)
         self._reduced[key] = (weakref.ref(tensor), raw)
         return raw
 

@@ -60,7 +60,8 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
         x = tensor_kinds.nested_elements(x)
     if x.is_complex():
         raise TypeError("reduce_tensor takes real tensors; record a complex tensor's .real and .imag")
-    return reduce_real(x, native.kernel() is not None, torch.compiler.is_compiling())
+    compiling = torch.compiler.is_compiling()  # traced: the kernel is not asked about (a graph break)
+    return reduce_real(x, not compiling and native.kernel() is not None, compiling)
 
 
 def reduce_real(x: torch.Tensor, kernel: bool, compiling: bool) -> torch.Tensor:
@@ -74,7 +75,7 @@ def reduce_real(x: torch.Tensor, kernel: bool, compiling: bool) -> torch.Tensor:
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
     if tensor_kinds.is_sparse(x):
         return sparse_reductions(x)
-    if (type(x) is torch.Tensor or type(x) is torch.nn.Parameter)  \
+    if not compiling and (type(x) is torch.Tensor or type(x) is torch.nn.Parameter) \
             and x.untyped_storage().nbytes() < (x.storage_offset() + x.numel()) * x.element_size():
         tensor_kinds.check_held(x)  # on every path: the eager reductions would read freed memory as the kernel would
     flat = x.reshape(-1)
