@@ -144,7 +144,7 @@ def test_the_readmes_live_dashboards_commands_run_as_written(tmp_path):
         logged = {(e.step, tag): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
         assert logged == {key: pytest.approx(np.float32(value), rel=1e-6, abs=1e-30)
                           for key, value in expected_scalars(job).items()}
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("hook-runner").experiment_id])
     (parent,) = [r for r in runs if SWEEP_TAG in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
