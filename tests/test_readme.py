@@ -1,10 +1,10 @@
-"""The README's tutorial table is a test: every command line in it runs as written.
+"""The tutorial table (docs/tutorials/classic-hooks.md) is a test: every command line in it runs as written.
 
 Each ``python -m runner ...`` in a row of the table is split as a shell would split it
 (``shlex.split``), ``python -m runner`` is dropped, and the overrides run in-process (the
 ``run_with`` fixture: the same config check and plan as the CLI). What a row claims in numbers is
 tested against hand-written PyTorch in ``tests/test_tutorials.py`` and ``tests/test_seeds.py``;
-here a few claims the README words in its own way are checked on the run itself.
+here a few claims the table words in its own way are checked on the run itself.
 """
 from __future__ import annotations
 
@@ -16,26 +16,21 @@ from pathlib import Path
 import pytest
 
 import runner.analysis as analysis
+from docs_text import blocks, section
 from examples import seed_hooks
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TEXT = README.read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
 
-#: The README's sections, in the order the README keeps them.
-SECTIONS = ("What it does", "The tutorials, one command line each", "Hook types", "Output schema",
-            "Sweeps and clusters", "Your own model, data and loop", "Whole datasets", "Big models",
-            "Analysis and pictures", "Guarantees", "Performance", "How it is built")
-
-#: Resnets at the README's default input (batch 10, 224x224) take seconds each on a CPU; the rows
+#: Resnets at the table's default input (batch 10, 224x224) take seconds each on a CPU; the rows
 #: with a resnet (named, or the default resnet18) run here at batch 1, 64x64, appended last so it
 #: wins. The hooks, layers and kinds are the same; only the sizes shrink.
 SMALL_RESNET_INPUT = "data.shape=[1,3,64,64]"
 
 
 def tutorial_rows() -> list[str]:
-    """The table rows of the section "The tutorials, one command line each" (header excluded)."""
-    section = TEXT.split("## The tutorials, one command line each", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
+    """The rows of the tutorial table (header excluded)."""
+    table = section("tutorials/classic-hooks.md", "The classic hook tutorials, one command each")
+    rows = [line for line in table.splitlines() if line.startswith("|")]
     return rows[2:]  # the header and the |---| line
 
 
@@ -56,11 +51,6 @@ def overrides_of(command: str) -> list[str]:
     if model.startswith("resnet"):
         overrides.append(SMALL_RESNET_INPUT)
     return overrides
-
-
-def test_every_section_the_readme_promises_is_there():
-    titles = re.findall(r"^## (.+)$", TEXT, flags=re.MULTILINE)
-    assert [t for t in titles if t in SECTIONS] == list(SECTIONS), titles
 
 
 def test_every_row_of_the_tutorial_table_has_a_command_line():
@@ -110,11 +100,10 @@ def test_max_calls_row_prints_once_and_records_step_0_only(run_with, capsys):
 
 
 def test_the_own_loop_example_runs_as_written(tmp_path, monkeypatch):
-    """The README's ``runner.attach`` snippet, executed as it stands, writes a run the loaders read."""
-    section = README.read_text().split("### Your own loop", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    """The ``runner.attach`` snippet of "Your own loop", executed as it stands, writes a run the loaders read."""
+    code = blocks(section("how-to/own-model.md", "Your own loop"), "python")[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (Your own loop)", "exec"), {})
+    exec(compile(code, "docs/how-to/own-model.md (Your own loop)", "exec"), {})
     steps = analysis.load_steps(tmp_path / "runs" / "mine")
     assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
     stats = analysis.load_stats(tmp_path / "runs" / "mine")
@@ -122,19 +111,19 @@ def test_the_own_loop_example_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_ci_runs_exactly_the_readmes_test_commands():
-    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest lines of the
-    README's first block are the pytest lines of ``.ci/run``, in the same order."""
-    first_block = TEXT.split("```bash", 1)[1].split("```", 1)[0]
-    readme = [re.search(r"python -m pytest[^#&]*", line).group(0).strip()
-              for line in first_block.splitlines() if "python -m pytest" in line]
-    ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()
-          if line.startswith("python -m pytest")]
-    assert readme == ci
+    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest and mkdocs lines of the
+    README's "Tests" block are those of ``.ci/run``, in the same order."""
+    (tests,) = blocks(section("README.md", "Tests"), "bash")
+    readme = [re.search(r"(python -m pytest|mkdocs build)[^#&]*", line).group(0).strip()
+              for line in tests.splitlines() if re.search(r"python -m pytest|mkdocs build", line)]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.startswith(("python -m pytest", "mkdocs build"))]
+    assert len(readme) == 8 and readme == ci
 
 
 def test_the_output_schema_names_every_column_of_units_parquet():
     from common.records import UNITS_SCHEMA
 
-    section = TEXT.split("## Output schema", 1)[1].split("\n## ", 1)[0]
-    paragraph = section.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
+    schema = section("reference/output-schema.md", "Output schema")
+    paragraph = schema.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
     assert [name for name in UNITS_SCHEMA.names if f"`{name}`" not in paragraph] == ["hook", "layer", "call", "unit"]
