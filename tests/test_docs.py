@@ -58,6 +58,22 @@ def test_every_link_of_the_readme_reaches_a_file():
     assert [t for t in targets if not t.startswith("http") and not (ROOT / t).is_file()] == []
 
 
+def test_the_readmes_table_of_extras_says_what_each_adds():
+    """Each row's "adds" column names the extra's requirements in pyproject.toml (and the extras it pulls in)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \|", section("README.md", "Install"), re.M)
+    assert sorted(name for name, _ in rows) == sorted(extras)
+    for name, adds in rows:
+        named = re.findall(r"`([^`]+)`", adds)
+        wanted = []
+        for requirement in extras[name]:
+            pulled = re.fullmatch(r"hook-runner\[(.*)\]", requirement)
+            wanted += pulled.group(1).split(",") if pulled else [re.split(r"[<>=]", requirement)[0]]
+        assert named == wanted, name
+
+
 def test_the_readmes_attach_and_load_stats_examples_run_as_written(tmp_path, monkeypatch, capsys):
     attach, load = blocks(section("README.md", "In your own loop"), "python") + \
         blocks(section("README.md", "Reading what was recorded"), "python")
@@ -159,8 +175,9 @@ def test_the_hook_types_table_names_every_registered_type_and_the_error_line_lis
 
 
 def test_the_configuration_table_names_every_preset_of_conf():
+    """(The hooks row: tests/test_readme_twice.py.)"""
     table = section("reference/configuration.md", "Configuration")
-    for group in ("model", "data", "loss", "optimizer", "hooks"):
+    for group in ("model", "data", "loss", "optimizer"):
         row = re.search(rf"^\| `{group}` \| (.*) \|$", table, re.M).group(1)
         named = set(re.findall(r"`(\w+)`", row))
         presets = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
