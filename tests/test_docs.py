@@ -110,7 +110,7 @@ def test_a_run_on_windows_is_refused_in_one_line_before_anything_is_written(tmp_
 
 #: Commands whose overrides name what an earlier command of their page made (a stored run, a folder):
 #: their page's own test runs them in order (tests/test_readme_patching.py, ..._steering.py, ...).
-NEEDS_EARLIER = re.compile(r"\b(source|positive|negative|replay|model\.path)=(?!clean\b)|data\.path=crops|resume=")
+NEEDS_EARLIER = re.compile(r"\b(source|positive|negative|replay|model\.path)=(?!clean\b)|data\.path=\S*crops|resume=")
 
 
 #: A command that stands for others: its placeholders are not values.
