@@ -46,9 +46,32 @@ def _type(field: dataclasses.Field) -> str:
     return text.replace(" | ", " or ")
 
 
-def _fields_table(fields: list[dataclasses.Field]) -> str:
-    rows = [f"| `{f.name}` | `{_type(f)}` | {_default(f)} |" for f in fields]
-    return "\n".join(["| key | type | default |", "|---|---|---|", *rows])
+def _field_docs(schema: type) -> dict[str, str]:
+    """The ``#:`` comment of each field, after it on its line or on the lines above it, over the class's bases."""
+    docs: dict[str, str] = {}
+    for cls in reversed(schema.__mro__):
+        try:
+            lines = inspect.getsource(cls).splitlines()
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        for line in lines:
+            stripped = line.strip()
+            if stripped.startswith("#:"):
+                above.append(stripped[2:].strip())
+                continue
+            if match := re.match(r"\s+(\w+)\s*:[^=#]*(?:=[^#]*)?(?:#:\s*(.*))?$", line):
+                said = match.group(2) or " ".join(above)
+                if said:
+                    docs[match.group(1)] = said.replace("``", "`").replace("|", " or ")
+            above = []
+    return docs
+
+
+def _fields_table(fields: list[dataclasses.Field], schema: type | None = None) -> str:
+    said = _field_docs(schema) if schema is not None else {}
+    rows = [f"| `{f.name}` | `{_type(f)}` | {_default(f)} | {said.get(f.name, '')} |" for f in fields]
+    return "\n".join(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
 
 
 def hook_specs() -> str:
@@ -70,7 +93,7 @@ def hook_specs() -> str:
         spec = entry.schema
         own = [f for f in dataclasses.fields(spec) if f.name not in common]
         out.append(f"\nSpec `{spec.__module__}.{spec.__qualname__}`:\n")
-        out.append(_fields_table(own) if own else "(no keys of its own)")
+        out.append(_fields_table(own, spec) if own else "(no keys of its own)")
     return "\n".join(out) + "\n"
 
 
@@ -112,7 +135,7 @@ def config_groups() -> str:
             schema = _schema_of(key, loaded) if isinstance(loaded, dict) else None
             if schema is not None and dataclasses.is_dataclass(schema):
                 out.append(f"Keys of `{schema.__qualname__}`:\n")
-                out.append(_fields_table(list(dataclasses.fields(schema))) + "\n")
+                out.append(_fields_table(list(dataclasses.fields(schema)), schema) + "\n")
     return "\n".join(out) + "\n"
 
 
