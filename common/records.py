@@ -128,11 +128,14 @@ UNIT_EXAMPLES_SCHEMA = pa.schema([
 #: ``unit_inputs.parquet``: one row per (entry, sample) of ``unit_examples.parquet``: the model's input for
 #: that sample as the run fed it: an image (``[C, H, W]`` floats) area-pooled to at most 64 x 64 in
 #: ``input`` (float32, 48 KiB at most for RGB), or token ids (1-D integers) as they were in ``input_ids``;
-#: other inputs are not kept (no row).
+#: other inputs are not kept (both empty). ``input_name`` and ``input_class``: the sample as its user knows it,
+#: from the data (``imagefolder``: the file's path under the folder and its class folder; ``""`` where the data
+#: names none, the sample id being its name); a sample with neither an input nor a name kept has no row.
 UNIT_INPUTS = "unit_inputs.parquet"
 UNIT_INPUTS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("sample", _I64), pa.field("input_shape", pa.list_(_I64)),
     pa.field("input", pa.list_(pa.float32())), pa.field("input_ids", pa.list_(_I64)),
+    pa.field("input_name", pa.string()), pa.field("input_class", pa.string()),
 ])
 
 #: ``steer.parquet``: one row per (entry, step, sample) of a ``steer`` entry: the next-token

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -91,6 +91,9 @@ class Recorder:
         self.host = HostCopies()
         #: the dataset index of each row of the batch being run (a whole-dataset pass sets it), else None
         self.samples: torch.Tensor | None = None
+        #: a sample id's ``(name, class)`` as its user knows it (a whole-dataset pass of a kind that names
+        #: its items sets it: ``runner.sources.batches.ItemRange.names``), else None: the id is its name
+        self.sample_names: Callable[[int], tuple[str, str]] | None = None
         self._channel_index: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._relabel: str | None = None
         self._in_backward = False

@@ -14,8 +14,9 @@ What a picture of a unit's top examples needs is kept by this run, which saw the
 weights: for the first ``examples`` top samples of each unit, the unit's map at the sample
 (``unit_examples.parquet``: ``hooks.unit_stats``) and the model's input for the sample
 (``unit_inputs.parquet``: an image pooled to at most ``INPUT_SIDE`` a side, or token ids), read by a
-forward pre-hook on the model itself. The first ``examples`` of the top-k at the end were among the
-first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
+forward pre-hook on the model itself, with the sample's name and class as its user knows them where the
+data give them (``Recorder.sample_names``: an ``imagefolder`` file's path and class folder). The first
+``examples`` of the top-k at the end were among the first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
 keeping those few is exact.
 """
 from __future__ import annotations
@@ -83,8 +84,9 @@ class Units(SampleOutputs):
         self._calls: dict[str, int] = {}
         self._calls_step = -1
         self._input: torch.Tensor | None = None  # the model's input of the current forward
-        #: kept inputs by sample id: ``(shape, image values or None, token ids or None)`` (``input_kept``)
-        self.inputs: dict[int, tuple[list[int], torch.Tensor | None, torch.Tensor | None] | None] = {}
+        #: kept inputs by sample id: ``(shape, image values or None, token ids or None, name, class)``
+        #: (``input_kept``, ``Recorder.sample_names``); ``None`` where neither is known
+        self.inputs: dict[int, tuple[list[int], torch.Tensor | None, torch.Tensor | None, str, str] | None] = {}
         self._inputs_bound = 64  # prune unreferenced inputs when there are more than this
 
     def attach(self, model: nn.Module, session) -> None:
@@ -123,14 +125,18 @@ class Units(SampleOutputs):
         self._keep_inputs(stats, samples)
 
     def _keep_inputs(self, stats: UnitStats, samples: torch.Tensor) -> None:
-        """The inputs of this batch's samples that are now among a unit's first ``examples`` top samples."""
-        batch = self._input
-        if not self.examples or batch is None or batch.is_meta or batch.dim() == 0 or len(batch) != len(samples):
+        """The inputs and names of this batch's samples that are now among a unit's first ``examples`` top samples."""
+        batch, names = self._input, self.session.recorder.sample_names
+        if batch is not None and (batch.is_meta or batch.dim() == 0 or len(batch) != len(samples)):
+            batch = None  # not the batch these rows came from
+        if not self.examples or (batch is None and names is None):
             return
         wanted = set(stats.top_sample[:self.examples].unique().tolist()) - self.inputs.keys()
         for row, sample in enumerate(samples.tolist()):
             if sample in wanted:
-                self.inputs[sample] = input_kept(batch[row])
+                kept = input_kept(batch[row]) if batch is not None else None
+                name, label = names(sample) if names is not None else ("", "")
+                self.inputs[sample] = (*(kept or ([], None, None)), name, label) if kept or name or label else None
         if len(self.inputs) > self._inputs_bound:
             referenced = self._referenced()
             self.inputs = {s: kept for s, kept in self.inputs.items() if s in referenced}
@@ -219,13 +225,14 @@ class Units(SampleOutputs):
         return columns
 
     def _inputs_table(self) -> dict[str, list]:
-        """``unit_inputs.parquet``'s rows: the kept input of every sample ``unit_examples.parquet`` names."""
+        """``unit_inputs.parquet``'s rows: the kept input and name of every sample ``unit_examples.parquet`` names."""
         referenced = self._referenced()
         kept = sorted(s for s in self.inputs if s in referenced and self.inputs[s] is not None)
         return {"hook": [self.name] * len(kept), "sample": kept,
                 "input_shape": [self.inputs[s][0] for s in kept],
                 **{column: [[] if self.inputs[s][i] is None else self.inputs[s][i].tolist() for s in kept]
-                   for i, column in ((1, "input"), (2, "input_ids"))}}
+                   for i, column in ((1, "input"), (2, "input_ids"))},
+                **{column: [self.inputs[s][i] for s in kept] for i, column in ((3, "input_name"), (4, "input_class"))}}
 
     def run_state(self) -> dict:
         return {**super().run_state(), "stats": {key: stats.state() for key, stats in self.stats.items()},

@@ -87,6 +87,12 @@ def training_run(stored_training, tmp_path) -> Path:
     return Path(shutil.copytree(stored_training, tmp_path / "training"))
 
 
+def replay_warnings(stderr: str) -> list[str]:
+    """The warning lines of a replay, but the machine's own: without a C compiler every run says once
+    that its statistics use the eager reductions (``hooks.native``), which is no difference of the replay."""
+    return [line for line in stderr.splitlines() if "warning" in line.lower() and "could not be built" not in line]
+
+
 def test_readme_replay_reproduces_its_run_bit_for_bit(tmp_path):
     commands, printed = readme_replay_block()
     first = cli(commands[0], tmp_path)
@@ -94,7 +100,7 @@ def test_readme_replay_reproduces_its_run_bit_for_bit(tmp_path):
     second = cli(commands[1], tmp_path)
     assert second.returncode == 0, second.stderr
     assert second.stdout.splitlines() == printed
-    assert "warning" not in second.stderr
+    assert not replay_warnings(second.stderr)
     original, replayed = tmp_path / "runs/shift", tmp_path / "runs/shift-replay"
     assert_same_tables(original, replayed)
     assert len(pq.read_table(original / "tensors.parquet")) == 1  # the kept output is compared too
@@ -105,7 +111,7 @@ def test_a_training_run_replays_bit_for_bit(tmp_path, training_run, capsys, monk
     monkeypatch.chdir(tmp_path)
     code, out, err = run_replay(capsys, f"replay={training_run}")
     assert code == 0, err
-    assert "warning" not in err
+    assert not replay_warnings(err)
     steps = pq.read_table(training_run / "steps.parquet").to_pandas()
     assert sorted(steps["split"]) == ["eval", "train", "train", "train"]
     assert steps.loc[steps.split == "train", "loss"].nunique() == 3  # it trained: each step's loss is new

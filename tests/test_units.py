@@ -19,7 +19,8 @@ from torchvision import datasets, transforms
 
 from conftest import built, image_folder_of, make_config, run
 from common.errors import ConfigError
-from runner.analysis.units import layer_second_moment, load_unit_examples, load_unit_inputs, load_units, unit_quantiles
+from runner.analysis.units import (layer_second_moment, load_unit_examples, load_unit_inputs, load_unit_names,
+                                   load_units, unit_quantiles)
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 
@@ -255,6 +256,9 @@ def test_a_requeued_dataset_pass_resumes_and_writes_the_uninterrupted_units_tabl
         assert all(np.array_equal(a, b) for a, b in zip(examples[0][column], examples[1][column])), column
     inputs = [load_unit_inputs(tmp_path / name) for name in ("whole", "requeued")]
     assert inputs[0].keys() == inputs[1].keys() and all(np.array_equal(inputs[0][k], inputs[1][k]) for k in inputs[0])
+    names = [load_unit_names(tmp_path / name) for name in ("whole", "requeued")]  # each sample's digit: its class
+    digits = load_digits().target
+    assert names[0] == names[1] == {("units", s): ("", str(digits[s])) for s in examples[0]["sample"]}
 
 
 def png_size(data: str) -> tuple[int, int]:
@@ -353,7 +357,7 @@ def test_top_images_of_run_shows_each_top_digit_under_its_map_from_a_plain_forwa
         model(digits[list(row.top_sample)])
     for i, (sample, value) in enumerate(zip(row.top_sample, row.top_value)):
         ax = fig.axes[i]
-        assert ax.get_title() == f"sample {sample}: {value:.3g}"
+        assert ax.get_title() == f"sample {sample} (class {load_digits().target[sample]}): {value:.3g}"
         image, overlay = ax.images
         np.testing.assert_array_equal(image.get_array(), digits[sample, 0, :, :, None].expand(-1, -1, 3).numpy())
         np.testing.assert_allclose(overlay.get_array(), kept[0][i].numpy(), rtol=1e-6)

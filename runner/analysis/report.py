@@ -34,8 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
+import yaml
 
-from common.records import UNITS
+from common.records import RUN_TOTAL_SCHEMAS, UNITS
 from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
 from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, load_stats, load_steps,
@@ -116,8 +118,17 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
     state = f'<p class="bad">Not complete: {html.escape(state)}.</p>\n' if state else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>hook-runner report: '
             f'{html.escape(path.name)}</title><style>{_CSS}</style></head><body>\n<h1>hook-runner report</h1>\n'
-            f"{state}<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), {len(stats)} statistic "
-            f"rows; made {when}.</p>\n{sections}\n</body></html>\n")
+            f"{state}<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), "
+            f"{html.escape(recorded(runs, len(stats)))}; made {when}.</p>\n{sections}\n</body></html>\n")
+
+
+def recorded(runs: list[Path], statistic_rows: int) -> str:
+    """What the runs wrote, in rows: their statistic rows (when any) and the rows of each run-total file
+    (``units.parquet``, ...), so that a pass that recorded unit statistics does not read as empty."""
+    totals = {name: sum(pq.ParquetFile(file).metadata.num_rows for run in runs for _, file in rank_files(run, name))
+              for name in RUN_TOTAL_SCHEMAS}
+    parts = [f"{rows:,} rows of {name}" for name, rows in totals.items() if rows]
+    return ", ".join(([f"{statistic_rows} statistic rows"] if statistic_rows or not parts else []) + parts)
 
 
 def write_report(path: str | Path, out: str | Path | None = None, corrupted: str | Path | None = None,
@@ -156,7 +167,8 @@ def _details(summary: str, body: str, open_: bool = False) -> str:
 def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
     """Per run, train and eval kept apart: ``train steps``, ``last train loss``, ``last eval loss`` (when any
     run evaluated), ``last train accuracy``/``last eval accuracy`` (when ``steps.parquet`` has ``accuracy``)
-    and ``train wall time s``; indexed by ``run_dir``."""
+    and ``train wall time s``; indexed by ``run_dir``. Runs of ``mode=eval`` (a pass over data) say ``pass``
+    for ``train``."""
     split = steps["split"].astype(str) if "split" in steps.columns else pd.Series("train", index=steps.index)
     has_eval, has_accuracy = bool((split == "eval").any()), "accuracy" in steps.columns
     columns = ["loss", "wall_time_s"] + (["accuracy"] if has_accuracy else [])
@@ -178,7 +190,16 @@ def job_summary(steps: pd.DataFrame, runs: list[Path]) -> pd.DataFrame:
         if has_eval:
             table["last eval accuracy"] = of(last, "eval", "accuracy")
     table["train wall time s"] = of(total, "train")
-    return pd.DataFrame(table).set_index("run_dir")
+    table = pd.DataFrame(table).set_index("run_dir")
+    if all(_mode(r) == "eval" for r in runs):  # its steps are a pass over data, not training
+        table = table.rename(columns=lambda name: name.replace("train ", "pass "))
+    return table
+
+
+def _mode(run: Path) -> str | None:
+    """The run's ``mode`` (``train``, ``eval``) from its config; ``None`` for a run not made by the CLI."""
+    text = config_of(run)
+    return (yaml.safe_load(text) or {}).get("mode") if text else None
 
 
 def _jobs(runs, job: dict[str, str], steps: pd.DataFrame) -> str:

@@ -1,8 +1,10 @@
 """Pictures of ``units.parquet``: a unit's top examples, and per-layer distributions of unit means and dead fractions.
 
-* ``top_images(units, layer, unit, images, maps)``: the unit's top-k images in a grid, each with
-  the unit's map overlaid and the value and sample id in the title; the maximum's position is
-  marked. ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
+* ``top_images(units, layer, unit, images, maps, names)``: the unit's top-k images in a grid, each
+  titled by its name (an ``imagefolder`` file's path under the folder; its sample id otherwise), class
+  and value, with the unit's map over it as a heat that is transparent where the unit is quiet and an
+  outline where it is above half its range; the maximum's position is marked, and a legend says so.
+  ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
   kept for its top examples (``unit_examples.parquet``, ``unit_inputs.parquet``: the run's own
   weights at the step it saw each sample). Nothing is computed again; a run that kept none is
   refused in one line.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from runner.analysis.load import config_path, run_dirs
-from runner.analysis.units import load_unit_examples, load_unit_inputs
+from runner.analysis.units import classes_said, load_unit_examples, load_unit_inputs, load_unit_names
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -44,6 +46,7 @@ class RunExamples:
 
     examples: pd.DataFrame                      #: ``load_unit_examples``
     inputs: dict[tuple[str, int], np.ndarray]   #: ``load_unit_inputs``
+    names: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)  #: ``load_unit_names``
     mean: list[float] | None = None             #: the run's ``data.mean`` / ``data.std`` (images are shown un-normalised)
     std: list[float] | None = None
 
@@ -77,10 +80,10 @@ class RunExamples:
 def run_examples(run_dir: str | Path) -> RunExamples:
     """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
     for a run that kept none), with its data's normalisation from its ``config.yaml``."""
-    examples, inputs = load_unit_examples(run_dir), load_unit_inputs(run_dir)
+    examples, inputs, names = load_unit_examples(run_dir), load_unit_inputs(run_dir), load_unit_names(run_dir)
     config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
     data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
-    return RunExamples(examples, inputs, data.get("mean"), data.get("std"))
+    return RunExamples(examples, inputs, names, data.get("mean"), data.get("std"))
 
 
 def top_images_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer: str, unit: int,
@@ -92,7 +95,8 @@ def top_images_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer:
     row = unit_row(units, layer, unit)
     kept = run.of(row, shown)
     maps = None if kept["map"].iloc[0] is None else np.stack(kept["map"].to_list())
-    return top_images(units, layer, unit, run.images(row.hook, kept["sample"]), maps)
+    names = [run.names.get((row.hook, int(s)), ("", "")) for s in kept["sample"]]
+    return top_images(units, layer, unit, run.images(row.hook, kept["sample"]), maps, names)
 
 
 def top_tokens_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer: str, unit: int,
@@ -107,39 +111,103 @@ def top_tokens_of_run(run: str | Path | RunExamples, units: pd.DataFrame, layer:
 
 
 def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, maps: np.ndarray | None,
-               ncols: int = 4) -> Figure:
+               names: Sequence[tuple[str, str]] | None = None, ncols: int = 4) -> Figure:
     """The unit's top images (``images``: ``[k, H, W, 3]`` in [0, 1], in ``top_sample`` order) with its
-    ``maps`` (``[k, h, w]``) upsampled and overlaid, the maximum's position marked with a cross
-    (``maps=None``: a unit without a map, such as a feature of a linear output; the images alone)."""
+    ``maps`` (``[k, h, w]``) over them: a heat whose opacity grows with the map's value (transparent at the
+    lowest value of the shown maps, so the image stays legible where the unit is quiet), an outline where
+    the map is above half its range over the shown maps, and a cross where this image's maximum was
+    (``maps=None``: a unit without a map, such as a feature of a linear output; the images alone).
+    ``names``: each image's ``(name, class)`` (``load_unit_names``; ``""``: its sample id names it)."""
     row = unit_row(units, layer, unit)
     k = len(images)
+    names = list(names) if names is not None else [("", "")] * k
     nrows = math.ceil(k / ncols)
     fig = Figure(figsize=(2.4 * ncols, 2.6 * nrows + 0.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).reshape(-1)
-    top = (float(np.nanmax(maps)) or 1.0) if maps is not None else None
+    span = _span(maps) if maps is not None else None
     for i, ax in enumerate(axes):
         ax.set_axis_off()
         if i >= k:
             continue
         ax.imshow(images[i], extent=(0, images.shape[2], images.shape[1], 0))  # the overlay's extent: aligned
-        ax.set_title(f"sample {int(row.top_sample[i])}: {row.top_value[i]:.3g}", fontsize=9)
+        ax.set_title(f"{example_name(int(row.top_sample[i]), *names[i])}: {row.top_value[i]:.3g}", fontsize=9)
         if maps is not None:
-            shown = _overlay(ax, images[i], maps[i], int(row.top_position[i]), top, list(row.position_shape))
+            shown = _overlay(ax, images[i], maps[i], int(row.top_position[i]), span, list(row.position_shape))
     if maps is not None:
-        fig.colorbar(shown, ax=axes.tolist(), shrink=0.6, label=f"{layer} unit {unit}")
-    fig.suptitle(f"Top {k} samples of {layer} unit {unit} (mean {row['mean']:.3g}, max {row['max']:.3g})")
+        fig.colorbar(shown, ax=axes.tolist(), shrink=0.6, label=f"{layer} unit {unit}'s map (opaque: high)")
+        fig.legend(handles=_legend(), loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    classes = classes_said([label for _, label in names])
+    fig.suptitle(f"{layer} unit {unit}: its top {k} inputs{', ' + classes if classes else ''} "
+                 f"(unit mean {row['mean']:.3g}, max {row['max']:.3g})", fontsize=11)
     return fig
 
 
-def _overlay(ax, image: np.ndarray, unit_map: np.ndarray, position: int, top: float, positions: list[int]):
-    """``unit_map`` upsampled over ``image`` on ``ax``, a cross where the maximum was (``position``, flat
-    in the layer's ``positions`` ``[h, w]``, which the kept map may pool)."""
+def example_name(sample: int, name: str, label: str) -> str:
+    """A top example as its user knows it: the file's path (with its class when the path does not begin
+    with the class folder), or its sample id (in a whole-dataset pass its dataset index), with its class
+    when the data give one."""
+    named = name or f"sample {sample}"
+    return named if not label or named.startswith(f"{label}/") else f"{named} (class {label})"
+
+
+#: The overlay's colours: the heat's hue (its opacity rises with the value), the outline and the cross.
+HEAT, OUTLINE, CROSS = "#ff1f8e", "white", "#00e5ff"
+#: The heat's largest opacity, and the fraction of the maps' range the outline is drawn at.
+MOST_OPAQUE, OUTLINE_AT = 0.5, 0.5
+
+
+def _span(maps: np.ndarray) -> tuple[float, float]:
+    """The shown maps' lowest and highest finite values (the heat's and the outline's scale)."""
+    finite = maps[np.isfinite(maps)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return low, high if high > low else low + 1.0
+
+
+def _heat_colours():
+    from matplotlib.colors import LinearSegmentedColormap, to_rgb
+
+    red, green, blue = to_rgb(HEAT)
+    return LinearSegmentedColormap("unit heat", {"red": [(0, red, red), (1, red, red)],
+                                                 "green": [(0, green, green), (1, green, green)],
+                                                 "blue": [(0, blue, blue), (1, blue, blue)],
+                                                 "alpha": [(0, 0, 0), (1, MOST_OPAQUE, MOST_OPAQUE)]})
+
+
+def _legend() -> list:
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color=OUTLINE, lw=1.5, path_effects=_edged(), label=f"outline: the map above "
+                   f"{OUTLINE_AT:.0%} of its range over these images"),
+            Line2D([], [], color=CROSS, marker="+", ls="", markersize=10, markeredgewidth=2,
+                   label="cross: where this image's maximum (its value) was")]
+
+
+def _edged() -> list:
+    from matplotlib import patheffects
+
+    return [patheffects.withStroke(linewidth=2.6, foreground="black")]
+
+
+def _overlay(ax, image: np.ndarray, unit_map: np.ndarray, position: int, span: tuple[float, float],
+             positions: list[int]):
+    """``unit_map`` over ``image`` on ``ax`` as a heat (transparent at ``span``'s low end), an outline at
+    ``OUTLINE_AT`` of ``span``, and a cross where the maximum was (``position``, flat in the layer's
+    ``positions`` ``[h, w]``, which the kept map may pool)."""
     height, width = image.shape[:2]
-    shown = ax.imshow(unit_map, cmap="magma", alpha=0.55, vmin=0, vmax=top, extent=(0, width, height, 0),
+    low, high = span
+    shown = ax.imshow(unit_map, cmap=_heat_colours(), vmin=low, vmax=high, extent=(0, width, height, 0),
                       interpolation="bilinear")
+    rows, columns = unit_map.shape
+    level = low + OUTLINE_AT * (high - low)
+    if np.isfinite(unit_map).all() and unit_map.min() < level < unit_map.max():
+        # each value at its position's centre, the edges' values out to the image's edges
+        xs = np.concatenate([[0], (np.arange(columns) + 0.5) * width / columns, [width]])
+        ys = np.concatenate([[0], (np.arange(rows) + 0.5) * height / rows, [height]])
+        ax.contour(xs, ys, np.pad(unit_map, 1, mode="edge"), levels=[level], colors=OUTLINE,
+                   linewidths=1.5).set(path_effects=_edged())
     h, w = positions
     y, x = divmod(position, w)
-    ax.plot((x + 0.5) * width / w, (y + 0.5) * height / h, "c+", markersize=12, markeredgewidth=2)
+    ax.plot((x + 0.5) * width / w, (y + 0.5) * height / h, "+", color=CROSS, markersize=12, markeredgewidth=2)
     return shown
 
 

@@ -72,12 +72,102 @@ def load_unit_inputs(path: str | Path, on_corrupt: str = "error") -> dict[tuple[
     """The inputs the runs at or under ``path`` kept for their top examples (``unit_inputs.parquet``), by
     ``(hook, sample)``: an image as ``[C, H, W]`` float32, token ids as 1-D int64."""
     found = {}
+    for row in _input_rows(path, on_corrupt, ["hook", "sample", "input_shape", "input", "input_ids"]):
+        if row["input"] or row["input_ids"]:  # a row may hold the sample's name alone
+            values = (np.asarray(row["input"], np.float32) if row["input"] else np.asarray(row["input_ids"], np.int64))
+            found[(row["hook"], row["sample"])] = values.reshape(row["input_shape"])
+    return found
+
+
+def load_unit_names(path: str | Path, on_corrupt: str = "error") -> dict[tuple[str, int], tuple[str, str]]:
+    """The names the runs at or under ``path`` kept for their top examples' samples, by ``(hook, sample)``:
+    ``(name, class)`` as the data give them (an ``imagefolder`` file's path under the folder and its class
+    folder); a sample the data name nothing for is not in it (files written before the names were kept neither)."""
+    found = {}
+    for row in _input_rows(path, on_corrupt, ["hook", "sample", "input_name", "input_class"]):
+        if row.get("input_name") or row.get("input_class"):
+            found[(row["hook"], row["sample"])] = (row["input_name"] or "", row["input_class"] or "")
+    return found
+
+
+def _input_rows(path: str | Path, on_corrupt: str, columns: list[str]) -> list[dict]:
+    """The rows of every ``unit_inputs.parquet`` at or under ``path``, the ``columns`` each file has."""
+    rows = []
     for run in run_dirs(path, on_corrupt):
         for _, file in rank_files(run, UNIT_INPUTS):
-            for row in pq.read_table(file).to_pylist():
-                values = (np.asarray(row["input"], np.float32) if row["input"] else np.asarray(row["input_ids"], np.int64))
-                found[(row["hook"], row["sample"])] = values.reshape(row["input_shape"])
-    return found
+            rows += pq.read_table(file, columns=[c for c in columns if c in pq.read_schema(file).names]).to_pylist()
+    return rows
+
+
+#: ``top_units``' columns: the unit, its rank in its layer by largest response, its statistics, and one
+#: of its top samples with the name its user knows it by.
+TOP_UNIT_COLUMNS = ["hook", "layer", "call", "unit", "unit_rank", "max", "mean", "dead_fraction", "layer_units",
+                    "layer_dead_units", "rank", "sample", "value", "input", "class"]
+#: Tokens shown either side of a text sample's top position in its ``input``.
+CONTEXT = 4
+
+
+def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: int = 4,
+              on_corrupt: str = "error") -> pd.DataFrame:
+    """The ``k`` units of each layer (or of ``layer``) that respond most strongly (largest ``max`` over
+    the dataset, a sample's value being its maximum over positions) of the run at ``path`` (a sweep's jobs
+    merged, as ``load_units``), each with its first ``examples`` top samples: one row per unit and sample
+    (``rank`` 0 its largest, ``value``), ``input`` naming the sample as its user knows it (an ``imagefolder``
+    file's path under the folder, with its ``class`` folder; a text sample's tokens around the top position,
+    the top one bracketed, as ids (no tokenizer is kept); ``sample N`` otherwise, its sample id: in a
+    whole-dataset pass its dataset index), the
+    unit's ``dead_fraction`` (of its values at or below the entry's threshold), and its layer's units and
+    dead units (never above the threshold); layers in the model's order. Read from the run's files alone
+    (``TOP_UNIT_COLUMNS``).
+
+    Example:
+        >>> top_units("outputs/units", "layer3")[["unit", "max", "input", "class"]]
+    """
+    units = load_units(path, on_corrupt)
+    if layer is not None:
+        if layer not in set(units.layer):
+            raise KeyError(f"no layer '{layer}' in the units of '{path}'; "
+                           f"layers: {', '.join(dict.fromkeys(units.layer))}")
+        units = units[units.layer == layer]
+    names, inputs = load_unit_names(path, on_corrupt), load_unit_inputs(path, on_corrupt)
+    first = next(run for run in run_dirs(path, on_corrupt) if rank_files(run, UNITS))
+    order = {name: i for i, name in enumerate(recorded_layers(first))}  # the model's order, not the names'
+    groups = sorted(units.groupby(["hook", "layer", "call"], sort=False),
+                    key=lambda kv: order.get(kv[0][1], len(order)))
+    rows = []
+    for (hook, name, call), group in groups:
+        dead_units = int((group.above == 0).sum())
+        best = group.sort_values(["max", "unit"], ascending=[False, True]).head(k)
+        for unit_rank, row in enumerate(best.itertuples()):
+            for rank in range(min(examples, len(row.top_sample))):
+                sample, position = int(row.top_sample[rank]), int(row.top_position[rank])
+                named, label = names.get((hook, sample), ("", ""))
+                rows.append([hook, name, call, row.unit, unit_rank, row.max, row.mean, 1 - row.fraction_above,
+                             len(group), dead_units, rank, sample, float(row.top_value[rank]),
+                             named or _text_or_index(inputs.get((hook, sample)), sample, position), label or None])
+    return pd.DataFrame(rows, columns=TOP_UNIT_COLUMNS)
+
+
+def classes_said(labels: list[str | None]) -> str:
+    """What the classes of some top examples are: ``all in class top`` when every one has that class,
+    ``classes top 3, bottom 1`` when several; ``""`` when the data name no class."""
+    named = pd.Series([label for label in labels if label], dtype=object)
+    if named.empty:
+        return ""
+    counts = named.value_counts()
+    if len(counts) == 1 and len(named) == len(labels):
+        return f"all in class {counts.index[0]}"
+    return "classes " + ", ".join(f"{name} {count}" for name, count in counts.items())
+
+
+def _text_or_index(kept: np.ndarray | None, sample: int, position: int) -> str:
+    """A sample without a name: its token ids around ``position`` (the top one bracketed) when the run kept
+    them, else its sample id (in a whole-dataset pass, its dataset index)."""
+    if kept is None or kept.dtype.kind not in "iu" or kept.ndim != 1 or not 0 <= position < len(kept):
+        return f"sample {sample}"
+    first, last = max(0, position - CONTEXT), min(len(kept), position + CONTEXT + 1)
+    words = [f"[{kept[i]}]" if i == position else str(kept[i]) for i in range(first, last)]
+    return f"sample {sample}: {'... ' if first else ''}{' '.join(words)}{' ...' if last < len(kept) else ''}"
 
 
 def recorded_layers(run_dir: str | Path) -> list[str]:

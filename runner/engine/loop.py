@@ -87,6 +87,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
         breaks = graph_breaks() if s.compile else 0
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
+        recorder.sample_names = plan.data.items.names if dataset_pass else None  # what units names its examples by
         for step in range(first, s.steps):
             batch = next(data)
             recorder.samples = batch.samples

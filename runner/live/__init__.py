@@ -5,7 +5,8 @@
 log line is made from the captures on the background writer's thread (``lines``), after its
 parquet rows, and handed to one thread per logger through a bounded queue (``channel``), which sends
 it to the tool running in a process of its own at a lower CPU priority (``process``), so a slow or
-unreachable server drops log lines with one warning and never slows or fails the run.
+unreachable server drops log lines (the oldest waiting first), said in a warning naming why, and
+never slows or fails the run.
 Each tool's library is imported only when it is chosen (``pip install 'hook-runner[loggers]'``).
 """
 from runner.live.config import LOGGER_EXTRA, LoggerConfig, register_backends, typed_loggers

@@ -1,31 +1,58 @@
 """``Channel``: one logger's thread, fed through a bounded queue; it never makes the run wait or fail.
 
-The writer thread puts each step's line without waiting: a full queue (a logger slower than the
-steps) drops the line. The logger's thread opens the tool (``opener``: ``wandb.init``, an MLflow
-run: seconds, or a server that does not answer) and sends the lines; an error there drops the
-line and the thread goes on with the next (a server back up receives the rest). The first
-problem is kept for the run's thread to say once (``problem``); ``close`` waits for the last lines
-while the thread makes progress, and leaves it behind (a daemon) once it has sent nothing for
-``timeout_s`` (a dead server), so a slow tool finishes and a dead one costs the run's end ``timeout_s``.
+The writer thread puts each step's line without waiting. A full queue (a logger slower than the
+steps) skips its oldest waiting line: a dashboard that falls behind shows the newest steps, and the
+run's last line is always the last one sent. The logger's thread opens the tool (``opener``:
+``wandb.init``, an MLflow run: seconds, or a server that does not answer) and sends the lines; an
+error there drops the line and the thread goes on with the next (a server back up receives the
+rest). The first failure is kept for the run's thread to say once (``take_problem``), named by what
+happened (a tool in a process of its own is asked: its process ended, its server unreachable);
+``close`` waits for the last lines while the thread makes progress and ``summary`` then says how
+many lines were not sent and why. ``close`` leaves the thread behind (a daemon) and ends the tool's
+process once it has sent nothing for ``timeout_s``, or at once when the tool's process ended or its
+server has been unreachable for ``UNREACHABLE_S``: a slow tool finishes, a dead one costs the run's
+end seconds.
 """
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from runner.live.lines import LogLine
 
+#: At the run's end: how long a tool's process or server may stay unreachable before it is given up.
+UNREACHABLE_S = 2.0
+#: At the run's end: how often a tool that is still sending is asked what happened to it.
+CHECK_S = 0.5
+
 
 class Sink(Protocol):
-    """A tool's side of a channel: ``log`` one line, ``close`` at the run's end (``failed``: it raised).
-    A tool in a process of its own (``ProcessSink``) also has ``abandon``: it is ended when it hangs."""
+    """A tool's side of a channel: ``log`` one line, ``close`` at the run's end (``failed``: it raised)."""
 
     def log(self, line: LogLine) -> None: ...
 
     def close(self, failed: bool) -> None: ...
+
+
+@runtime_checkable
+class Tool(Sink, Protocol):
+    """A sink in a process of its own (``ProcessSink``), which the opener only starts: ``open`` opens the
+    tool on the channel's thread (it may hang: a ``wandb.init``, a server that does not answer),
+    ``diagnosis`` says what happened to it (its process ended, its server is unreachable; None: nothing
+    seen), ``abandon`` ends its process, opened or not."""
+
+    def open(self) -> None: ...
+
+    def diagnosis(self) -> str | None: ...
+
+    def abandon(self) -> None: ...
+
+
+class ToolError(RuntimeError):
+    """An error a sink says as one line already (the tool's error type and first line, or what ended it)."""
 
 
 class WithoutMeasures:
@@ -62,41 +89,52 @@ class Deferred:
 
 
 class Channel:
-    """The thread that sends ``name``'s lines to the sink ``opener`` returns (opened on that thread)."""
+    """The thread that sends ``name``'s lines to the sink ``opener`` returns (opened on that thread).
+
+    Counts: ``offered`` lines put, ``sent`` the tool took, ``skipped`` replaced by newer ones while it
+    fell behind (the oldest waiting), ``lost`` it could not take (it raised, never opened, or was given
+    up at the run's end with them waiting)."""
 
     def __init__(self, name: str, opener: Callable[[], Sink], size: int, timeout_s: float) -> None:
         self.name = name
+        self.size = size
         self.timeout_s = timeout_s
-        self.dropped = 0
+        self.offered = self.sent = self.skipped = self.lost = 0
+        self.last_sent: int | None = None  # the step of the last line the tool took
         self._opener = opener
         self._sink: Sink | None = None
-        self._queue: queue.Queue[LogLine | None] = queue.Queue(maxsize=size)
-        self._problem: str | None = None
-        self._told = False  # the first problem is the one said; the later ones are counted in ``dropped``
+        self._waiting: deque[LogLine] = deque()
+        self._changed = threading.Condition()  # guards the queue and the counts
+        self._closing = False
+        self._gave_up = False
+        self._failure: str | None = None  # the first failure: said once on the run's thread, and in the summary
+        self._told = False
         self._failed = False
         self._progress = time.monotonic()  # when the tool was opened or last took a line
-        self._handled = threading.Condition()
-        self._taken = 0  # lines queued so far
-        self._done = 0   # lines sent or dropped so far by the thread
         self._cpu_at_end: float | None = None  # the thread's CPU seconds, noted as it ends
         self._thread = threading.Thread(target=self._loop, name=f"logger-{name}", daemon=True)
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """The lines that will not reach the tool: skipped or lost."""
+        return self.skipped + self.lost
+
     def put(self, line: LogLine) -> None:
-        """Queue ``line``, or drop it when the queue is full (never waits)."""
-        try:
-            self._queue.put_nowait(line)
-        except queue.Full:
-            self._drop(f"fell behind the run ({self._queue.maxsize} steps waiting to be sent)")
-            return
-        with self._handled:
-            self._taken += 1
+        """Queue ``line``; when ``size`` lines wait already, skip the oldest of them (never waits)."""
+        with self._changed:
+            if len(self._waiting) >= self.size:
+                self._waiting.popleft()
+                self.skipped += 1
+            self._waiting.append(line)
+            self.offered += 1
+            self._changed.notify_all()
 
     def wait_sent(self, timeout_s: float | None = None) -> bool:
         """Wait until every line queued so far was sent (or dropped); False if ``timeout_s`` passed first.
         A benchmark's way of charging each step with its own logging."""
-        with self._handled:
-            return self._handled.wait_for(lambda: self._done >= self._taken, timeout_s)
+        with self._changed:
+            return self._changed.wait_for(lambda: self.sent + self.dropped >= self.offered, timeout_s)
 
     def cpu_seconds(self) -> float:
         """The CPU seconds this channel's thread has used (what the tool does on it: building and sending lines)."""
@@ -108,59 +146,107 @@ class Channel:
         return self._cpu_at_end
 
     def take_problem(self) -> str | None:
-        """The first problem since the last call (each is handed over once)."""
-        problem, self._problem = self._problem, None
-        return problem
+        """The first failure, once (None before it or after it was taken)."""
+        if self._failure is None or self._told:
+            return None
+        self._told = True
+        return self._failure
+
+    def summary(self) -> str | None:
+        """After ``close``: how many lines did not reach the tool and why (the first failure, else that
+        it fell behind); a failure not yet said when every line was sent; None when all went well."""
+        with self._changed:
+            unsent, offered, skipped, last = self.offered - self.sent, self.offered, self.skipped, self.last_sent
+        if not unsent:
+            return self.take_problem()
+        self._told = True
+        cause = self._failure or "fell behind the run"
+        of_them = f", {skipped} of them skipped while it fell behind" if skipped and self._failure else ""
+        last_sent = "none was sent" if last is None else f"the last sent was step {last}"
+        return f"{cause}: {unsent} of {offered} lines not sent{of_them} ({last_sent})"
 
     def close(self, failed: bool = False) -> None:
         """Send what is queued, then close the tool's run (``failed``: the run raised); give up once
-        nothing was sent for ``timeout_s``."""
+        nothing was sent for ``timeout_s``, or once the tool's process ended or its server was
+        unreachable for ``UNREACHABLE_S``: then the tool's process is ended, open or still opening."""
         self._failed = failed
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
         started = time.monotonic()
-        stalled = lambda: time.monotonic() - max(started, self._progress) > self.timeout_s  # noqa: E731
-        end_sent = False
-        while self._thread.is_alive() and not stalled():
-            if not end_sent:
-                try:
-                    self._queue.put(None, timeout=0.1)
-                    end_sent = True
-                except queue.Full:
-                    continue
-            self._thread.join(0.1)
-        if self._thread.is_alive():
-            self._drop(f"sent nothing for close_timeout_s={self.timeout_s:g} at the run's end", count=self._queue.qsize())
-            if hasattr(self._sink, "abandon"):  # a tool in a process of its own: ended, not left running
-                self._sink.abandon()
+        unreachable_since = None
+        while True:
+            self._thread.join(CHECK_S)
+            if not self._thread.is_alive():
+                return
+            now = time.monotonic()
+            why = self._sink.diagnosis() if isinstance(self._sink, Tool) else None
+            unreachable_since = (unreachable_since or now) if why else None
+            if why and now - unreachable_since >= UNREACHABLE_S:
+                break
+            if now - max(started, self._progress) > self.timeout_s:
+                why = f"sent nothing for close_timeout_s={self.timeout_s:g} at the run's end"
+                break
+        self._give_up(why)
 
-    def _drop(self, why: str, count: int = 1) -> None:
-        self.dropped += count
-        if not self._told:
-            self._problem, self._told = why, True
+    def _give_up(self, why: str) -> None:
+        """Count what still waits as lost, note ``why``, and end the tool's process (a hung thread's sink)."""
+        with self._changed:
+            self.lost += len(self._waiting)
+            self._waiting.clear()
+            self._gave_up = True
+            self._changed.notify_all()
+        self._fail(why)
+        if isinstance(self._sink, Tool):
+            self._sink.abandon()
+
+    def _fail(self, why: str) -> None:
+        if self._failure is None:
+            self._failure = why
+
+    def _why(self, exc: Exception) -> str:
+        """``exc`` named by what happened to the tool when it can say (its process ended, its server is
+        unreachable), else by the error itself."""
+        seen = self._sink.diagnosis() if isinstance(self._sink, Tool) else None
+        return seen or (str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}: {first_line(exc)}")
 
     def _loop(self) -> None:
         try:
             sink = self._sink = self._opener()
+            if isinstance(sink, Tool):
+                if self._gave_up:  # the run ended before its process started
+                    sink.abandon()
+                sink.open()
             self._progress = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a tool that cannot start costs the run its log lines only
-            self._drop(f"could not start: {type(exc).__name__}: {first_line(exc)}", count=0)
+            self._fail(f"could not start: {self._why(exc)}")
             sink = None
-        while (line := self._queue.get()) is not None:
-            if sink is None:
-                self.dropped += 1
-            else:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._waiting or self._closing)
+                if not self._waiting:
+                    break
+                line = self._waiting.popleft()
+            sent = False
+            if sink is not None:
                 try:
                     sink.log(line)
+                    sent = True
                     self._progress = time.monotonic()
                 except Exception as exc:  # noqa: BLE001 - an unreachable server drops the line, not the run
-                    self._drop(f"{type(exc).__name__}: {first_line(exc)}")
-            with self._handled:
-                self._done += 1
-                self._handled.notify_all()
-        if sink is not None:
+                    self._fail(self._why(exc))
+            with self._changed:
+                if sent:
+                    self.sent += 1
+                    self.last_sent = line.step
+                else:
+                    self.lost += 1
+                self._changed.notify_all()
+        if sink is not None:  # given up too: a process sink then only releases its pipes
             try:
                 sink.close(self._failed)
             except Exception as exc:  # noqa: BLE001
-                self._drop(f"could not close: {type(exc).__name__}: {first_line(exc)}", count=0)
+                self._fail(f"could not close: {self._why(exc)}")
         self._cpu_at_end = time.thread_time()
 
 

@@ -42,8 +42,10 @@ class LoggerConfig:
     """``every``: log every k-th step (from step 0); ``entries``: the hook entries whose statistics are
     logged (null: every entry of type ``stats``); ``stats``: per kind, the statistics logged
     (``StatsByKind``); ``histograms``: every kept tensor as a histogram
-    (where the tool has them); ``queue``: steps waiting to be sent before more are dropped;
-    ``close_timeout_s``: at the run's end, how long a logger that sends nothing more is waited for."""
+    (where the tool has them); ``queue``: steps waiting to be sent, beyond which the oldest waiting
+    is skipped; ``close_timeout_s``: at the run's end, how long a logger that sends nothing more is
+    waited for (a tool slow to open: ``wandb.init`` takes a minute on a loaded machine), unless its
+    process ended or its server is unreachable."""
 
     every: int = 1
     entries: Optional[list[str]] = None
@@ -51,6 +53,11 @@ class LoggerConfig:
     histograms: bool = True
     queue: int = 256
     close_timeout_s: float = 60.0
+
+    def server(self) -> str | None:
+        """The URL of the server the tool sends to (``http://HOST:PORT``), whose reachability names a
+        failure and ends a hung tool at the run's end; None: a tool without one (files, an offline run)."""
+        return None
 
 
 def register_backends() -> None:

@@ -2,9 +2,10 @@
 
 ``open_run`` makes it before the run's outputs and starts it once the run directory is claimed
 (nothing of a refused run reaches a tool); ``offer`` is called on the writer thread after each
-step's parquet rows, ``say_problems`` on the run's thread after each step (one warning per
-logger, however many lines it then drops), and leaving the block closes every channel after the
-run's files were committed (the last lines sent within ``close_timeout_s``).
+step's parquet rows, ``say_problems`` on the run's thread after each step (a logger's first
+failure, once), and leaving the block closes every channel after the run's files were committed
+(the last lines sent within ``close_timeout_s``) and says, once per logger, how many lines did
+not reach its tool and why.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class LiveLoggers:
         for name, cfg in self.configs.items():
             if name in self._sinks:
                 opener = (lambda sink=self._sinks[name]: sink)
-            else:
+            else:  # started on the channel's thread (its process is killed when that thread ends), opened there
                 opener = (lambda name=name, cfg=cfg: ProcessSink(name, cfg, self.context))
             self.channels[name] = Channel(name, opener, cfg.queue, cfg.close_timeout_s)
 
@@ -87,7 +88,8 @@ class LiveLoggers:
         return all(channel.wait_sent(timeout_s) for channel in self.channels.values())
 
     def say_problems(self) -> None:
-        """On the run's thread: one ``LoggerWarning`` for each logger's first problem."""
+        """On the run's thread: one ``LoggerWarning`` for each logger's first failure (falling behind is
+        said at the end, with its count)."""
         for name, channel in self.channels.items():
             problem = channel.take_problem()
             if problem:
@@ -98,6 +100,12 @@ class LiveLoggers:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Close every channel, then one ``LoggerWarning`` for each logger that did not send every line
+        (how many, and why: its first failure, else that it fell behind) or failed since last said."""
         for channel in self.channels.values():
             channel.close(failed=exc_type is not None)
-        self.say_problems()
+        for name, channel in self.channels.items():
+            summary = channel.summary()
+            if summary:
+                warnings.warn(f"logger {name}: {summary}; the parquet files are the run's record", LoggerWarning,
+                              stacklevel=2)

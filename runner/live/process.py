@@ -9,7 +9,10 @@ tool and logs at ``TOOL_NICE`` (W&B's service, started by ``wandb.init``, inheri
 yield to torch's threads, yet it keeps up with a run that keeps every core busy (``SCHED_IDLE``
 sent nothing in 80 resnet18 steps, nice 19 fell behind).
 Each call waits for the tool's answer, so ``Channel`` sees the tool's errors, its progress and its
-hangs as it would on its own thread.
+hangs as it would on its own thread; the process is started before the tool is opened in it, so a
+tool that hangs while opening is ended at the run's end like one that hangs later. ``diagnosis``
+names a failure by what the run's side can see: the process's exit status, or the tool's server
+refusing a connection.
 
 The tool's process is ``python -c TOOL_SIDE FD``: requests on stdin, answers on file descriptor FD.
 """
@@ -20,29 +23,39 @@ import ctypes
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
-from runner.live.channel import first_line
+from runner.live.channel import ToolError, first_line
 from runner.live.lines import LogLine
 
 #: The tool's process: ``serve`` (``sys.argv[1]``: its answers' file descriptor).
 TOOL_SIDE = "from runner.live.process import main; main()"
 #: The tool's niceness, from its opening on.
 TOOL_NICE = 10
+#: How long a connection to a tool's server may take before the server counts as unreachable.
+PROBE_TIMEOUT_S = 2.0
 #: ``prctl``'s option: the signal a process gets when the thread that started it ends (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 
 
-class ToolProcessError(RuntimeError):
+class ToolProcessError(ToolError):
     """The tool's process raised (its error's type and first line), or ended."""
 
 
 class ProcessSink:
-    """The sink of logger ``name`` made as ``LOGGERS.get(name).build(cfg, context)`` in a new process."""
+    """The sink of logger ``name``, made as ``LOGGERS.get(name).build(cfg, context)`` in a new process.
+
+    Made, it has started the process; ``open`` opens the tool there (on the channel's thread, where
+    it may hang), so that the run's end can end a process that never finished opening."""
 
     def __init__(self, name: str, cfg, context) -> None:
+        self.request = (name, cfg, context)
+        self.abandoned = False
+        self.server = cfg.server()
         answers, answer_fd = os.pipe()
         path = os.pathsep.join(entry for entry in sys.path if entry)  # a script's own sys.path finds runner too
         self.process = subprocess.Popen([sys.executable, "-c", TOOL_SIDE, str(answer_fd)],
@@ -50,8 +63,11 @@ class ProcessSink:
                                         env={**os.environ, "PYTHONPATH": path})
         os.close(answer_fd)
         self._answers = os.fdopen(answers, "rb")
+
+    def open(self) -> None:
+        """Open the tool in its process; when it cannot, the process is ended and the tool's error raised."""
         try:
-            self._call("open", (name, cfg, context))
+            self._call("open", self.request)
         except BaseException:
             self.abandon()
             self._release()
@@ -66,8 +82,20 @@ class ProcessSink:
         finally:
             self._release()
 
+    def diagnosis(self) -> str | None:
+        """What happened to the tool, as seen from here: its process ended (not by ``abandon``), or its
+        server refuses or does not take a connection; None when neither (it may still be slow, or hang)."""
+        if self.process.poll() is not None and not self.abandoned:
+            return f"its tool process ended ({exit_status(self.process.returncode)})"
+        if self.server is not None:
+            refused = unreachable(self.server)
+            if refused:
+                return f"its server {self.server} is unreachable ({refused})"
+        return None
+
     def abandon(self) -> None:
         """End the tool's process (it hangs: a dead server, or its tool could not start)."""
+        self.abandoned = True  # its end is then no news: ``diagnosis`` does not say it
         self.process.kill()
         self.process.wait()
 
@@ -84,17 +112,38 @@ class ProcessSink:
             self.process.stdin.flush()
             ok, said = pickle.load(self._answers)
         except (EOFError, BrokenPipeError) as exc:
-            raise ToolProcessError(f"its process ended{_exit_status(self.process)}") from exc
+            raise ToolProcessError(f"its tool process ended{_ended(self.process)}") from exc
         if not ok:
             raise ToolProcessError(said)
 
 
-def _exit_status(process: subprocess.Popen) -> str:
-    """`` (exit status N)`` of a process whose pipe closed (given a moment to end), else nothing."""
+def _ended(process: subprocess.Popen) -> str:
+    """`` (killed by SIGKILL)`` of a process whose pipe closed (given a moment to end), else nothing."""
     try:
-        return f" (exit status {process.wait(1)})"
+        return f" ({exit_status(process.wait(1))})"
     except subprocess.TimeoutExpired:
         return ""
+
+
+def exit_status(code: int) -> str:
+    """A ``Popen.returncode`` in words: ``exit status 1``, ``killed by SIGKILL``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def unreachable(url: str) -> str | None:
+    """Why the server at ``url`` (``http://HOST:PORT``) takes no TCP connection within ``PROBE_TIMEOUT_S``
+    (``Connection refused``, ``timed out``, a name that does not resolve); None when it takes one."""
+    address = urlsplit(url)
+    port = address.port or (443 if address.scheme == "https" else 80)
+    try:
+        socket.create_connection((address.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
 
 
 def serve(requests, answers) -> None:

@@ -7,6 +7,7 @@ histograms. The config goes to the run's params (dotted keys), the overrides to 
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ def metric_key(tag: str) -> str:
 class MLflowLogger(LoggerConfig):
     tracking_uri: Optional[str] = None  #: null: ``MLFLOW_TRACKING_URI``, else MLflow's default local store
     experiment: str = "hook-runner"
+
+    def server(self) -> str | None:
+        """The tracking server's URL: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``) when it is ``http(s)://``."""
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        return uri if uri.startswith(("http://", "https://")) else None
 
 
 @LOGGERS.register("mlflow", schema=MLflowLogger)

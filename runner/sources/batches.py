@@ -41,21 +41,25 @@ class Maker:
 @dataclass
 class ItemRange:
     """A data kind with a length, read in order: ``read(start, stop)`` yields ``(x, labels or None)``
-    batches of ``batch_size`` over items ``start..stop-1`` (the last one may be smaller)."""
+    batches of ``batch_size`` over items ``start..stop-1`` (the last one may be smaller); ``names(i)``
+    is item ``i`` as its user knows it, ``(name, class)`` (a file path under the folder and its class
+    folder; ``""`` where the kind has none: the index is its name), read from the index alone."""
 
     length: int
     batch_size: int
     read: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
+    names: Callable[[int], tuple[str, str]] | None = None
 
 
 def in_batches(x: torch.Tensor, y: torch.Tensor | None, size: int) -> ItemRange:
-    """Items held in memory (``digits``, ``tokens`` with a size), read in order."""
+    """Items held in memory (``digits``, ``tokens`` with a size), read in order; an item with a
+    label ``y`` is of class ``str(y)``."""
     def read(start: int, stop: int):
         for first in range(start, stop, size):
             last = min(first + size, stop)
             yield x[first:last].clone(), None if y is None else y[first:last]
 
-    return ItemRange(len(x), size, read)
+    return ItemRange(len(x), size, read, None if y is None else lambda i: ("", str(int(y[i]))))
 
 
 def input_shape(data: DictConfig, model: DictConfig) -> list[int]:

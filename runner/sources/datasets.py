@@ -56,7 +56,8 @@ def loader_maker(data: DictConfig, model: DictConfig) -> Maker:
         epoch = len(train) // size if data.drop_last else -(-len(train) // size)
         if epoch == 0:
             raise ConfigError(f"data.batch_size: {size} is more than the {len(train)} training items with drop_last")
-    items = None if isinstance(dataset, IterableDataset) else ItemRange(len(dataset), size, _reader(dataset, options))
+    items = None if isinstance(dataset, IterableDataset) else ItemRange(len(dataset), size, _reader(dataset, options),
+                                                                      folder_names(dataset))
     return Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch, items)
 
 
@@ -67,6 +68,20 @@ def _reader(dataset: Dataset, options: dict):
         return (_input_and_labels(batch) for batch in loader)
 
     return read
+
+
+def folder_names(dataset: Dataset):
+    """``ItemRange.names`` of a torchvision ``DatasetFolder`` (``ImageFolder``): item ``i``'s file path
+    relative to the folder and its class folder's name; ``None`` for a dataset without them."""
+    files, classes, root = (getattr(dataset, name, None) for name in ("samples", "classes", "root"))
+    if not isinstance(files, list) or not isinstance(classes, list) or root is None:
+        return None
+
+    def names(i: int) -> tuple[str, str]:
+        file, label = files[i]
+        return Path(file).relative_to(root).as_posix(), str(classes[label])
+
+    return names
 
 
 def user_dataset(data: DictConfig) -> Dataset:

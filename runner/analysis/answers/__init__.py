@@ -24,7 +24,9 @@ class Answer:
 
 
 #: Hook type -> "module:function" of its answerer.
-ANSWERERS: dict[str, str] = {}
+ANSWERERS: dict[str, str] = {
+    "units": "runner.analysis.answers.units:answer",
+}
 
 
 def answer_of(run_dir: str | Path, entry: str, hook_type: str) -> Answer | None:
