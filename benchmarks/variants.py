@@ -63,12 +63,21 @@ def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str],
         clip_by_hand(fresh(), x),
         runner_hooks("runner clip", "the `clip` preset: every parameter's gradient clamped, its statistics and "
                      "what the clamp removed (`clipped`) recorded, drained per step", fresh(), x, preset("clip")),
+        runner_hooks("runner clip (record: false)", "the `clip` preset with `record: false`: every parameter's "
+                     "gradient clamped, nothing recorded", fresh(), x, quiet_clip()),
         extract_by_hand(fresh(), x, extract_layers),
         runner_hooks("runner extract (memory)", "the `extract` preset, tensors drained to memory per step",
                      fresh(), x, extract_preset(extract_layers)),
         runner_extract_parquet(fresh(), x, extract_layers),
         feature_extractor(fresh(), x, extract_layers),
     ]
+
+
+def quiet_clip() -> dict:
+    """The ``clip`` preset with ``record: false`` (``hooks.clip.record=false``)."""
+    entries = preset("clip")
+    entries["clip"]["record"] = False
+    return entries
 
 
 def extract_preset(layers: list[str]) -> dict:

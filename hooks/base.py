@@ -181,6 +181,15 @@ class HookType:
     def after_backward(self, recorder: Any) -> None:
         """Record what is known only after backward; most hook types have nothing to add."""
 
+    @property
+    def acts_after_backward(self) -> bool:
+        """Whether the session must know when a backward lands gradients, for this entry's sake: its
+        ``after_backward`` records or checks what the backward did (an entry that records or changes
+        gradients: ``needs_backward``), or its ``max_calls`` lifetime ends after that backward. A type
+        whose ``after_backward`` acts without ``needs_backward`` says so here. Without such an entry
+        the session hooks no parameter: forward-only entries add no call per parameter to a step."""
+        return self.needs_backward or self.spec.max_calls is not None
+
     def grads_after_backward(self) -> list[nn.Parameter]:
         """The parameters whose ``.grad`` ``after_backward`` reads, once attached (through
         ``HookSession.landed_grad``, which keeps each as it landed for a loop that drops it early)."""

@@ -16,7 +16,9 @@ With ``output`` or ``input``, every tensor's gradient is changed, or only the on
 listing those it has, at the first call (``Tap.grad_slot``).
 
 Each hook records statistics of the gradient it produced, so a run shows what it did; ``clamp``
-also records what it removed (kind ``clipped``).
+also records what it removed (kind ``clipped``). ``record: false`` (``target: params`` only) records
+nothing: a tensor op per parameter and row (statistics, the ``after_backward`` row, ``clipped``'s
+subtraction) go, and what is left is the edit itself.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class GradSpec(SlotEditSpec):
     layers: Any = "**"
     target: str = "params"
     params: Optional[list[str]] = None
+    record: bool = True
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -54,6 +57,9 @@ class GradSpec(SlotEditSpec):
                               f"name parameters with {key}.params, e.g. [bias]")
         if self.params is not None and not self.params:
             raise ConfigError(f"{key}.params: empty list; use null for every parameter or name some, e.g. [bias]")
+        if not self.record and self.target != "params":
+            raise ConfigError(f"{key}.record: false is for target=params; a gradient edit on activations "
+                              f"(target={self.target}) records what it changed")
         if self.target == "params" and self.scope == "global":
             raise ConfigError(f"{key}.scope: global applies to module calls; target=params hooks parameters "
                               f"directly, so use scope=module")
@@ -101,7 +107,15 @@ class GradTransform(Tap):
 
     @property
     def expected_kinds(self) -> set[str]:
-        return {"param_grad"} if self.spec.target == "params" else super().expected_kinds
+        if self.spec.target == "params":
+            return {"param_grad"} if self.spec.record else set()
+        return super().expected_kinds
+
+    @property
+    def acts_after_backward(self) -> bool:
+        if self.spec.target == "params" and not self.spec.record:  # nothing to record after backward
+            return self.spec.max_calls is not None
+        return super().acts_after_backward
 
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -132,6 +146,12 @@ class GradTransform(Tap):
     def _param_hook(self, recorder, layer: str, slot: str):
         where = f"{self.key} on '{layer}' param_grad {slot}"
         transform = narrowed(self.transform, self.index)
+        if not self.spec.record:
+            def edit_only(grad: torch.Tensor) -> torch.Tensor:
+                recorder.next_call((self.name, layer, slot))  # counted: max_calls and the manifest's calls
+                return apply_edit(transform, grad, where)
+
+            return edit_only
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
             new = apply_edit(transform, grad, where)
@@ -149,6 +169,8 @@ class GradTransform(Tap):
 
     def after_backward(self, recorder) -> None:
         super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
+        if not self.spec.record:
+            return
         for layer, pname, p in self._params:
             grad = self._session.landed_grad(p)
             if grad is not None:
@@ -156,7 +178,7 @@ class GradTransform(Tap):
                                 kind="param_grad", slot=pname, call=0)
 
     def grads_after_backward(self) -> list[nn.Parameter]:
-        return [p for _, _, p in self._params]
+        return [p for _, _, p in self._params] if self.spec.record else []
 
 
 @dataclass

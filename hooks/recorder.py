@@ -17,8 +17,8 @@ import torch
 
 from common.records import BATCH_KINDS, ID_COLUMNS, StepCaptures
 from common.slots import replace_slot, walk  # noqa: F401  (re-exported: hooks name slots through the recorder)
-from hooks import shards, tensor_kinds
-from hooks.stats import RAW, reduce_tensor, summarize
+from hooks import native, shards, tensor_kinds
+from hooks.stats import RAW, reduce_real, summarize
 
 
 class Tally(NamedTuple):
@@ -114,6 +114,8 @@ class Recorder:
         self._raw: list[torch.Tensor] = []
         self._shards: dict[int, shards.Shard] = {}  # row -> how its tensor was a shard of a DTensor
         self._reduced: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
+        #: whether the CPU kernel is on (``native.kernel()``), asked at the step's first CPU reduction, not per tensor
+        self._kernel: bool | None = None
         self._kept_rows: list[int] = []
         self._kept: list[torch.Tensor] = []
 
@@ -199,16 +201,18 @@ class Recorder:
             phase = self._relabel
         elif self._in_backward and phase == "forward":
             phase = "recompute"
-        tensor = tensor_kinds.plain(tensor)  # first: no code of a user's tensor subclass runs from here
+        subclass = type(tensor) is not torch.Tensor and type(tensor) is not torch.nn.Parameter
+        if subclass:  # first: no code of a user's tensor subclass runs from here
+            tensor = tensor_kinds.plain(tensor)
         dtype = tensor.dtype  # a quantized tensor's, also when its dequantized values are read
         if tensor.is_meta or tensor.is_quantized:  # the rare kinds: the label is built only for them
             tensor = tensor_kinds.ordinary(tensor, f"'{layer or '(model)'}' {kind} {slot}", values=self.statistics)
-        if kind in BATCH_KINDS:
+        if kind in BATCH_KINDS and (self.sample_batch is not None or self.sample_channels is not None):
             tensor = self._sample(tensor)
         if tensor.is_nested:
             tensor = tensor_kinds.nested_elements(tensor)
         shard = None
-        if shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
+        if subclass and shards.is_sharded(tensor):  # a DTensor: its whole values when kept, else the local shard
             tensor, shard = (tensor.full_tensor(), None) if keep else shards.local(tensor)
             parts = (f"{slot}.real", f"{slot}.imag") if tensor.is_complex() else (slot,)
             self.same_on_every_rank.update((hook, layer, phase, kind, part) for part in parts)
@@ -273,20 +277,25 @@ class Recorder:
         return out
 
     def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``reduce_tensor``, once per distinct value: an alias seen again reuses the reduction.
+        """``hooks.stats.reduce_tensor``, once per distinct value: an alias seen again reuses the reduction.
 
         A module may return its input (``Identity``, ``Dropout`` in eval mode), and several hook
         entries may watch the same module. Same storage, layout, dtype and version counter (which
         every in-place op bumps) means the same values, provided the tensor first reduced is still
         alive (else its memory may have been reused): the cache holds it only by weak reference.
         """
-        if torch.compiler.is_compiling() or tensor.is_inference() or tensor_kinds.is_sparse(tensor):
-            return reduce_tensor(tensor)  # traced into the graph: no pointers there; no version counter or data_ptr
+        kernel = self._kernel
+        if kernel is None and tensor.is_cpu:  # the switch is read, and the kernel built, only for CPU tensors
+            kernel = self._kernel = native.kernel() is not None
+        compiling = torch.compiler.is_compiling()
+        if compiling or tensor.is_inference() or tensor_kinds.is_sparse(tensor):
+            # traced into the graph: no pointers there; no version counter or data_ptr
+            return reduce_real(tensor, bool(kernel), compiling)
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)
         if seen is not None and seen[0]() is not None:
             return seen[1]
-        raw = reduce_tensor(tensor)
+        raw = reduce_real(tensor, bool(kernel), compiling)
         self._reduced[key] = (weakref.ref(tensor), raw)
         return raw
 

@@ -51,7 +51,9 @@ class HookSession:
     ``backward``: a post-accumulate-grad hook on each trainable parameter marks that gradients
     landed, and ``flush()`` records them before anything can change them: before any optimizer
     steps (a global optimizer step pre-hook, so after DDP's averaging and a framework's
-    clipping), or when the loop ends the step and calls it. A loop that drops the gradients
+    clipping), or when the loop ends the step and calls it. Those hooks are registered only while
+    an attached entry acts after backward (``HookType.acts_after_backward``): a session of
+    forward-only entries, or of none, adds no call per parameter to a step. A loop that drops the gradients
     before that (``model.zero_grad()`` with no optimizer) leaves them recorded as they landed: the
     same hook keeps a reference to the ``.grad`` of each parameter an entry reads after backward
     (``HookType.grads_after_backward``; no copy, and nothing at all when no entry reads one), and
@@ -82,6 +84,7 @@ class HookSession:
         self._grads_landed = False
         self._reads_grad: set[int] = set()  # ids of the parameters whose .grad an attached entry reads after backward
         self._landed: dict[int, torch.Tensor | None] = {}  # their .grad as the last backward left it
+        self._marking: list[RemovableHandle] = []  # the hooks marking that a backward landed gradients
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         """Take ownership of ``handle``; it is removed when the session closes or its entry's lifetime ends."""
@@ -91,7 +94,6 @@ class HookSession:
     def __enter__(self) -> HookSession:
         try:
             self._attach([h for h in self.hooks if not self.use_lifetimes or h.spec.first_step() == 0])
-            self._watch_gradients()
         except BaseException:
             self.close()
             raise
@@ -102,6 +104,7 @@ class HookSession:
 
     def close(self) -> None:
         """Remove every handle, newest first, then let each hook release what else it holds."""
+        self._watch_gradients(False)
         while self._handles:
             self._handles.pop()[1].remove()
         for hook in reversed(self._attached):
@@ -195,19 +198,26 @@ class HookSession:
 
     def _watch_reads(self) -> None:
         self._reads_grad = {id(p) for hook in self._attached for p in hook.grads_after_backward()}
+        self._watch_gradients(any(hook.acts_after_backward for hook in self._attached))
 
     # -- passes -------------------------------------------------------------------------------
-    def _watch_gradients(self) -> None:
-        """Know when a backward pass wrote ``.grad`` (``flush`` records it then), whoever called it."""
+    def _watch_gradients(self, on: bool) -> None:
+        """Know when a backward pass wrote ``.grad`` (``flush`` records it then), whoever called it
+        (``on``), or stop watching (no attached entry acts after backward)."""
+        if not on:
+            while self._marking:
+                self._marking.pop().remove()
+        if not on or self._marking:
+            return
+
         def landed(param: torch.Tensor) -> None:
             self._grads_landed = True
             if id(param) in self._reads_grad:
                 self._landed[id(param)] = param.grad
 
-        for param in self.model.parameters():
-            if param.requires_grad:
-                self.add(param.register_post_accumulate_grad_hook(landed))
-        self.add(register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self.flush()))
+        self._marking = [param.register_post_accumulate_grad_hook(landed)
+                         for param in self.model.parameters() if param.requires_grad]
+        self._marking.append(register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self.flush()))
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` with the recorder told that backward runs (a forward call

@@ -26,6 +26,9 @@ from hooks import native, tensor_kinds
 RAW = ("shifted_sum", "shifted_sumsq", "abs_sum", "min", "max", "zero_count", "nan_count", "inf_count", "shift")
 
 
+#: The dtypes reduced as they are; every other is widened first.
+WIDE = (torch.float32, torch.float64)
+
 #: Tensors with at least this many elements go through the compiled one-pass reduction; below
 #: it, launching eight eager reductions is cheaper than a compiled call's guard checks.
 COMPILE_MIN_NUMEL = 1 << 12
@@ -52,23 +55,32 @@ def reduce_tensor(x: torch.Tensor) -> torch.Tensor:
     ``torch.compile`` is unavailable, as does a hook
     that ``torch.compile`` traces: torch ops go into the graph, where the kernel would break it.
     """
-    x = tensor_kinds.ordinary(x, "the tensor to reduce").detach()
+    x = tensor_kinds.ordinary(x, "the tensor to reduce")
     if x.is_nested:
         x = tensor_kinds.nested_elements(x)
     if x.is_complex():
         raise TypeError("reduce_tensor takes real tensors; record a complex tensor's .real and .imag")
+    return reduce_real(x, native.kernel() is not None, torch.compiler.is_compiling())
+
+
+def reduce_real(x: torch.Tensor, kernel: bool, compiling: bool) -> torch.Tensor:
+    """``reduce_tensor`` of a real tensor that is already what the recorder reads (``tensor_kinds.ordinary``,
+    not nested), given what ``reduce_tensor`` would ask: whether the CPU kernel is on (``native.kernel()``)
+    and whether ``torch.compile`` is tracing. The recorder asks the first once per step, not per tensor
+    (reading the switch costs more Python than the rest of a small tensor's reduction)."""
+    x = x.detach()
     if x.numel() == 0:
         nan = float("nan")
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
     if tensor_kinds.is_sparse(x):
         return sparse_reductions(x)
     flat = x.reshape(-1)
-    if flat.dtype != torch.float64:  # int32/int64 need float64 to stay exact past 2**24
+    if flat.dtype not in WIDE:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()
-    if torch.compiler.is_compiling():  # a hook traced by torch.compile: torch ops, in the graph, no graph break
+    if compiling:  # a hook traced by torch.compile: torch ops, in the graph, no graph break
         return eager_reductions(flat)
     if flat.device.type == "cpu":
-        if native.kernel() is not None:
+        if kernel:
             flat = flat.contiguous()
             if native.readable(flat):
                 return native.reduce_contiguous(flat)

@@ -1,29 +1,49 @@
 """``python -m runner [overrides]``: the command line is checked, then Hydra runs each job's plan;
-``python -m runner replay=RUN_DIR`` runs a finished run again (``runner.cli.replay``)."""
+``python -m runner replay=RUN_DIR`` runs a finished run again (``runner.cli.replay``).
+
+Every job is composed and its choices checked before torch is imported (``runner.cli.early``), so
+a mistake in a key or a choice is answered at the cost of importing Hydra; the rest of the check
+(each job's plan: the gate) and the run import torch after it.
+"""
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
-
-from runner.cli import replay
-from runner.cli.commandline import check_command_line
-from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, execute
-from runner.cli.replay import is_replay
+from runner.cli.early import compose_command_line, is_replay
+from runner.cli.exit_codes import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED
 from runner.cli.warning_lines import one_line_warnings
-from runner.config.compose import CONF_DIR
 
 
 def main() -> None:
     one_line_warnings()
-    if is_replay(sys.argv[1:]):  # no Hydra: the stored config is run as it is (runner.cli.replay)
-        sys.exit(replay.main(sys.argv[1:]))
-    checked = check_command_line(sys.argv[1:])
-    for line in checked.problems:
+    argv = sys.argv[1:]
+    if is_replay(argv):  # no Hydra: the stored config is run as it is (runner.cli.replay)
+        from runner.cli import replay
+
+        sys.exit(replay.main(argv))
+    composed = compose_command_line(argv)
+    _exit_on(composed.headed())
+    from runner.cli.commandline import check_command_line  # torch: only once the command line composes
+
+    checked = check_command_line(argv, composed)
+    _exit_on(checked.problems)
+    _run_jobs(checked)
+
+
+def _exit_on(problems: list[str]) -> None:
+    for line in problems:
         print(f"error: {line}", file=sys.stderr)
-    if checked.problems:
+    if problems:
         sys.exit(EXIT_CONFIG_ERROR)
+
+
+def _run_jobs(checked) -> None:
+    """Hydra runs each job (its directory, logging, callbacks, the sweep), handing it the plan the check compiled."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
+
+    from runner.cli.execute import execute
+    from runner.config.compose import CONF_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def hydra_main(cfg: DictConfig) -> None:  # each job runs the plan the check compiled for it

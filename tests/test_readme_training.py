@@ -52,7 +52,7 @@ def test_the_training_example_runs_as_written_and_shows_what_the_readme_says(tmp
     np.testing.assert_allclose(_numbers(printed), _numbers(TABLE), atol=0.005 + 1e-9)
     # the picture is the snippet's: the same pixels but for a few antialiased edge pixels one level off
     # (float rounding of the losses differs across BLAS builds; a changed curve moves thousands)
-    drawn = np.asarray(Image.open(tmp_path / "training_clip_digits.png")).astype(int)
+    drawn = np.asarray(Image.open(tmp_path / "outputs" / "training_clip_digits.png")).astype(int)
     shown = np.asarray(Image.open(ROOT / "assets" / "training_clip_digits.png")).astype(int)
     assert drawn.shape == shown.shape
     off = np.abs(drawn - shown)

@@ -76,8 +76,8 @@ def test_the_readme_documents_the_refusals_and_names_fixed_directories():
 @pytest.mark.parametrize("command", COMMANDS, ids=[FIXED.search(c).group(2) for c in COMMANDS])
 def test_a_readme_command_run_twice_is_refused_with_the_documented_line(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    if "data.path=crops" in command:  # the README makes the folder first (python assets/make_crops.py crops)
-        subprocess.run([sys.executable, str(ROOT / "assets" / "make_crops.py"), "crops"], cwd=tmp_path, check=True)
+    if "data.path=outputs/crops" in command:  # the README makes the folder first (python assets/make_crops.py outputs/crops)
+        subprocess.run([sys.executable, str(ROOT / "assets" / "make_crops.py"), "outputs/crops"], cwd=tmp_path, check=True)
     for earlier in COMMANDS[:COMMANDS.index(command)]:  # what a command reads (the replayed run, the clean run)
         if re.search(rf"[=\s]{re.escape(FIXED.search(earlier).group(2))}(\s|$)", command):
             first = earlier

@@ -80,7 +80,7 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
     assert (in_tmp / "outputs" / "units_top_layer3.png").stat().st_size > 10_000
     assert (in_tmp / "outputs" / "units_layers.png").stat().st_size > 10_000
     assert not any((in_tmp / "assets").iterdir())  # the tutorial writes into no tracked folder
-    assert (in_tmp / "stores" / "crops" / "layer3" / "shard-00002.safetensors").is_file()
+    assert (in_tmp / "outputs" / "stores" / "crops" / "layer3" / "shard-00002.safetensors").is_file()
     from runner.analysis import report
 
     command = shlex.split(SECTION.split("(`python -m runner.report ", 1)[1].split("`", 1)[0])
@@ -95,7 +95,7 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
 
 @pytest.mark.slurm
 def test_the_sharded_sweep_runs_as_written_on_slurm(slurm, tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), "crops"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), "outputs/crops"], cwd=tmp_path, check=True)
     (sweep,) = commands(blocks("bash")[2])
     proc = subprocess.run(shlex.join(sweep), shell=True, cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=900)

@@ -14,7 +14,8 @@ import torch
 import runner.analysis as analysis
 from conftest import cli, seeded_batch
 from docs_text import page
-from runner.analysis.summary import group_depth, layer_group, summarize
+from runner.analysis.answers.statistics import group_depth, layer_group
+from runner.analysis.summary import summarize
 from runner.sources.models import ConvNet
 
 ROOT = Path(__file__).resolve().parents[1]

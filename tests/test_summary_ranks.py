@@ -16,7 +16,8 @@ import runner
 import runner.analysis as analysis
 from common.ranks import SAME_ON_EVERY_RANK
 from common.records import CONFIG, MANIFEST
-from runner.analysis.summary import clipped, once_per_tensor, summarize_run
+from runner.analysis.answers.statistics import clipped, once_per_tensor
+from runner.analysis.summary import summarize_run
 
 HOOKS = {"clip": {"type": "clamp", "layers": "**", "min": -0.02, "max": 0.02},
          "stats": {"type": "stats", "layers": "**", "kinds": ["output"]}}

@@ -28,8 +28,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as UpstreamSlurmLauncher
 from omegaconf import OmegaConf
 
-from runner.cli.execute import EXIT_CONFIG_ERROR, read_status, write_status
-from runner.cli.taken_dirs import job_dir
+from runner.cli.exit_codes import EXIT_CONFIG_ERROR
+from runner.cli.job_files import job_dir, read_status, write_status  # no torch: Hydra imports this plugin to compose
 from runner.cli.scheduler import (UNSCHEDULABLE, PendingWatch, parse_squeue, run_state, sbatch_error, stuck_error,
                                   trace_error)
 

@@ -83,8 +83,9 @@ class LogitLensPicture:
     def draw(run_dir, cfg, step, notes):
         try:
             return [("logit_lens.png", logit_lens_picture(load_lens(run_dir), step))]
-        except FileNotFoundError:
-            notes.append(f"logit_lens: the run wrote no {LENS} (record it with hooks=logit_lens on a causal language model)")
+        except FileNotFoundError:  # said only of a run that had a lens entry: the others were never to draw it
+            if any((entry or {}).get("type") == "logit_lens" for entry in (cfg or {}).get("hooks", {}).values()):
+                notes.append(f"logit_lens: the run wrote no {LENS}")
         except ValueError as exc:
             notes.append(str(exc))
         return []

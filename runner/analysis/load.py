@@ -3,7 +3,8 @@
 A run directory is one that holds ``manifest.json`` (written last, so only complete runs are
 read); a sweep directory is searched for run directories at any depth. Every row carries the
 ``run_dir`` it came from and one column per Hydra override of its job (``model``, ``hooks``,
-``hooks.clip.max``), so a sweep is one table to group by: numbers as numbers, text (``layer``,
+``hooks.clip.max``; an override named like a record column is ``override.NAME``: ``loss=sum`` is
+``override.loss`` beside the steps' ``loss``), so a sweep is one table to group by: numbers as numbers, text (``layer``,
 ``kind``, ``hook``, ..., the overrides' text and ``run_dir``) as pandas categoricals, which do
 not repeat a string per row (``run_dir`` and the overrides' categories in job order: the order of
 the values on the command line, ``runner.analysis.order``), and ``tensor_shape`` as a categorical of
@@ -44,7 +45,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TENSORS
+from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TABLE_SCHEMAS, TENSORS
 from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
@@ -194,6 +195,18 @@ def _value(raw: str) -> Any:
     return value if np.isscalar(value) or value is None else raw
 
 
+#: The columns of the files the loaders read, and those they add: an override of one of these names
+#: (``loss=sum``) is the column ``override.NAME`` (``override.loss``), in every loader's frame.
+RECORD_COLUMNS = frozenset({name for schema in (*TABLE_SCHEMAS.values(), *RUN_TOTAL_SCHEMAS.values())
+                            for name in schema.names} | {*RENAMED, "rank", "run_dir", "tensor"})
+
+
+def override_column(key: str) -> str:
+    """The column of override ``key``: ``key``, or ``override.KEY`` where a record column has its name
+    (``loss=sum`` beside the steps' ``loss``): the swept value and the recorded one both stay."""
+    return f"override.{key}" if key in RECORD_COLUMNS else key
+
+
 def override_columns(df: pd.DataFrame) -> list[str]:
     """The override columns the loaders attached to ``df`` (recorded in ``df.attrs["overrides"]``)."""
     return [c for c in df.attrs.get("overrides", ()) if c in df.columns]
@@ -320,11 +333,10 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     del dataset, files
     run_codes = run_of[codes]
     for key, values in overridden.items():
-        if key not in df.columns:  # an override named like a column (loss=...) does not replace the data
-            df[key] = _per_row(run_codes, values)
+        df[override_column(key)] = _per_row(run_codes, values)
     df["rank"] = ranks[codes]
     df["run_dir"] = pd.Categorical.from_codes(run_codes, categories=runs)  # runs are in job order, distinct
-    df.attrs["overrides"] = [k for k in overridden if k in df.columns]
+    df.attrs["overrides"] = [override_column(key) for key in overridden]
     return df
 
 

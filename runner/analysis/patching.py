@@ -58,10 +58,11 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
 
     ``sweep`` is a patching sweep, an attribution run, a steering sweep, a directory above them, or a list
     of them (one table). ``clean`` and ``corrupted`` are the stored runs of a sweep patched from a stored
-    run; without them, each job's own clean and corrupted passes (``source: clean``; always so for
-    attribution). ``on_corrupt`` (as for ``load_stats``) applies to ``sweep``."""
-    if (clean is None) != (corrupted is None):
-        raise ValueError("give both the clean and the corrupted run, or neither (jobs patched from their own clean pass)")
+    run (the clean one alone: ``corrupted`` and ``recovered`` missing); without them, each job's own clean
+    and corrupted passes (``source: clean``; always so for attribution). ``on_corrupt`` (as for
+    ``load_stats``) applies to ``sweep``."""
+    if clean is None and corrupted is not None:
+        raise ValueError("give the clean run with the corrupted one (or neither: jobs patched from their own clean pass)")
     paths = [sweep] if isinstance(sweep, (str, Path)) else list(sweep)
     parts = [part for path in paths for part in _rows(path, clean, corrupted, metric, on_corrupt)]
     table = pd.concat([part.reindex(columns=PATCHING_COLUMNS) for part in parts], ignore_index=True)
@@ -139,7 +140,8 @@ def _patch_rows(sweep: str | Path, steps: pd.DataFrame, clean, corrupted, metric
     table[METHOD] = np.where(table["receiver"] == "", "patch", "path")
     table["receiver"] = table["receiver"].replace("", None)
     if clean is not None:
-        table["clean"], table["corrupted"] = mean_metric(clean, metric), mean_metric(corrupted, metric)
+        table["clean"] = mean_metric(clean, metric)
+        table["corrupted"] = mean_metric(corrupted, metric) if corrupted is not None else np.nan
     return table
 
 

@@ -1,6 +1,7 @@
 """``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep, read top-down.
 
-First what a reader wants first: the summary the run printed (``runner.analysis.summary``) and
+First what a reader wants first: the summary the run printed (``runner.analysis.summary``: each
+entry's answer, a patching or steering sweep's answer for all its jobs, another sweep's table of jobs) and
 what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
 everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
 curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
@@ -75,7 +76,7 @@ MOST_TOP_EXAMPLE_BYTES = 600_000
 MOST_HISTOGRAM_LAYERS = 16
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}th,td{border:1px solid #ccc;padding:2px 6px;text-align:left}
-th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}
+th{background:#f3f3f3}pre{background:#f7f7f7;padding:.6em;overflow:auto}pre.summary{white-space:pre-wrap}
 img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.ok{color:#2a7a2a}.bad{color:#b00020}.note{color:#777}"""
 
 
@@ -101,7 +102,7 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
     patching = LAYER in steps.columns
     outputs = load_tensors(path, filters=[("kind", "=", "output")], on_corrupt=on_corrupt)
     body = {
-        "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt))}</pre>',
+        "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt, corrupted))}</pre>',
         "abnormal": _abnormal(stats, outputs, job),
         "pictures": _pictures(runs, job, stats, steps, patching),
         "units": _units(path, runs, on_corrupt),
@@ -153,7 +154,7 @@ def job_names(path: Path, runs: list[Path]) -> dict[str, str]:
 
 
 def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
+    return df.to_html(index=False, float_format=lambda v: f"{v + 0.0:.4g}", na_rep="", border=0)  # never -0
 
 
 def _note(text: str) -> str:
@@ -260,8 +261,9 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
     units = dead_units(outputs)
     dead = units[units["dead"] > 0]
     checked = ("Checked: NaN and Inf counts of every capture; gradients that are exactly 0 in every capture; "
-               "activations that are 0 everywhere; dead units (channels or features that are 0 for every "
-               f"sample) among the {len(units)} kept non-negative outputs.")
+               "activations that are 0 everywhere" + (
+                   f"; dead units (channels or features that are 0 for every sample) among the {len(units)} kept "
+                   "non-negative outputs." if len(units) else "."))
     if stats.empty and outputs.empty:
         return None
     if found.empty and dead.empty:
@@ -439,7 +441,8 @@ def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_
         table = patching_table(path, *(stored or (None, None)), _patching_metric(steps), on_corrupt)
     except (FileNotFoundError, ValueError) as exc:
         return _note(f"Left out: {exc}")
-    return _img(plots.patching_heatmap(table), "recovered fraction per layer and index") + _table(table)
+    return (_img(plots.patching_heatmap(table), "recovered fraction per layer and index")
+            + _table(table.dropna(axis=1, how="all")))  # a patching sweep's receiver, scale, kl: no row has one
 
 
 def _patching_metric(steps: pd.DataFrame) -> str:

@@ -1,5 +1,6 @@
 """A steering sweep as one table: per job, what it added where, how far it moved the next-token
-distribution (``kl``: the mean of ``steer.parquet``'s KL(unsteered || steered)) and the metric with and
+distribution (``kl``: the mean of ``steer.parquet``'s KL(unsteered || steered); ``top_changed``: how often
+the top next token differs) and the metric with and
 without the vector (the step rows' metric and its ``corrupted_*`` column, the unsteered pass beside each step);
 ``steering_picture`` draws both against the scale, a line per steered layer.
 """
@@ -17,7 +18,8 @@ from runner.analysis.order import natural_key
 
 def steering_table(path: str | Path, metric: str = "logit_diff") -> pd.DataFrame:
     """One row per steering job (and entry) at or under ``path``: ``method`` (``steer``), ``hook``,
-    ``layers``, ``scale``, the job's overrides, ``kl`` and, when the runs measured ``metric``,
+    ``layers``, ``scale``, the job's overrides, ``kl``, ``top_changed`` (the fraction of samples and steps
+    whose top next token the vector changed) and, when the runs measured ``metric``,
     ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale.
     ``runner.analysis.patching.patching_table`` shows the same jobs beside the patching rows."""
     table = steer_jobs(path, metric)
@@ -32,15 +34,17 @@ def steering_table(path: str | Path, metric: str = "logit_diff") -> pd.DataFrame
 def steer_jobs(path: str | Path, metric: str, steps: pd.DataFrame | None = None,
                on_corrupt: str = "error") -> pd.DataFrame:
     """The steering jobs at or under ``path`` (empty where none wrote ``steer.parquet``), one row per job and
-    entry: ``run_dir``, ``hook``, ``method``, ``layers``, ``scale``, the overrides, ``kl`` and, when measured,
+    entry: ``run_dir``, ``hook``, ``method``, ``layers``, ``scale``, the overrides, ``kl``, ``top_changed`` and, when measured,
     ``steered`` and ``unsteered``. ``steps``: the runs' step rows, when the caller has them already;
     ``on_corrupt`` as for ``load_stats``."""
     rows = load_table(path, STEER, on_corrupt=on_corrupt)
     if rows.empty:
         return rows
     rows["layers"] = rows["layers"].map(",".join)
+    rows["top_changed"] = [steered[0] != unsteered[0] for steered, unsteered in
+                           zip(rows["steered_top_ids"], rows["unsteered_top_ids"])]
     keys = ["run_dir", "hook", "method", "layers", "scale", *override_columns(rows)]
-    table = rows.groupby(keys, observed=True, dropna=False)["kl"].mean().reset_index()
+    table = rows.groupby(keys, observed=True, dropna=False)[["kl", "top_changed"]].mean().reset_index()
     steps = load_steps(path, on_corrupt=on_corrupt) if steps is None else steps
     train = steps[steps["split"] == "train"]
     measured = [metric, f"corrupted_{metric}"]

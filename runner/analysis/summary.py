@@ -1,22 +1,21 @@
 """What a run or a sweep recorded and did, in a few lines: the end of ``python -m runner`` and the head of the report.
 
-A run gets one line for itself (steps, last losses) and one per hook entry: a ``clamp`` entry says
-how many gradients and what fraction of their elements it clipped, per layer group (from its
-``clipped`` rows: ``1 - zero_frac`` of each is the fraction clipped); any other entry that
-recorded statistics names the layers with the largest and smallest gradient norm (the output
-norm when it recorded no gradient) and the layers that look dead or non-finite
-(``load.abnormal``). A run of several ranks counts each tensor once: the rows every rank records
-alike (its part manifests' ``common.ranks.SAME_ON_EVERY_RANK``: all of them when every rank ran the
-whole batch, as the CLI's FSDP2 run does; the whole-tensor rows of FSDP2's sharded gradients) are
-read from the first rank only, and each rank's own rows (DDP: its batch) from every rank. A sweep
-gets a table of the swept values against the last train loss and the headline statistic (the
-fraction clipped, else the largest gradient norm), in job order: the order of the values on the
-command line.
+A run gets one line for itself (steps, last losses) and its entries' answers
+(``runner.analysis.answers``: a ``clamp`` entry's clipped fraction, a ``store`` entry's shards, a
+patching job's recovered fraction, ...); an entry whose type has no answerer, or whose answerer found
+nothing to answer with, names, when it recorded
+statistics, the layers with the largest and smallest norm and those that look dead or non-finite
+(``answers.statistics.recorded_answer``), else the run-total files it wrote. A sweep of patching,
+attribution or steering jobs answers once for all of them (``answers.SWEEP_ANSWERERS``: the cells
+that recover most, the KL per scale); any other sweep gets a table of the swept values against the
+last train loss and its headline statistic, in job order (the order of the values on the command
+line, as the report's pictures): the fraction clipped when the jobs clipped and it differs between
+them, else of the largest norm of each recorded kind the one that differs most between the jobs; a
+statistic that is the same in every job is one line under the table, never its column.
 Every number is read back from the run's parquet files, the same ones the loaders give.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,76 +23,14 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from common.ranks import SAME_ON_EVERY_RANK
 from common.records import RUN_TOTAL_SCHEMAS
 
-from runner.analysis.load import (GRADIENT_KINDS, abnormal, config_path, label_of, load_stats, load_steps,
-                                  override_columns, run_dirs)
-from runner.analysis.answers import answer_of
-from runner.analysis.intact import read_manifest
+from runner.analysis.answers import answer_of, sweep_answer_of
+from runner.analysis.answers.statistics import COLUMNS, NORM_KINDS, percent, recorded_answer
+from runner.analysis.load import config_path, load_stats, load_steps, override_columns, run_dirs
 
-#: The statistic columns the summary reads (a sweep is never read whole).
-COLUMNS = ["step", "call", "hook", "layer", "phase", "kind", "slot", "numel", "l2", "zero_frac",
-           "nan_count", "inf_count"]
-#: The columns that name one tensor's row of a step (a rank records each once).
-ROW_KEY = ["hook", "layer", "phase", "kind", "slot"]
-#: Kinds whose norm a recording entry's line names, the first one the entry recorded.
-NORM_KINDS = ("grad_output", "param_grad", "grad_input", "output", "input")
 #: Rows of a sweep's table shown on the terminal (the report shows them all).
 MOST_JOBS = 20
-#: Layers named per problem, and layer groups per clip line.
-MOST_NAMES = 4
-
-
-@dataclass(frozen=True)
-class Clipped:
-    """What one clamp entry did: ``gradients`` of ``of`` clamped tensors had an element clipped,
-    ``elements`` of ``numel`` elements were clipped."""
-
-    gradients: int
-    of: int
-    elements: int
-    numel: int
-
-    @property
-    def fraction(self) -> float:
-        return self.elements / self.numel if self.numel else float("nan")
-
-    def __str__(self) -> str:
-        return f"{self.elements:,} of {self.numel:,} elements ({_percent(self.fraction)})"
-
-
-def clipped(rows: pd.DataFrame) -> Clipped:
-    """The ``clipped`` rows' totals (training passes); ``rows`` of one entry or of several."""
-    rows = rows[rows["kind"] == "clipped"]
-    numel = rows["numel"].to_numpy(np.int64)
-    elements = np.rint(numel * (1 - rows["zero_frac"].to_numpy(np.float64))).astype(np.int64)
-    return Clipped(int((elements > 0).sum()), len(rows), int(elements.sum()), int(numel.sum()))
-
-
-def layer_group(layer: str, depth: int) -> str:
-    """The first ``depth`` parts of a layer's name (``layer1`` of ``layer1.0.conv1`` at depth 1)."""
-    return ".".join((layer or "(model)").split(".")[:depth])
-
-
-def group_depth(layers) -> int:
-    """The shallowest depth at which the layers fall into more than one group (1 for a resnet:
-    ``conv1``, ``layer1``, ..., ``fc``; 2 under a single top module such as ``transformer``)."""
-    layers = [str(layer) for layer in layers]
-    deepest = max((layer.count(".") + 1 for layer in layers), default=1)
-    for depth in range(1, deepest + 1):
-        if len({layer_group(layer, depth) for layer in layers}) > 1:
-            return depth
-    return 1
-
-
-def norms(rows: pd.DataFrame, kind: str) -> pd.Series:
-    """Each captured tensor's mean l2 over the training steps, by plot label, in depth order."""
-    rows = rows[(rows["kind"] == kind) & (rows["phase"] != "eval")]
-    if kind == "param_grad" and (rows["phase"] == "after_backward").any():
-        rows = rows[rows["phase"] == "after_backward"]
-    labels = [label_of(layer, kind, slot, call) for layer, slot, call in zip(rows["layer"], rows["slot"], rows["call"])]
-    return rows.assign(label=labels).groupby("label", sort=False)["l2"].mean()
 
 
 def entry_types(run_dir: Path) -> dict[str, str]:
@@ -104,36 +41,17 @@ def entry_types(run_dir: Path) -> dict[str, str]:
 
 
 def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
-    """The lines of one run: the run itself, then one or two per hook entry (``on_corrupt`` as for ``load_stats``)."""
+    """The lines of one run: the run itself, then each hook entry's answer (``on_corrupt`` as for ``load_stats``)."""
     run_dir = Path(run_dir)
     steps = load_steps(run_dir, on_corrupt=on_corrupt)
-    stats = once_per_tensor(load_stats(run_dir, columns=COLUMNS, on_corrupt=on_corrupt), run_dir)
     lines = [f"run {run_dir}: {_steps_line(steps)}"]
     totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
-        rows = stats[(stats["hook"] == name) & (stats["phase"] != "eval")]
         named = name if kind == name else f"{name} ({kind})"
-        answer = answer_of(run_dir, name, kind)
-        own = answer.lines if answer is not None else \
-            [line for line in _entry_lines(rows, kind) if not (totals.get(name) and line == "recorded nothing")]
+        answer = answer_of(run_dir, name, kind) or recorded_answer(run_dir, name)  # no answerer, or nothing to answer
+        own = answer.lines if answer is not None else [] if totals.get(name) else ["recorded nothing"]
         lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines
-
-
-def once_per_tensor(stats: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
-    """``stats`` of one run with each tensor's row once: of the rows every rank records alike (its first
-    part's ``SAME_ON_EVERY_RANK``), the first rank's only; every rank's own rows stay."""
-    if stats.empty or stats["rank"].nunique() < 2:
-        return stats
-    ranks = read_manifest(run_dir)["ranks"]  # rows of several ranks: a run over its ranks' parts
-    first = min(ranks, key=int)
-    same = read_manifest(run_dir / ranks[first]).get(SAME_ON_EVERY_RANK) or []
-    elsewhere = stats["rank"] != int(first)
-    if same is True:
-        return stats[~elsewhere]
-    keys = pd.MultiIndex.from_frame(stats[ROW_KEY].astype(str))
-    shared = keys.isin([tuple(key) for key in same]) if same else np.zeros(len(stats), dtype=bool)
-    return stats[~(elsewhere & shared)]
 
 
 def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:
@@ -145,38 +63,6 @@ def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:
             for count in counts:
                 out.setdefault(count["values"], []).append(f"wrote {count['counts']} rows of {name}")
     return out
-
-
-def _entry_lines(rows: pd.DataFrame, kind: str) -> list[str]:
-    if rows.empty:
-        return ["recorded nothing"]
-    if kind == "clamp" and (rows["kind"] == "clipped").any():
-        total = clipped(rows)
-        depth = group_depth(rows["layer"].unique())
-        groups = rows.assign(group=[layer_group(layer, depth) for layer in rows["layer"]])
-        per_group = [f"{group} {_percent(clipped(part).fraction)}"  # gradients come last layer first
-                     for group, part in groups.groupby("group", sort=False, observed=True)][::-1]
-        return [f"clipped {total.gradients} of {total.of} gradients, {total}",
-                "per layer group: " + _capped(per_group, 2 * MOST_NAMES)]
-    kinds = [k for k in NORM_KINDS if (rows["kind"] == k).any()]
-    if not kinds:
-        return [f"{len(rows)} rows of kinds {', '.join(sorted(map(str, rows['kind'].unique())))}"]
-    norm = norms(rows, kinds[0])
-    what = "gradient" if kinds[0] in GRADIENT_KINDS else "activation"
-    return [f"{what} l2 ({kinds[0]}, {len(norm)} tensors): largest {norm.idxmax()} {norm.max():.3g}, "
-            f"smallest {norm.idxmin()} {norm.min():.3g}", _problems(rows)]
-
-
-def _problems(rows: pd.DataFrame) -> str:
-    found = abnormal(rows)
-    if found.empty:
-        return "no dead or non-finite layer"
-    parts = []
-    for problem, group in found.groupby("problem", sort=False):
-        names = [label_of(layer, kind, slot, 0) + ("" if kind in ("output", "param_grad") else f" {kind}")
-                 for layer, kind, slot in zip(group["layer"], group["kind"], group["slot"])]
-        parts.append(f"{problem}: {_capped(list(dict.fromkeys(names)), MOST_NAMES)}")
-    return "; ".join(parts)
 
 
 def _steps_line(steps: pd.DataFrame) -> str:
@@ -195,9 +81,11 @@ def _steps_line(steps: pd.DataFrame) -> str:
 
 def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     """One row per job of the sweep at ``path``, in job order (the order of the swept values on the
-    command line, ``runner.analysis.order``): the swept overrides, ``loss`` (the last train loss, when the jobs had one) and the headline statistic,
-    ``clipped`` (fraction of gradient elements) when any job clipped, else ``largest KIND l2``.
-    ``on_corrupt`` as for ``load_stats``."""
+    command line, ``runner.analysis.order``): the swept overrides, ``loss`` (the last train loss, when
+    the jobs had one) and the headline statistic: ``clipped`` (fraction of gradient elements) when the
+    jobs clipped and it differs between them, else of ``largest KIND l2`` (per recorded kind, the largest
+    of a job's tensors' mean l2) the one whose values differ most (``spread``). The statistics the same
+    in every job are ``attrs["same"]`` (``{name: value}``), not columns. ``on_corrupt`` as for ``load_stats``."""
     steps = load_steps(path, columns=["step", "split", "loss"], on_corrupt=on_corrupt)
     stats = load_stats(path, columns=COLUMNS, on_corrupt=on_corrupt)
     stats = stats[stats["phase"] != "eval"]
@@ -208,44 +96,75 @@ def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     by_run = steps[steps["split"] == "train"].groupby("run_dir", observed=True)["loss"].last()  # skips NaN
     if by_run.notna().any():  # loss=none: no column of NaN
         table["loss"] = by_run.reindex(runs).to_numpy()
-    kinds = [k for k in NORM_KINDS if k in GRADIENT_KINDS and (stats["kind"] == k).any()]
+    candidates = _statistics(stats, runs)
+    varying = {name: values for name, values in candidates.items() if spread(values) > 0}
+    if varying:
+        name = "clipped" if "clipped" in varying else max(varying, key=lambda n: spread(varying[n]))
+        table[name] = varying[name]
+    table.attrs["same"] = {name: float(np.nanmax(values)) for name, values in candidates.items()
+                           if name not in varying and not np.isnan(values).all()}
+    return table
+
+
+def _statistics(stats: pd.DataFrame, runs: list[str]) -> dict[str, np.ndarray]:
+    """Each job's candidate headline statistics, by name: ``clipped`` when any job clipped, and
+    ``largest KIND l2`` per kind of ``NORM_KINDS`` recorded."""
+    found = {}
     if (stats["kind"] == "clipped").any():
         rows = stats[stats["kind"] == "clipped"]
         elements = np.rint(rows["numel"] * (1 - rows["zero_frac"]))
         counts = rows[["run_dir"]].assign(numel=rows["numel"], elements=elements)
         sums = counts.groupby("run_dir", observed=True)[["elements", "numel"]].sum().reindex(runs)
-        table["clipped"] = (sums["elements"] / sums["numel"]).to_numpy()
-    elif kinds:
-        rows = stats[stats["kind"] == kinds[0]]
-        if kinds[0] == "param_grad" and (rows["phase"] == "after_backward").any():
+        found["clipped"] = (sums["elements"] / sums["numel"]).to_numpy()
+    for kind in (k for k in NORM_KINDS if (stats["kind"] == k).any()):
+        rows = stats[stats["kind"] == kind]
+        if kind == "param_grad" and (rows["phase"] == "after_backward").any():
             rows = rows[rows["phase"] == "after_backward"]
         per_tensor = rows.groupby(["run_dir", "layer", "slot", "call"], observed=True)["l2"].mean()
         largest = per_tensor.groupby(level="run_dir", observed=True).max()
-        table[f"largest {kinds[0]} l2"] = largest.reindex(runs).to_numpy()
-    return table
+        found[f"largest {kind} l2"] = largest.reindex(runs).to_numpy(np.float64)
+    return found
 
 
-def summarize(path: str | Path, on_corrupt: str = "error") -> str:
+def spread(values: np.ndarray) -> float:
+    """How far apart the jobs' values are, relative to their size: (max - min) / max |value| over the
+    values that are not NaN (0 when they are all equal or there are none)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    top = float(np.abs(values).max()) if len(values) else 0.0
+    return float(values.max() - values.min()) / top if top > 0 else 0.0
+
+
+def summarize(path: str | Path, on_corrupt: str = "error", corrupted: str | Path | None = None) -> str:
     """The summary of the run or sweep at ``path`` and the command that writes its report
-    (``on_corrupt`` as for ``load_stats``)."""
+    (``on_corrupt`` as for ``load_stats``; ``corrupted``: a patching sweep's baseline run, for its
+    recovered fractions)."""
     path = Path(path)
     runs = run_dirs(path, on_corrupt)
     if len(runs) == 1 and runs[0] == path:
         lines = summarize_run(path, on_corrupt)
     else:
-        table = sweep_table(path, on_corrupt)
         lines = [f"sweep {path}: {len(runs)} complete job(s)"]
-        shown = table.head(MOST_JOBS)
-        text = shown.to_string(index=False, formatters={"clipped": _percent}, float_format=lambda v: f"{v:.4g}")
-        lines += ["  " + line for line in text.splitlines()]
-        if len(table) > MOST_JOBS:
-            lines.append(f"  ... and {len(table) - MOST_JOBS} more job(s): every job is in the report")
+        answer = sweep_answer_of(path, {name: kind for run in runs for name, kind in entry_types(run).items()},
+                                 corrupted)
+        lines += ["  " + line for line in (answer.lines if answer is not None else _jobs_lines(path, on_corrupt))]
     lines.append(f"report: python -m runner.report {path}")
     return "\n".join(lines)
 
 
-def _capped(names: list[str], most: int) -> str:
-    return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
+    """``sweep_table`` as text, its first ``MOST_JOBS`` rows, and the statistics the same in every job."""
+    table = sweep_table(path, on_corrupt)
+    shown = table.head(MOST_JOBS)
+    lines = shown.to_string(index=False, formatters={"clipped": percent}, float_format=lambda v: f"{v:.4g}"
+                            ).splitlines() if len(table.columns) else []  # nothing swept, no loss, no statistic
+    if len(table) > MOST_JOBS:
+        lines.append(f"... and {len(table) - MOST_JOBS} more job(s): every job is in the report")
+    same = table.attrs["same"]
+    if same:
+        lines.append("the same in every job: " + ", ".join(
+            f"{name} {percent(value) if name == 'clipped' else f'{value:.4g}'}" for name, value in same.items()))
+    return lines
 
 
 def last_value(frame: pd.DataFrame, column: str) -> float:
@@ -256,11 +175,3 @@ def last_value(frame: pd.DataFrame, column: str) -> float:
 
 def _number(value: float) -> str:
     return "none" if np.isnan(value) else f"{value:.4g}"
-
-
-def _percent(fraction: float) -> str:
-    if np.isnan(fraction):
-        return "n/a"
-    if 0 < fraction < 0.001:
-        return "<0.1%"
-    return f"{100 * fraction:.1f}%"

@@ -24,11 +24,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from common.errors import ConfigError
-from runner.cli.commandline import expand
+from runner.cli.early import expand
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, failure_code, keep_claim
 from runner.cli.resume import carried, resume_mode, swept
 from runner.cli.summary import print_summary
-from runner.cli.taken_dirs import job_dir, sweep_dir_problems
+from runner.cli.job_files import job_dir
+from runner.cli.taken_dirs import sweep_dir_problems
 from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError

@@ -1,36 +1,30 @@
 """The command line, checked before Hydra runs: every mistake is one line and status 2, nothing written.
 
-``check_command_line`` composes every job of the command (a sweep's too) with
-``runner.config.compose`` (Hydra's errors as the runner's one line) and compiles each job's
-plan, unless the command's fixed directory already holds its run(s): that one line comes first,
-before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command before Hydra creates any directory. It returns the
-plans with the problems: ``runner.__main__`` hands each job its plan, so a run is checked,
-built and rehearsed once. A sweep's jobs that differ from its first in values only are derived
-from the first's config rather than composed again (``runner.cli.sweep_compile``), and share its
-meta model (``runner.engine.plan_cache``); each is still compiled and rehearsed in full.
+``check_command_line`` takes every job of the command composed, its choices checked against the
+static index (``runner.cli.early``: no torch imported, so a typo is answered at once), and compiles
+each job's plan, unless the command's fixed directory already holds its run(s): that one line comes
+first, before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command
+before Hydra creates any directory. It returns the plans with the problems: ``runner.__main__``
+hands each job its plan, so a run is composed, checked, built and rehearsed once by the check. A
+sweep's jobs that differ from its first in values only are derived from the first's config rather
+than composed again (``runner.cli.sweep_compile``), and share its meta model
+(``runner.engine.plan_cache``); each is still compiled and rehearsed in full.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from runner.config.compose import LauncherError, compose_with_hydra, parse_error
-from runner.cli.sweep_compile import JobComposer
+from runner.cli.early import ComposedCommand, compose_command_line, expand  # noqa: F401  (expand: callbacks, tests)
 from runner.cli.taken_dirs import held_run_dir
+from runner.cli.resume import resume_mode
+from runner.config.compose import CONF_DIR, compose_with_hydra
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
-
-#: Flags after which Hydra does something else than run jobs (help, print the config, ...).
-_OTHER_MODES = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-p", "--package",
-                "--resolve", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name",
-                "-cd", "--config-dir", "--experimental-rerun")
 
 
 @dataclass
@@ -45,61 +39,46 @@ class CommandCheck:
         return self.plans.pop(OmegaConf.to_yaml(cfg), None)
 
 
-def check_command_line(argv: Sequence[str]) -> CommandCheck:
-    """Check every job of ``python -m runner ARGV`` and compile its plan."""
-    checked = CommandCheck()
-    if any(arg.split("=")[0] in _OTHER_MODES for arg in argv):
-        return checked
-    multirun = any(arg in ("-m", "--multirun") for arg in argv)
-    overrides = [arg for arg in argv if arg not in ("-m", "--multirun")]
-    try:
-        jobs = expand(overrides) if multirun else [overrides]
-    except ConfigError as exc:
-        return CommandCheck([str(exc)])
-    held = _held_dir(jobs, multirun)
+def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = None) -> CommandCheck:
+    """Check every job of ``python -m runner ARGV`` and compile its plan; ``composed``: the command
+    ``compose_command_line(argv)`` gave already (``runner.__main__``), else it is composed here."""
+    command = composed or compose_command_line(argv)
+    if command.other_mode or command.problems:
+        return CommandCheck(command.headed())
+    held = _may_be_taken(command) and held_run_dir(compose_with_hydra(command.jobs[0]), command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck([held])
-    composer = JobComposer()  # a job differing from the first in values only is not composed again
-    with shared_meta_models():  # nor is its model built again on the meta device
-        for num, job in enumerate(jobs):
+    checked = CommandCheck()
+    with shared_meta_models():  # a sweep's model is not built again on the meta device for each job
+        for num, job in enumerate(command.composed):
+            if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once
+                return CommandCheck([problem])
             try:
-                cfg, remote = composer.compose(job)
-                if multirun and (problem := sweep_problem(cfg)):  # the same for every such job: said once
-                    return CommandCheck([problem])
-                checked.plans[OmegaConf.to_yaml(cfg)] = compile_plan(cfg, job, check_device=not remote)
-            except LauncherError as exc:  # the same for every job: said once
-                return CommandCheck([str(exc)])
+                checked.plans[OmegaConf.to_yaml(job.config)] = compile_plan(_untyped(job.config), job.overrides,
+                                                                              check_device=not job.remote)
             except ConfigError as exc:
-                label = " ".join(o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
-                checked.problems.append(f"job {num} ({label}): {exc}" if multirun else str(exc))
-    if multirun and checked.problems:
-        checked.problems.insert(0, f"sweep rejected before any job ran: {len(checked.problems)} of {len(jobs)} jobs "
-                                   f"are invalid")
+                command.reject(num, job.overrides, str(exc))
+    checked.problems = command.headed()
     return checked
 
 
-def _held_dir(jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
-    """The one line refusing a fixed directory that already holds this command's run(s), else ``None``."""
+def _may_be_taken(command: ComposedCommand) -> bool:
+    """Whether the command's directories may hold its run(s) already, so that composing its first job
+    with Hydra's node to look is worth it: not when they are ``conf/config.yaml``'s own, which name
+    the moment they are made (``${now:...}``), and the command resumes nothing."""
+    if any(job.lstrip("+~").startswith("hydra") for job in command.jobs[0]):
+        return True  # a directory, a search path or a launcher of the command's own
     try:
-        config = compose_with_hydra(jobs[0])
+        if resume_mode(command.composed[0].config):
+            return True
     except ConfigError:
-        return None  # the jobs' own checks say it
-    return held_run_dir(config, jobs, multirun)
+        return True  # held_run_dir says why
+    dirs = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False).get("hydra", {})
+    return not all("${now:" in str((dirs.get(part) or {}).get("dir", "")) for part in ("run", "sweep"))
 
 
-def expand(overrides: Sequence[str]) -> list[list[str]]:
-    """The jobs of a sweep: the cartesian product of every sweep override, in Hydra's basic sweeper order."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except OverrideParseException as exc:
-        raise ConfigError(parse_error(exc)) from None
-    choices = []
-    for override in parsed:
-        if override.is_sweep_override():
-            key = override.get_key_element()
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-        else:
-            choices.append([override.input_line])
-    return [list(job) for job in itertools.product(*choices)]
-
-
+def _untyped(cfg: DictConfig) -> DictConfig:
+    """``cfg``'s values without the schema types it was composed with: the static index's stand-ins
+    (``runner.config.index``) where the registering modules were not imported, which the gate's
+    merge into the real schemas refuses (an unrelated class of the same name)."""
+    return OmegaConf.create(OmegaConf.to_container(cfg, enum_to_str=True))

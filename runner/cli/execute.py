@@ -8,7 +8,6 @@ failed job is recorded in its ``status.json`` too and the sweep goes on (see ``r
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from common.errors import ConfigError
+from runner.cli.exit_codes import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_RUN_ERROR
+from runner.cli.job_files import record_entry, write_status
 from runner.cli.resume import as_recorded, kept_problem, swept
 from runner.cli.signals import Terminated, in_scheduler_job, scheduler_state, sigterm_raises
 from runner.cli.summary import print_summary
@@ -27,13 +28,9 @@ from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, job_entry, read_record,
-                                       state_line, update_job)
+from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, job_entry,  # noqa: F401
+                                       read_record, state_line)  # (STATUS: tests read a job's status file by it)
 
-EXIT_RUN_ERROR = 1
-#: Exit status for a configuration error (argparse's convention for usage errors).
-EXIT_CONFIG_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,7 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
             if not plan.settings.fsdp.enabled:  # an FSDP2 run's rank 0 claims it for every rank (runner.store.ranks)
                 claim = take_claim(out_dir) or claim_run_dir(out_dir, plan.settings.overwrite)
             if multirun:
-                _record(out_dir, state=RUNNING, error=None, run_id=None if claim is None else claim.run_id)
+                record_entry(out_dir, state=RUNNING, error=None, run_id=None if claim is None else claim.run_id)
             run(plan, out_dir, claim, group=str(Path(out_dir).resolve().parent) if multirun else None)
             if plan.settings.plots:
                 from runner.analysis import plots  # matplotlib is imported only when pictures are asked for
@@ -129,17 +126,6 @@ def _kept(plan: Plan, out_dir: str | Path, overrides: Sequence[str]) -> bool:
     return True
 
 
-def _record(out_dir: str | Path, **fields) -> None:
-    """Set ``fields`` in this job's entry of its sweep's ``sweep.json`` (none: a sweep without one);
-    a disk that refuses it leaves the entry to ``sweep_record.reconcile``."""
-    try:
-        sweep_dir = find_sweep(out_dir)
-        if sweep_dir is not None:
-            update_job(sweep_dir, out_dir, **fields)
-    except OSError as exc:
-        log.warning("sweep.json not updated for '%s': %s", out_dir, exc)
-
-
 def _stopped(out_dir: str | Path, overrides: Sequence[str], why: str) -> None:
     """Record the job as interrupted; in the process that launched the sweep, say where the sweep
     stands and how to continue it."""
@@ -180,29 +166,6 @@ def _modules_only(cfg: DictConfig) -> str:
 def failure_code(exc: Exception) -> int:
     """The exit status for a failure the runner reports in one line."""
     return EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else EXIT_RUN_ERROR
-
-
-def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
-    """Record how one job of a sweep ended (``error`` is ``None`` on success) in its ``status.json``
-    and its entry of ``sweep.json``.
-
-    ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
-    did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
-    """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = state or (FAILED if error else OK)
-    status = {"status": state, "overrides": list(overrides), "error": error}
-    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
-    _record(out_dir, state=state, error=error)
-
-
-def read_status(out_dir: str | Path) -> dict | None:
-    """A job's ``status.json``, or ``None`` when it wrote none (yet)."""
-    try:
-        return json.loads((Path(out_dir) / STATUS).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _fail(message: str, out_dir: str | Path, overrides: Sequence[str], multirun: bool, code: int,

@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from common.durable import TMP_MARK
 from common.errors import ConfigError
 from common.manifest import MANIFEST, ManifestError, read_manifest
+from runner.cli.early import REPLAY_KEY as KEY
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
 from runner.store.claim import CompleteRunError, claim_run_dir
@@ -40,14 +41,9 @@ from runner.store.provenance import differences, provenance
 
 #: Exit status of a replay whose tables differ from the stored run's.
 EXIT_DIFFERS = 3
-KEY, OUT_KEY = "replay", "replay.out"
+OUT_KEY = f"{KEY}.out"
 #: Hydra's own name for a run's directory, taken as ``replay.out`` (where a replay writes is all it may choose).
 HYDRA_OUT_KEY = "hydra.run.dir"
-
-
-def is_replay(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for a replay (``replay=...`` anywhere in it)."""
-    return any(arg.split("=", 1)[0] == KEY for arg in argv)
 
 
 def main(argv: Sequence[str]) -> int:

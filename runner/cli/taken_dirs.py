@@ -10,21 +10,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from common.errors import ConfigError, OutputError
 from runner.cli.execute import failure_code
+from runner.cli.job_files import job_dir
 from runner.cli.resume import command_problem, resume_mode
 from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
-
-
-def job_dir(config: DictConfig, num: int) -> Path:
-    """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
-    hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
-    with open_dict(hydra):
-        hydra.job.num = hydra.job.id = num
-    root = OmegaConf.create({"hydra": hydra})
-    return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))
 
 
 def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: Collection[int] = ()

@@ -4,7 +4,9 @@
 Hydra reports its own composition errors (``hooks=clp``, ``model=resnet19``, ``hooks.clip.maxx=1``,
 ``step=3``, ``mode=trian``) in several lines, advises ``+`` for a misspelled key, and exits 1;
 here each becomes the runner's one line (the key, the valid choices, the closest). Presets beyond
-``conf/`` are found through Hydra's search path (``hydra.searchpath=[file:///my/conf]``).
+``conf/`` are found through Hydra's search path (``hydra.searchpath=[file:///my/conf]``). The schemas
+presets inherit are the registering modules' own once imported, else the static index's stand-ins
+(``runner.config.index``): composing imports neither torch nor a hook module.
 """
 from __future__ import annotations
 
@@ -21,11 +23,9 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 import yaml
 
 from common.errors import ConfigError, choice_error
-import hooks  # noqa: F401  (registers the hook types, whose specs presets inherit: hook_schema/clamp, ...)
+from runner.config.index import stand_ins
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 import runner.config.slurm  # noqa: F401  (stores the Slurm presets' schema)
-import runner.sources  # noqa: F401  (registers the choices whose schemas presets inherit: data_schema/randn, ...)
-import runner.live  # noqa: F401  (registers the loggers: logger_schema/tensorboard, ...)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 #: Launchers whose jobs run on other machines: CUDA is checked on the job's node, not here.
@@ -39,7 +39,11 @@ def compose_job(overrides: Sequence[str]) -> tuple[DictConfig, bool]:
     Raises:
         ConfigError: Hydra could not compose it; one line naming the key or the preset.
     """
-    cfg = compose_with_hydra(overrides)
+    return job_config(compose_with_hydra(overrides))
+
+
+def job_config(cfg: DictConfig) -> tuple[DictConfig, bool]:
+    """``compose_job``'s result from Hydra's composed ``cfg`` (whose ``hydra`` node it drops)."""
     launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
     _check_required(cfg)
     with open_dict(cfg):
@@ -53,6 +57,7 @@ def compose_with_hydra(overrides: Sequence[str]) -> DictConfig:
     Raises:
         ConfigError: Hydra could not compose it; one line naming the key or the preset.
     """
+    stand_ins()  # the schemas presets inherit (hook_schema/clamp, ...), where their modules are not imported
     try:
         _check_keys_and_presets(overrides)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -25,7 +25,22 @@ class Answer:
 
 #: Hook type -> "module:function" of its answerer.
 ANSWERERS: dict[str, str] = {
+    "attribution": "runner.analysis.answers.methods:attribution_answer",
+    "clamp": "runner.analysis.answers.statistics:clamp_answer",
+    "logit_lens": "runner.analysis.answers.lens:lens_answer",
+    "patch": "runner.analysis.answers.methods:patch_answer",
+    "stats": "runner.analysis.answers.statistics:stats_answer",
+    "steer": "runner.analysis.answers.methods:steer_answer",
+    "store": "runner.analysis.answers.store:store_answer",
     "units": "runner.analysis.answers.units:answer",
+}
+#: Hook type -> "module:function" answering for every job of a sweep at once, ``(path, entry, corrupted)``
+#: (``corrupted``: a patching sweep's baseline run, or ``None``); the sweep's table of jobs answers for
+#: the other types.
+SWEEP_ANSWERERS: dict[str, str] = {
+    "attribution": "runner.analysis.answers.methods:methods_answer",
+    "patch": "runner.analysis.answers.methods:methods_answer",
+    "steer": "runner.analysis.answers.methods:methods_answer",
 }
 
 
@@ -33,7 +48,21 @@ def answer_of(run_dir: str | Path, entry: str, hook_type: str) -> Answer | None:
     """The answer of hook ``entry`` (of type ``hook_type``) of the complete run at ``run_dir``; ``None``
     when its type has no answerer or its files hold nothing to answer with."""
     target = ANSWERERS.get(hook_type)
-    if target is None:
+    return None if target is None else _imported(target)(Path(run_dir), entry)
+
+
+def sweep_answer_of(path: str | Path, types: dict[str, str], corrupted: str | Path | None = None) -> Answer | None:
+    """The answer of the sweep at ``path`` whose jobs' entries are ``types`` (``{entry: hook type}``), from
+    ``SWEEP_ANSWERERS`` (one answerer called once however many entries name it); ``None`` when no entry's
+    type has a sweep answerer or its runs hold nothing to answer with."""
+    targets = {SWEEP_ANSWERERS[kind]: entry for entry, kind in types.items() if kind in SWEEP_ANSWERERS}
+    answers = [_imported(target)(Path(path), entry, corrupted) for target, entry in targets.items()]
+    answers = [answer for answer in answers if answer is not None]
+    if not answers:
         return None
+    return Answer([line for answer in answers for line in answer.lines], answers[0].table)
+
+
+def _imported(target: str):
     module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)(Path(run_dir), entry)
+    return getattr(importlib.import_module(module), function)

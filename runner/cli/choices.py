@@ -1,0 +1,59 @@
+"""Every choice a composed config names, looked up in the static index before torch is imported.
+
+A hook type, model, data kind, loss, optimizer, logger, plot or per-step measure that is not
+registered fails here with the line the gate's own lookup gives (the index's stand-in registries,
+``runner.config.index``, hold the same key, names and wording). A node naming a user's module
+(``_module_``) is left to the gate, which imports it first: that module may register the name.
+Nothing here replaces a gate check; it answers a typo without importing torch.
+"""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from common.errors import choice_error
+from common.registry import Registry
+from runner.config.index import stand_ins, torchvision_models
+from runner.config.registry import MODULE_KEY
+
+#: The groups naming one choice of a registry: (config key, registry label, the key holding the name).
+_NAMED = (("data", "data_kinds", "kind"), ("loss", "losses", "name"), ("optimizer", "optimizers", "name"))
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Raise the gate's ``ConfigError`` for the first choice of ``cfg`` that is not registered."""
+    try:
+        _check(cfg, stand_ins())
+    except OmegaConfBaseException:
+        return  # a missing or unresolvable value: the gate names it
+
+
+def _check(cfg: DictConfig, registries: dict[str, Registry]) -> None:
+    for name, entry in (cfg.get("hooks") or {}).items():
+        if _own(entry) and entry.get("type") is not None:
+            registries["hook_types"].get(entry.type, key=f"hooks.{name}.type")
+    model = cfg.get("model")
+    known = torchvision_models()  # None: another torchvision than the indexed, whose names the gate reads
+    if _own(model) and "_target_" not in model and known is not None:
+        models = [*registries["models"], *known]
+        if model.get("name") not in models:
+            raise choice_error("model.name", model.get("name"), models, "model")
+    for group, label, key in _NAMED:
+        node = cfg.get(group)
+        if _own(node):
+            registries[label].get(node.get(key))
+    for name in cfg.get("logger") or {}:
+        registries["loggers"].get(name)
+    plots = registries["plots"]
+    for index, name in enumerate(cfg.get("plots") or ()):
+        if name not in plots:
+            raise choice_error(f"plots[{index}]", name, list(plots), plots.what)
+    metric = cfg.get("metric")
+    if _own(metric) and metric.get("measures") is not None:
+        for name in metric.measures:
+            registries["metrics"].get(name)
+
+
+def _own(node: object) -> bool:
+    """A mapping whose choices are the built-in ones (no ``_module_`` that may register more)."""
+    return isinstance(node, DictConfig) and not node.get(MODULE_KEY)

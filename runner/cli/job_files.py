@@ -1,0 +1,61 @@
+"""Where a sweep's job writes and how it ended, readable without torch: its directory (``job_dir``)
+and its ``status.json`` with its entry of ``sweep.json`` (``write_status``).
+
+Used by the run (``runner.cli.execute``), the directory checks (``runner.cli.taken_dirs``) and the
+Slurm launcher plugin, which Hydra imports whenever it composes a config: so these import no torch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from runner.store.sweep_record import FAILED, OK, STATUS, find_sweep, update_job
+
+log = logging.getLogger(__name__)
+
+
+def job_dir(config: DictConfig, num: int) -> Path:
+    """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
+    hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
+    with open_dict(hydra):
+        hydra.job.num = hydra.job.id = num
+    root = OmegaConf.create({"hydra": hydra})
+    return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))
+
+
+def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
+    """Record how one job of a sweep ended (``error`` is ``None`` on success) in its ``status.json``
+    and its entry of ``sweep.json``.
+
+    ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
+    did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = state or (FAILED if error else OK)
+    status = {"status": state, "overrides": list(overrides), "error": error}
+    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+    record_entry(out_dir, state=state, error=error)
+
+
+def read_status(out_dir: str | Path) -> dict | None:
+    """A job's ``status.json``, or ``None`` when it wrote none (yet)."""
+    try:
+        return json.loads((Path(out_dir) / STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def record_entry(out_dir: str | Path, **fields) -> None:
+    """Set ``fields`` in this job's entry of its sweep's ``sweep.json`` (none: a sweep without one);
+    a disk that refuses it leaves the entry to ``sweep_record.reconcile``."""
+    try:
+        sweep_dir = find_sweep(out_dir)
+        if sweep_dir is not None:
+            update_job(sweep_dir, out_dir, **fields)
+    except OSError as exc:
+        log.warning("sweep.json not updated for '%s': %s", out_dir, exc)

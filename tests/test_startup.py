@@ -1,0 +1,106 @@
+"""The command line is checked before torch is imported: the static index of registered names
+(``runner.config.index``) equals the registries, its schemas compose as the real ones, a mistake in a
+choice is the gate's own line, and ``python -m runner`` answers one without importing torch or a hook module."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from common.errors import ConfigError
+from runner.cli.early import compose_command_line
+from runner.config.compose import compose_config
+from runner.config.index import REGISTRIES, live_index, schemas
+from runner.config.registered import INDEX
+from runner.engine.plan import compile_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: One mistake in each kind of choice, each of which only the gate (with torch) caught before.
+CHOICE_MISTAKES = [
+    ["hooks=clip", "hooks.clip.type=clmap"],
+    ["model=convnet", "model.name=resnet19"],
+    ["data.kind=randm"],
+    ["loss.name=sums"],
+    ["optimizer.name=sdg"],
+    ["+logger.foo={}"],
+    ["plots=[gradflow]"],
+    ["metric.measures=[logitt]"],
+]
+
+
+def test_the_index_equals_the_registries():
+    """Regenerate it with ``python -m runner.config.index`` when a choice or a schema changes."""
+    assert live_index() == INDEX
+
+
+def test_each_stand_in_schema_has_the_real_ones_fields_types_and_defaults():
+    import importlib
+
+    built = schemas(INDEX)
+    compared = 0
+    for module, attribute in REGISTRIES.values():
+        registry = getattr(importlib.import_module(module), attribute)
+        for name in registry:
+            real = registry.get(name).schema
+            if real is None:
+                continue
+            stand_in = built[real.__name__]
+            assert [f.name for f in dataclasses.fields(stand_in)] == [f.name for f in dataclasses.fields(real)], name
+            assert OmegaConf.to_yaml(OmegaConf.structured(stand_in)) == OmegaConf.to_yaml(OmegaConf.structured(real))
+            compared += 1
+    assert compared == sum(1 for spec in INDEX["registries"].values() for schema in spec["names"].values() if schema)
+
+
+def _gate_line(argv: list[str]) -> str:
+    """The line the gate itself gives for ``argv`` (composed, then compiled: torch, the hook modules)."""
+    with pytest.raises(ConfigError) as caught:
+        compile_plan(compose_config(argv), argv)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("argv", CHOICE_MISTAKES, ids=lambda argv: argv[-1])
+def test_a_choice_mistake_is_answered_before_the_gate_with_its_line(argv):
+    assert compose_command_line(argv).problems == [_gate_line(argv)]
+
+
+def test_a_choice_a_users_module_may_register_is_left_to_the_gate():
+    argv = ["hooks=clip", "hooks.clip.type=mine", "+hooks.clip._module_=json"]
+    assert compose_command_line(argv).problems == []
+    assert "unknown hook type 'mine'" in _gate_line(argv)
+
+
+@pytest.mark.parametrize("argv", [CHOICE_MISTAKES[0], CHOICE_MISTAKES[1], ["hooks=clip", "hooks.clip.maxx=1"]],
+                         ids=lambda argv: argv[-1])
+def test_a_mistake_imports_no_torch_and_says_its_one_line(argv, tmp_path):
+    """The whole command: status 2, the gate's one line, and no torch, torchvision, pandas or hook module imported."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "runner", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    imported = {m.group(1) for m in re.finditer(r"^import time:.*\|\s*([\w.]+)$", proc.stderr, re.M)}
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2
+    assert lines == [f"error: {_gate_line(argv)}"]
+    heavy = {m for m in imported if m.split(".")[0] in ("torch", "torchvision", "pandas", "matplotlib", "hooks")}
+    assert not heavy, sorted(heavy)[:10]
+    assert not list(tmp_path.iterdir()), "a mistake writes nothing"
+
+
+@pytest.mark.slow
+def test_the_startup_benchmark_measures_each_command_against_the_import(capsys):
+    """``python -m benchmarks.startup`` with one round: every command ran with its own status (the
+    mistake with 2 and its line), each row is against the import; no time is asserted."""
+    from benchmarks import startup
+
+    rows = startup.main(["--rounds", "1"])
+    assert [row[0] for row in rows] == [startup.IMPORT[0], startup.RUN[0], startup.MISTAKE[0]]
+    assert rows[0][2:4] == ["+0.00", "1.00"]
+    assert [row[5].split(":")[0] for row in rows[1:]] == ["≤ +0.5 s", "< 1.0 s"]
+    printed = capsys.readouterr().out
+    assert f"the mistake's line: error: {_gate_line(['hooks=clip', 'hooks.clip.type=clmap'])}" in printed
