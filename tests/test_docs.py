@@ -119,21 +119,24 @@ PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|S
 
 def runner_commands() -> list[tuple[str, str]]:
     """``(page, command)`` for every ``python -m runner`` line of a code block and every such code span of
-    every page, continuations joined, prompts and comments dropped; not those shown failing (an ``error:``
-    line follows them) nor those with placeholders."""
-    found = []
+    every page, continuations joined, prompts and comments dropped; not those shown failing anywhere (an
+    ``error:`` line follows them in a block) nor those with placeholders."""
+    found, failing = [], set()
     for name, text in pages().items():
         for language, block in re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M):
             lines = block.replace("\\\n", " ").splitlines() if language in ("", "bash", "text") else []
             for at, line in enumerate(lines):
                 command = line.strip().removeprefix("$ ").split("  #", 1)[0].strip()
                 shown_failing = at + 1 < len(lines) and lines[at + 1].strip().startswith("error:")
-                if command.startswith("python -m runner ") and not shown_failing:
+                if command.startswith("python -m runner ") and shown_failing:
+                    failing.add(command)
+                elif command.startswith("python -m runner "):
                     found.append((name, command))
         prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
         found += [(name, span[span.index("python -m runner "):])
                   for span in re.findall(r"`([^`\n]*python -m runner [^`\n]*)`", prose)]
-    return [(name, command) for name, command in dict.fromkeys(found) if not PLACEHOLDER.search(command)]
+    return [(name, command) for name, command in dict.fromkeys(found)
+            if not PLACEHOLDER.search(command) and command not in failing]
 
 
 #: The commands no other test runs: the tutorial table's rows run in tests/test_readme.py, and every command
