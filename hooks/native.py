@@ -163,14 +163,13 @@ def _load(source: Path, symbol: str, argtypes: list, extras: tuple[tuple[str, ..
 
 def readable(flat: torch.Tensor) -> bool:
     """Whether the kernel may read ``flat`` through ``data_ptr``: the one place that decides, and it
-    says yes only to a plain, strided, contiguous float32/float64 CPU tensor whose storage holds its
-    elements, with no lazy negation or conjugation bit.
+    says yes only to a plain, strided, contiguous float32/float64 CPU tensor with no lazy negation or
+    conjugation bit (``hooks.stats.reduce_real`` has refused a tensor whose storage was freed under it:
+    FSDP2 resizes an unsharded parameter's storage to zero between uses).
 
     Every other tensor takes the eager reductions: tensor subclasses (``DTensor`` and other wrappers
     without storage of their own), sparse, nested, quantized and meta tensors (``hooks.tensor_kinds``
-    turns them into what is read before they get here), other devices and dtypes. A plain tensor
-    whose storage was freed under it (FSDP2 resizes an unsharded parameter's storage to zero between
-    uses) is refused in one line: reading it would read freed memory.
+    turns them into what is read before they get here), other devices and dtypes.
     """
     if type(flat) is not torch.Tensor and type(flat) is not torch.nn.Parameter:
         return False
@@ -178,12 +177,6 @@ def readable(flat: torch.Tensor) -> bool:
             or flat.dtype not in (torch.float32, torch.float64) or not flat.is_contiguous()
             or flat.is_neg() or flat.is_conj()):
         return False
-    needed = (flat.storage_offset() + flat.numel()) * flat.element_size()
-    held = flat.untyped_storage().nbytes()
-    if held < needed:
-        raise ConfigError(f"a {list(flat.shape)} tensor whose storage holds {held} of its {needed} bytes (freed "
-                          f"under it, as FSDP2 frees unsharded parameters between uses) cannot be recorded; "
-                          f"record the sharded parameter or its gradient")
     return True
 
 

@@ -39,6 +39,13 @@ def is_sparse(t: torch.Tensor) -> bool:
     return t.layout in SPARSE_LAYOUTS
 
 
+def extent_bytes(t: torch.Tensor) -> int:
+    """The bytes of its storage a strided tensor reads: up to its last element, through its strides
+    (an expanded view reads fewer than its elements)."""
+    last = t.storage_offset() + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size()
+
+
 def nested_elements(t: torch.Tensor, first: int | None = None) -> torch.Tensor:
     """The elements of a nested tensor's components (its first ``first`` components), flat and in order."""
     parts = [c.reshape(-1) for c in t.unbind()[:first]]

@@ -36,7 +36,7 @@ def readme_units_command() -> list[str]:
     """The units tutorial's run (the second line of its "Unit statistics and top examples" block), as words."""
     block = blocks(SECTION, "bash")[0]
     lines = block.replace("\\\n", " ").splitlines()
-    assert shlex.split(lines[0]) == ["python", "assets/make_crops.py", "crops"]
+    assert shlex.split(lines[0]) == ["python", "assets/make_crops.py", "outputs/crops"]
     return shlex.split(lines[1])
 
 
@@ -44,7 +44,7 @@ def readme_units_command() -> list[str]:
 def readme_run(tmp_path_factory):
     """The README's units command run in-process from a fresh directory: ``(run dir, what it printed)``."""
     where = tmp_path_factory.mktemp("readme")
-    subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), str(where / "crops")], check=True)
+    subprocess.run([sys.executable, str(ROOT / "assets/make_crops.py"), str(where / "outputs/crops")], check=True)
     words = readme_units_command()
     assert words[:3] == ["python", "-m", "runner"]
     overrides = [w for w in words[3:] if not w.startswith("hydra.")]
