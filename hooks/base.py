@@ -97,6 +97,11 @@ class HookType:
         self.spec = spec
         self.key = f"hooks.{name}"
 
+    @classmethod
+    def check_with(cls, hooks: list[HookType]) -> None:
+        """Refuse, before the run, what entries of this type cannot do beside the run's other entries
+        ``hooks`` (``sae``: an entry selecting its features listed before it); nothing by default."""
+
     def fresh(self) -> HookType:
         """The same entry (name and spec) with none of the state an attach gave this one."""
         return type(self)(self.name, self.spec)
@@ -174,6 +179,11 @@ class HookType:
     #: The kinds this entry records whenever its hooks act: ``HookSession.silent`` reports an entry that
     #: matched modules but recorded none of one of them. Each type says its own.
     expected_kinds: ClassVar[frozenset[str]] = frozenset()
+
+    def check_built(self, model: nn.Module) -> None:
+        """Refuse, before the run, what only the model built on the meta device can say of this entry
+        when the meta device cannot run it whole (``sae``: the width of the tensor it splices); nothing
+        by default."""
 
     def check_steps(self, steps: int) -> None:
         """Refuse, before the run, a run of ``steps`` steps this entry cannot serve (``patch``: its source's steps)."""

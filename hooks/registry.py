@@ -71,5 +71,9 @@ def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: 
 
 
 def build_hooks(entries: Mapping | DictConfig | None) -> list[HookType]:
-    """Build every entry of the ``hooks:`` mapping, in the order the config lists them."""
-    return [build_hook(str(name), entry) for name, entry in (entries or {}).items()]
+    """Build every entry of the ``hooks:`` mapping, in the order the config lists them; each type
+    present then checks them together (``HookType.check_with``)."""
+    built = [build_hook(str(name), entry) for name, entry in (entries or {}).items()]
+    for cls in dict.fromkeys(type(hook) for hook in built):
+        cls.check_with(built)
+    return built

@@ -39,6 +39,33 @@ def cli(overrides, out_dir) -> None:
     execute(cfg, out_dir, overrides)
 
 
+@dataclass
+class Ran:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_main(monkeypatch, capsys, *argv: str) -> Ran:
+    """``python -m runner ARGV`` in this process (``runner.__main__.main``: the command-line check, then Hydra,
+    a sweep's jobs one after another): its exit status and what it printed. Its one-line warning format is
+    put back afterwards; warnings themselves are pytest's to record, so they are not in ``stderr``."""
+    import warnings
+
+    import runner.__main__ as main
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.setattr(sys, "argv", ["runner", *argv])
+    capsys.readouterr()
+    try:
+        main.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    printed = capsys.readouterr()
+    return Ran(code, printed.out, printed.err)
+
+
 def built(kernel, what: str):
     """``kernel`` (a C kernel of ``hooks.native``, None where it is not built): a test that needs it is
     skipped on a machine without a C compiler or with the kernels switched off (``HOOK_RUNNER_NATIVE=0``:

@@ -136,14 +136,29 @@ def test_attribution_rows_join_real_patching_and_path_rows_in_one_table(run_with
 
 
 @pytest.mark.slow  # a warm-up and a round of three runs: over 20 s on 2 cores
-def test_the_quick_attribution_benchmark_writes_its_table(tmp_path):
+def test_the_quick_attribution_benchmark_writes_its_table(tmp_path, monkeypatch):
     """The smoke run of ``python -m benchmarks.attribution``: both measures and the correlation land in
-    its tables (no time is judged)."""
+    its tables. Its runs are real; the seconds each returns are replaced (3 s a round for the
+    attribution run, 12 s and 30 s for the sweep), so the table's numbers are known whatever the load."""
     import pandas as pd
 
     from benchmarks import attribution as bench
 
-    out = bench.main(["--quick", "--out", str(tmp_path)])
+    def timed(measure, seconds):
+        def replaced(s, out):
+            measure(s, out)
+            return seconds.pop(0)
+        return replaced
+
+    monkeypatch.setattr(bench, "attribution_run", timed(bench.attribution_run, [99.0, 3.0, 3.0]))  # warm-up first
+    monkeypatch.setattr(bench, "patching_sweep", timed(bench.patching_sweep, [12.0, 30.0]))
+    correlated = []
+    compare = bench.attribution_against_patching
+    monkeypatch.setattr(bench, "attribution_against_patching", lambda table: correlated.append(compare(table))
+                        or correlated[-1])
+    out = bench.main(["--quick", "--rounds", "2", "--out", str(tmp_path)])
     rows = pd.read_parquet(out / "attribution.parquet")
-    assert list(rows.name) == ["sweep / attribution", "correlation"] and rows.ratio.iloc[0] > 0
-    assert "2 patching jobs against one attribution run" in (out / "attribution.md").read_text()
+    assert list(rows.name) == ["sweep / attribution", "correlation"]
+    assert (rows.value.iloc[0], rows.ratio.iloc[0]) == (21.0, 7.0)  # median sweep; median of 12/3, 30/3
+    assert rows.value.iloc[1] == correlated[-1][1]  # the r of the last round's real sweep and attribution run
+    assert "2 patching jobs against one attribution run (2 round(s)" in (out / "attribution.md").read_text()

@@ -20,6 +20,7 @@ from conftest import assert_no_partial_output, make_config, run, seeded_batch
 from hooks import HookSession, build_hooks
 from hooks.recorder import Recorder
 from hooks.registry import HOOK_TYPES
+from sae_folders import random_saelens
 from runner.analysis import load as analysis
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
@@ -72,6 +73,8 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         watch.models.clear()  # the source run's model is not the one under test
     if preset == "store":
         extra += (*STORE_PRESET, f"hooks.store.path={tmp_path / 'store'}")
+    if preset == "sae":  # an SAE reading the 4 channels of layer4's last module
+        extra += ("hooks.sae.layers=layer4.1", f"hooks.sae.path={random_saelens(tmp_path / 'sae', 4)}")
     if preset == "steer":
         np.save(tmp_path / "vector.npy", np.ones(4))
         extra += (*STEER_PRESET, f"hooks.steer.file={tmp_path / 'vector.npy'}")

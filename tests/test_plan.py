@@ -1,9 +1,13 @@
 """plan=true: modules, matches, PyTorch hooks and capture sizes, computed on the meta device."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torchvision
+
+import runner.analysis as analysis
 
 from conftest import make_config
 from runner.cli.execute import execute
@@ -77,8 +81,20 @@ def test_the_statistics_kernel_is_built_before_step_0_not_inside_it(monkeypatch,
     from conftest import run
     from hooks import stats
 
-    calls = []
-    monkeypatch.setattr(stats, "prepare", lambda device: calls.append((device.type, watch.forwards)))
+    calls, build_s, clock = [], 1000.0, time.perf_counter
+    skipped = [0.0]  # a build that takes build_s, on the run's clock: in compile_time_s, not in step 0's wall time
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + skipped[0])
+
+    def prepare(device):
+        calls.append((device.type, watch.forwards))
+        skipped[0] += build_s
+
+    monkeypatch.setattr(stats, "prepare", prepare)
     out = run(make_config(*overrides), tmp_path / "run")
     assert calls == warmed  # forwards seen when the kernel was built: none yet
-    assert json.loads((out / "manifest.json").read_text())["compile_time_s"] >= 0.0
+    compile_time_s = json.loads((out / "manifest.json").read_text())["compile_time_s"]
+    step_0 = analysis.load_steps(out).wall_time_s.iloc[0]
+    if warmed:
+        assert compile_time_s >= build_s > step_0
+    else:
+        assert compile_time_s < build_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,12 +26,13 @@ from docs_text import blocks, everything, section
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = everything()  # README.md and the docs pages
 #: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound, one shard
-#: on the local launcher (the second run, as written, is refused before anything is launched).
+#: on the local launcher, one steering scale, 32x32 crops (the second run, as written, is refused before anything is launched).
 SMALLER = {"steps=300": "steps=2", "eval_every=25": "eval_every=1",
            "range(0,16)": "range(15,16)", "data.shard=range(0,4)": "data.shard=range(3,4)",
            "hydra/launcher=slurm_cpu hydra.launcher.partition=debug ": "",  # the first run here; Slurm's in -m slurm
            "transformer.h.0,transformer.h.1,transformer.h.2,transformer.h.3": "transformer.h.0",
-           ",{min:-0.01,max:0.01},{min:-0.0001,max:0.0001}": "", "data.path=assets/": f"data.path={ROOT}/assets/"}
+           ",{min:-0.01,max:0.01},{min:-0.0001,max:0.0001}": "", "data.path=assets/": f"data.path={ROOT}/assets/",
+           "hooks.steer.scale=0,16,32": "hooks.steer.scale=16", "data.resize=64 data.crop=64": "data.resize=32 data.crop=32"}
 FIXED = re.compile(r"\b(hydra\.run\.dir|hydra\.sweep\.dir|replay\.out)=(\S+)")
 
 
@@ -78,6 +80,8 @@ def test_a_readme_command_run_twice_is_refused_with_the_documented_line(command,
     monkeypatch.chdir(tmp_path)
     if "data.path=outputs/crops" in command:  # the README makes the folder first (python assets/make_crops.py outputs/crops)
         subprocess.run([sys.executable, str(ROOT / "assets" / "make_crops.py"), "outputs/crops"], cwd=tmp_path, check=True)
+    if "=tests/fixtures/" in command:  # a folder the repository holds (the SAE of "Sparse autoencoder features")
+        shutil.copytree(ROOT / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
     for earlier in COMMANDS[:COMMANDS.index(command)]:  # what a command reads (the replayed run, the clean run)
         if re.search(rf"[=\s]{re.escape(FIXED.search(earlier).group(2))}(\s|$)", command):
             first = earlier
@@ -114,12 +118,17 @@ def test_a_readme_example_of_configuration_run_twice_gives_its_line(tmp_path, mo
 
 
 def test_runner_attach_run_twice_is_refused_in_python_terms(tmp_path, monkeypatch):
-    """The README's own-loop example as written, twice: the second raises the documented one line."""
+    """The own-loop example ("Your own loop", docs/how-to/own-model.md) as written, twice: the first writes a
+    run the loaders read (the ``runner.attach`` snippet runs as it stands), the second raises the documented
+    one line."""
     code = blocks(section("how-to/own-model.md", "Your own loop"), "python")[0]
     shown = TEXT.split("a second time raises `ConfigError`", 1)[1].split("```\n", 2)[1].strip()
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/how-to/own-model.md (Your own loop)", "exec"), {})
+    steps = analysis.load_steps(tmp_path / "runs" / "mine")
+    assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
     stats = analysis.load_stats(tmp_path / "runs" / "mine")
+    assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()
     with pytest.raises(ConfigError) as raised:
         exec(compile(code, "docs/how-to/own-model.md (Your own loop)", "exec"), {})
     assert f"error: {raised.value}" == shown

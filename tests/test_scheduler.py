@@ -2,9 +2,7 @@
 sweeps, the run state of a job Slurm ended, and the launcher presets' required partition."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from conftest import run_main
 from runner.cli.scheduler import PendingWatch, parse_squeue, run_state, sbatch_error, trace_error
 
 PARAMS = {"partition": "gpu", "gpus_per_node": 1, "gres": None, "cpus_per_task": 8, "mem_gb": 32, "timeout_min": 120}
@@ -48,10 +46,10 @@ def test_slurm_states_of_jobs_without_a_result_become_run_states():
         "cancelled", "timeout", "failed", "failed", "failed"]
 
 
-def test_a_slurm_preset_without_its_partition_is_one_line_and_writes_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm_cpu", "model=linear",
-                           "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True)
-    assert proc.returncode == 2
+def test_a_slurm_preset_without_its_partition_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    proc = run_main(monkeypatch, capsys, "-m", "hydra/launcher=slurm_cpu", "model=linear", "seed=0,1",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert proc.code == 2
     assert proc.stderr.strip().splitlines() == [
         "error: hydra.launcher.partition: required by hydra/launcher=slurm_cpu; give it, e.g. "
         "hydra.launcher.partition=NAME (sinfo lists the partitions)"]

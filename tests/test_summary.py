@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import cli, seeded_batch
+from conftest import cli, run_main, seeded_batch
 from docs_text import page
 from runner.analysis.answers.statistics import group_depth, layer_group
 from runner.analysis.summary import summarize
@@ -79,12 +79,11 @@ def test_quiet_prints_no_summary(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'run'}"
 
 
-def test_sweep_summary_is_a_table_of_the_swept_values_in_command_line_order(tmp_path):
+def test_sweep_summary_is_a_table_of_the_swept_values_in_command_line_order(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
-    done = subprocess.run([sys.executable, "-m", "runner", "-m", "model=convnet", "hooks=clip", "hooks.clip.min=-1",
-                           "hooks.clip.max=0.1,0.01,1", f"hydra.sweep.dir={sweep}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = run_main(monkeypatch, capsys, "-m", "model=convnet", "hooks=clip", "hooks.clip.min=-1",
+                    "hooks.clip.max=0.1,0.01,1", f"hydra.sweep.dir={sweep}")
+    assert done.code == 0, done.stderr
     text = done.stdout[done.stdout.index(f"sweep {sweep}"):]
     assert text == summarize(sweep) + "\n"
     lines = text.splitlines()
@@ -132,10 +131,9 @@ def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits
     assert len(gradients_only) == 1 and "hook more layers (e.g. hooks=stats)" in gradients_only[0]
 
 
-def test_stats_without_a_loss_suggests_recording_the_forward_pass_only(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "runner", "model=convnet", "hooks=stats", "loss=none",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and done.stderr == (
+def test_stats_without_a_loss_suggests_recording_the_forward_pass_only(tmp_path, monkeypatch, capsys):
+    done = run_main(monkeypatch, capsys, "model=convnet", "hooks=stats", "loss=none", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.code == 2 and done.stderr == (
         "error: hooks.stats: 'stats' needs a backward pass but loss=none; choose a loss (e.g. loss=sum), record the "
         "forward pass only (hooks.stats.kinds=[output]), or drop the entry\n")
     assert not (tmp_path / "run").exists()

@@ -2,21 +2,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import runner.analysis as analysis
+from conftest import run_main
 from runner.analysis.sweep_jobs import IncompleteSweepWarning
 from runner.store.sweep_record import SWEEP
 
 
-def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "model=convnet", "hooks=clip", "steps=1",
-                           "loss=sum,log_mean", "on_nonfinite=error", f"hydra.sweep.dir={tmp_path}"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 1
+def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path, monkeypatch, capsys):
+    proc = run_main(monkeypatch, capsys, "-m", "model=convnet", "hooks=clip", "steps=1", "loss=sum,log_mean",
+                    "on_nonfinite=error", f"hydra.sweep.dir={tmp_path}")
+    assert proc.code == 1
     record = json.loads((tmp_path / SWEEP).read_text())
     assert record["states"] == {"ok": 1, "failed": 1}
     ok, failed = record["jobs"]
@@ -30,10 +28,9 @@ def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path):
         {"job_dir": str(tmp_path / "1"), "overrides": " ".join(failed["overrides"]), "error": failed["error"]}]
 
 
-def test_the_loaders_read_the_runs_sweep_json_lists(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "runner", "-m", "model=linear", "steps=1", "seed=0,1",
-                           f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+def test_the_loaders_read_the_runs_sweep_json_lists(tmp_path, monkeypatch, capsys):
+    proc = run_main(monkeypatch, capsys, "-m", "model=linear", "steps=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}")
+    assert proc.code == 0, proc.stderr
     assert analysis.load_steps(tmp_path).run_dir.nunique() == 2
     record = json.loads((tmp_path / SWEEP).read_text())
     record["jobs"] = record["jobs"][:1]  # a sweep.json that lists job 0 only: job 1 is not read

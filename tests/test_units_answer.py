@@ -79,7 +79,7 @@ def expected_answer(out: Path, folder: Path) -> dict[str, list[tuple]]:
 
 def test_the_readme_units_run_prints_the_top_units_and_their_files_as_the_parquet_holds_them(readme_run):
     out, printed = readme_run
-    expected = expected_answer(out, out.parents[1] / "crops")
+    expected = expected_answer(out, out.parent / "crops")
     assert "units: the 3 units of each layer with the largest response" in printed
     assert "0 statistic rows" not in printed and "recorded nothing" not in printed
     for layer, (count, dead, units) in expected.items():
@@ -108,7 +108,7 @@ def test_top_units_is_the_table_the_lines_were_read_from(readme_run):
     first = next(i for i, line in enumerate(lines) if line.startswith("run ")) + 1
     assert [f"    {line}" if i else f"  units: {line}" for i, line in enumerate(answer.lines)] == \
         lines[first:first + len(answer.lines)]
-    expected = expected_answer(out, out.parents[1] / "crops")
+    expected = expected_answer(out, out.parent / "crops")
     for layer, (count, dead, units) in expected.items():
         rows = table[table.layer == layer]
         assert (rows.layer_units == count).all() and (rows.layer_dead_units == dead).all()
@@ -127,7 +127,7 @@ def test_each_named_file_read_again_gives_the_unit_its_recorded_value(readme_run
     from runner.sources.models import build_model
 
     out, _ = readme_run
-    folder = out.parents[1] / "crops"
+    folder = out.parent / "crops"
     words = [f"data.path={folder}" if w.startswith("data.path=") else w for w in readme_units_command()[3:]
              if not w.startswith("hydra.")]
     plan = compile_plan(make_config(*words))

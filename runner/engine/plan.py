@@ -319,13 +319,15 @@ def _steps_of_epochs(settings: RunConfig, data: DataSource) -> None:
 
 def _check_model(model: nn.Module | None, settings: RunConfig, optimizer, hooks: Sequence[HookType]) -> None:
     """What only the built model can say, asked of the one built on the meta device (``None``: the run's
-    build says it): the module ``stop_after`` names (or, for ``auto``, finds) and the parameters the
-    optimizer would train."""
+    build says it): the module ``stop_after`` names (or, for ``auto``, finds), the parameters the
+    optimizer would train, and each entry's own (``HookType.check_built``)."""
     if model is None:
         return
     if settings.stop_after is not None:
         early_stop.stop_module(model, settings.stop_after, hooks)
     trainable(optimizer, model)
+    for hook in hooks:
+        hook.check_built(model)
 
 
 def _check_steps(hooks: Sequence[HookType], steps: int) -> None:
