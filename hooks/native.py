@@ -173,11 +173,9 @@ def readable(flat: torch.Tensor) -> bool:
     """
     if type(flat) is not torch.Tensor and type(flat) is not torch.nn.Parameter:
         return False
-    if (flat.layout != torch.strided or flat.is_nested or flat.is_quantized or flat.device.type != "cpu"
-            or flat.dtype not in (torch.float32, torch.float64) or not flat.is_contiguous()
-            or flat.is_neg() or flat.is_conj()):
-        return False
-    return True
+    return not (flat.layout != torch.strided or flat.is_nested or flat.is_quantized or flat.device.type != "cpu"
+                or flat.dtype not in (torch.float32, torch.float64) or not flat.is_contiguous()
+                or flat.is_neg() or flat.is_conj())
 
 
 def reduce_contiguous(flat: torch.Tensor) -> torch.Tensor:

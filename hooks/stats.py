@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from common.records import STAT_COLUMNS  # noqa: F401  (re-exported: the columns ``summarize`` returns)
-from common.errors import ConfigError
 from hooks import native, tensor_kinds
 
 #: Order of the raw reductions in the vector returned by ``reduce_tensor``.
@@ -75,14 +74,9 @@ def reduce_real(x: torch.Tensor, kernel: bool, compiling: bool) -> torch.Tensor:
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=x.device)
     if tensor_kinds.is_sparse(x):
         return sparse_reductions(x)
-    if type(x) is torch.Tensor or type(x) is torch.nn.Parameter:  # wrappers (DTensor) hold no storage of their own
-        needed = (x.storage_offset() + x.numel()) * x.element_size()  # x is strided here: sparse went above
-        held = x.untyped_storage().nbytes()
-        if held < needed and held < tensor_kinds.extent_bytes(x):  # an expanded view needs less than numel
-            # on every path: the eager reductions would read freed memory as the kernel would
-            raise ConfigError(f"a {list(x.shape)} tensor whose storage holds {held} of its {needed} bytes (freed "
-                              f"under it, as FSDP2 frees unsharded parameters between uses) cannot be recorded; "
-                              f"record the sharded parameter or its gradient")
+    if (type(x) is torch.Tensor or type(x) is torch.nn.Parameter)  \
+            and x.untyped_storage().nbytes() < (x.storage_offset() + x.numel()) * x.element_size():
+        tensor_kinds.check_held(x)  # on every path: the eager reductions would read freed memory as the kernel would
     flat = x.reshape(-1)
     if flat.dtype not in WIDE:  # int32/int64 need float64 to stay exact past 2**24
         flat = flat.double() if not flat.is_floating_point() and flat.element_size() >= 4 else flat.float()

@@ -39,11 +39,16 @@ def is_sparse(t: torch.Tensor) -> bool:
     return t.layout in SPARSE_LAYOUTS
 
 
-def extent_bytes(t: torch.Tensor) -> int:
-    """The bytes of its storage a strided tensor reads: up to its last element, through its strides
-    (an expanded view reads fewer than its elements)."""
+def check_held(t: torch.Tensor) -> None:
+    """Refuse, in one line, a plain strided tensor whose storage does not hold what it reads (up to its last
+    element, through its strides: an expanded view reads fewer bytes than its elements): FSDP2 frees an
+    unsharded parameter's storage under it between uses, and reading it would read freed memory."""
     last = t.storage_offset() + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return (last + 1) * t.element_size()
+    held, needed = t.untyped_storage().nbytes(), (last + 1) * t.element_size()
+    if held < needed:
+        raise ConfigError(f"a {list(t.shape)} tensor whose storage holds {held} of its {needed} bytes (freed "
+                          f"under it, as FSDP2 frees unsharded parameters between uses) cannot be recorded; "
+                          f"record the sharded parameter or its gradient")
 
 
 def nested_elements(t: torch.Tensor, first: int | None = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ from torch import nn
 from common.errors import ConfigError, choice_error
 
 import runner
-from hooks import native, tap, tensor_kinds
+from hooks import tap, tensor_kinds
 from runner.analysis import intact
 from runner.cli import execute as execute_module, replay
 from runner.cli.commandline import check_command_line
@@ -57,7 +57,7 @@ AFTER_THE_GATE = {
     loop._explained: "a pass that failed, explained by the entry that made it fail",
     steps.report_silent: "an entry that matched but recorded nothing in step 0 (on_silent=error)",
     data_module._targets: "class targets for each batch the data yields (a last batch may be smaller)",
-    native.readable: "a tensor whose storage was freed under a hook (FSDP2), seen when the hook reads it",
+    tensor_kinds.check_held: "a tensor whose storage was freed under a hook (FSDP2), seen when the hook reads it",
     attach_module._checked: "the measures a user's loop passes to run.step()",
     attach_module.AttachedRun.evaluating.__wrapped__: "run.evaluating() called by a user's loop before its first step",
     attach_module.attach.__wrapped__: "runner.attach's errors in a Python caller's terms (python_remedies)",
