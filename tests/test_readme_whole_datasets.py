@@ -134,14 +134,14 @@ def test_units_and_a_store_under_torchrun_merge_to_the_one_process_run(tmp_path,
         for a, b in zip(ranks[column], one[column]):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max())
 
-    assert sorted(p.name for p in (tmp_path / "stores" / "ranks" / "3").iterdir()) == ["rank-0", "rank-1"]
-    store = ActivationStore(tmp_path / "stores" / "ranks" / "3")
-    alone = ActivationStore(tmp_path / "stores" / "one" / "3")
+    assert sorted(p.name for p in (tmp_path / "outputs" / "stores" / "ranks" / "3").iterdir()) == ["rank-0", "rank-1"]
+    store = ActivationStore(tmp_path / "outputs" / "stores" / "ranks" / "3")
+    alone = ActivationStore(tmp_path / "outputs" / "stores" / "one" / "3")
     assert len(store) == len(alone) == 1792
     rows = [store[i] for i in range(len(store))]
     assert [sample for _, sample in rows] == list(range(1792))
     assert torch.equal(torch.stack([x for x, _ in rows]), torch.stack([alone[i][0] for i in range(1792)]))
-    assert sorted(sample for _, sample in ShuffledStore(tmp_path / "stores" / "ranks" / "3")) == list(range(1792))
+    assert sorted(sample for _, sample in ShuffledStore(tmp_path / "outputs" / "stores" / "ranks" / "3")) == list(range(1792))
 
 
 def pq_frame(path: Path):
