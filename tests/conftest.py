@@ -21,6 +21,7 @@ from runner.config.compose import compose_config
 from runner.cli.execute import execute
 from runner.engine import loop
 from runner.engine.plan import compile_plan
+from docs_text import blocks, section
 
 
 def make_config(*overrides: str):
@@ -267,18 +268,14 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", str(where)], check=False)
 
 
-def readme_block(section: str, language: str, index: int = 0) -> str:
-    """The ``index``-th ``language`` code block of the README's section ``## section``, as written."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return body.split(f"```{language}\n")[index + 1].split("```", 1)[0]
+def docs_block(page: str, heading: str, language: str, index: int = 0) -> str:
+    """The ``index``-th ``language`` code block under ``heading`` of a docs page (``docs_text.page``), as written."""
+    return blocks(section(page, heading), language)[index]
 
 
-def readme_code(marker: str, language: str = "python") -> str:
-    """The first ``language`` code block of README.md after ``marker`` (in the section "Your own loop"), as written."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Your own loop", 1)[1].split("\n## ", 1)[0]
-    return section.split(marker, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+def docs_code(page: str, heading: str, marker: str, language: str = "python") -> str:
+    """The first ``language`` code block after ``marker`` under ``heading`` of a docs page, as written."""
+    return section(page, heading).split(marker, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
 def assert_same_tables(mine: Path, theirs: Path):

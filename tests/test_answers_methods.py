@@ -23,15 +23,16 @@ from conftest import cli, make_config, run
 from runner.analysis.answers import answer_of
 from runner.analysis.summary import summarize
 from runner.cli.commandline import expand
+from docs_text import blocks, everything, section
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = everything()  # README.md and the docs pages
 
 
-def commands(heading: str, containing: str) -> list[list[str]]:
-    """The ``python -m runner`` commands of the README's bash blocks under ``heading`` whose block holds ``containing``."""
-    section = README.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    block = next(b.split("```", 1)[0] for b in section.split("```bash\n")[1:] if containing in b.split("```", 1)[0])
+def commands(name: str, heading: str, containing: str) -> list[list[str]]:
+    """The ``python -m runner`` commands of the bash blocks under ``heading`` of docs page ``name`` whose block
+    holds ``containing``."""
+    block = next(b for b in blocks(section(name, heading), "bash") if containing in b)
     return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
@@ -88,9 +89,9 @@ def test_the_clip_and_stats_answers_are_the_parquet_s(in_tmp, capsys):
 
 def test_the_store_answer_counts_the_shard_files(in_tmp):
     """README's store pass over 192 crops in float16 shards of 64: 3 shards, 192 samples, their bytes, where."""
-    make = commands("\n## Whole datasets\n", "python assets/make_crops.py")[0]
+    make = commands("tutorials/units.md", "Unit statistics and top examples", "python assets/make_crops.py")[0]
     subprocess.run([sys.executable, str(ROOT / make[1]), *make[2:]], check=True)
-    (store,) = commands("\n## Whole datasets\n", "hooks=store")
+    (store,) = commands("tutorials/units.md", "A store feeding a linear probe", "hooks=store")
     run_dir = run_readme(store)
     text = summarize(run_dir).splitlines()
     where = next(w.split("=", 1)[1] for w in store if w.startswith("hooks.store.path="))
@@ -124,7 +125,7 @@ def make_config_overrides(job: Path) -> list[str]:
 def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
     """README's patching sweep with each job's own clean pass, blocks 2 and 3 at positions 14 and 15 (the README
     sweeps 4 blocks x 16 positions: 4 minutes)."""
-    (sweep,) = commands("### Activation patching", "hooks.patch.source=clean")[:1]
+    (sweep,) = commands("tutorials/patching.md", "Activation patching", "hooks.patch.source=clean")[:1]
     path = run_readme(sweep, {"hooks.patch.layers": "transformer.h.2,transformer.h.3",
                               "hooks.patch.index": "range(14,16)"})
     text = summarize(path).splitlines()
@@ -148,7 +149,7 @@ def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
 
 def test_the_attribution_answer_is_the_kept_estimates(in_tmp):
     """README's attribution run: the cells the estimate says recover most, from the kept ``attribution`` tensors."""
-    (attribution, _) = commands("### Attribution and path patching", "hooks=attribution")
+    (attribution, _) = commands("tutorials/patching.md", "Attribution and path patching", "hooks=attribution")
     run_dir = run_readme(attribution)
     text = summarize(run_dir).splitlines()
     steps = steps_of(run_dir)
@@ -170,7 +171,7 @@ def test_the_attribution_answer_is_the_kept_estimates(in_tmp):
 
 def test_the_steering_answer_is_the_kl_and_top_token_change_per_scale(in_tmp):
     """README's steering sweep, block 0 at scales 0 and 32 (the README's: blocks 0 and 1 at 0, 16 and 32)."""
-    plus, minus, sweep = commands("### Steering and the logit lens", "hooks.steer.positive")
+    plus, minus, sweep = commands("tutorials/steering.md", "Steering", "hooks.steer.positive")
     for words in (plus, minus):
         run_readme(words)
     path = run_readme(sweep, {"hooks.steer.layers": "transformer.h.0", "hooks.steer.scale": "0,32"})
@@ -188,7 +189,7 @@ def test_the_steering_answer_is_the_kl_and_top_token_change_per_scale(in_tmp):
 
 def test_the_lens_answer_is_the_first_block_where_the_target_ranks_first(in_tmp):
     """README's logit-lens run: per block the share of readings whose target is the top token."""
-    (lens,) = commands("### Steering and the logit lens", "hooks=logit_lens")
+    (lens,) = commands("tutorials/steering.md", "The logit lens", "hooks=logit_lens")
     run_dir = run_readme(lens)
     text = summarize(run_dir).splitlines()
     rows = pq.read_table(run_dir / "lens.parquet").to_pandas()
@@ -205,7 +206,7 @@ def test_the_lens_answer_is_the_first_block_where_the_target_ranks_first(in_tmp)
 def test_a_sweep_patched_from_a_stored_run_answers_with_the_corrupted_run_it_is_given(in_tmp):
     """README's first patching sweep (a stored clean run), block 3 at positions 14 and 15: alone it names the clean
     metric and the cells closest to it; given the corrupted run (``runner.report --corrupted``), the recovered fractions."""
-    clean, corrupted, sweep = commands("### Activation patching", "hooks.patch.source=runs/clean")[:3]  # then the report
+    clean, corrupted, sweep = commands("tutorials/patching.md", "Activation patching", "hooks.patch.source=runs/clean")[:3]  # then the report
     for words in (clean, corrupted):
         run_readme(words)
     path = run_readme(sweep, {"hooks.patch.layers": "transformer.h.3", "hooks.patch.index": "14,15"})

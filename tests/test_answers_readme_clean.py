@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_text import blocks as docs_blocks, everything, page
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = everything()  # README.md and the docs pages
 #: Where a README command names what it writes.
 WRITTEN = [r"\bhydra\.(?:run|sweep)\.dir=([^\s'`]+)", r"\breplay\.out=([^\s'`]+)", r"\bhooks\.store\.path=([^\s'`]+)",
            r"\bmodel\.offload_folder=([^\s'`]+)", r"sqlite:///([^\s'`]+)", r"make_crops\.py ([^\s'`]+)",
@@ -50,9 +51,9 @@ def test_every_path_a_readme_command_writes_is_one_git_ignores():
     assert not_ignored == []
 
 
-def blocks(heading: str, language: str) -> list[str]:
-    section = README.split(heading, 1)[1].split("\n## ", 1)[0]
-    return [block.split("```", 1)[0] for block in section.split(f"```{language}\n")[1:]]
+def blocks(name: str, language: str) -> list[str]:
+    """The ``language`` code blocks of docs page ``name``."""
+    return docs_blocks(page(name), language)
 
 
 @pytest.mark.slow  # resnet18 over 192 crops twice, a 3-job resnet18 sweep, a gpt2_tiny run: a few minutes
@@ -60,10 +61,10 @@ def test_the_readme_s_commands_leave_a_clean_clone_clean(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     env = {**os.environ, "PYTHONPATH": str(clone)}
-    whole = blocks("\n## Whole datasets\n", "bash")[:2], blocks("\n## Whole datasets\n", "python")[:2]
-    clip = ([blocks("### Example: how does the clip bound change", "bash")[0]],
-            [blocks("### Example: how does the clip bound change", "python")[0]])
-    lens = ([blocks("### Steering and the logit lens", "bash")[1]], [])
+    whole = blocks("tutorials/units.md", "bash")[:2], blocks("tutorials/units.md", "python")[:2]
+    clip = ([blocks("tutorials/clip.md", "bash")[0]],
+            [blocks("tutorials/clip.md", "python")[0]])
+    lens = ([blocks("tutorials/steering.md", "bash")[1]], [])
     for bash, python in (whole, clip, lens):
         for block in bash:
             for line in block.replace("\\\n", " ").splitlines():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from hooks import store_files
 from runner.engine.budget import held, parse_size, size_text
 from runner.engine.plan import compile_plan, describe
 from runner.sources.models import build_model
+from docs_text import section
 
 MLP = ["model=mlp", "data.shape=[8,100]"]
 
@@ -151,9 +151,8 @@ def test_a_bad_size_is_one_line_naming_the_key():
 
 
 def test_the_readme_memory_example_prints_its_line(tmp_path, capsys, monkeypatch):
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Big models\n", 1)[1].split("\n## ", 1)[0]
-    command, line = re.search(r"^\$ (python -m runner .*memory\.budget=.*)\n(error: .*)$", section, re.M).groups()
+    text = section("how-to/big-models.md", "Big models")
+    command, line = re.search(r"^\$ (python -m runner .*memory\.budget=.*)\n(error: .*)$", text, re.M).groups()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exited:
         cli(shlex.split(command)[3:], tmp_path / "run")

@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters  # PyTorch's graph-break counts (no pub
 from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
-from conftest import readme_block
+from conftest import docs_block
 from runner.sources.models import gpt2_tiny
 
 IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
@@ -128,7 +128,7 @@ def test_the_compiled_benchmark_runs_and_counts_graph_breaks(tmp_path):
 def test_the_readme_compile_example_records_in_the_compiled_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = mlp()
-    code = readme_block("Big models", "python", 1) + "    fast(torch.randn(4, 8))\n    run.step()\n"
+    code = docs_block("how-to/big-models.md", "Big models", "python", 1) + "    fast(torch.randn(4, 8))\n    run.step()\n"
     exec(code, {"runner": runner, "torch": torch, "model": model})
     stats = analysis.load_stats(tmp_path / "runs" / "attach")
     assert sorted(stats.layer) == ["0", "1", "2", "3"] and set(stats.kind) == {"output"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import make_config, readme_block
+from conftest import docs_block, make_config
 from runner.sources.models import build_model, gpt2_tiny
 
 pytest.importorskip("accelerate", reason="device_map needs the 'accelerate' package")
@@ -75,7 +75,7 @@ def test_a_model_offloaded_to_disk_records_what_the_whole_model_records(run_with
 def test_the_readme_device_map_command_records_what_the_whole_model_records(run_with, gpt2_dir, tmp_path,
                                                                              monkeypatch):
     """The "Big models" command, run as written (its relative paths under a directory holding gpt2_tiny)."""
-    command = next(block for block in (readme_block("Big models", "bash", i) for i in range(3))
+    command = next(block for block in (docs_block("how-to/big-models.md", "Big models", "bash", i) for i in range(3))
                    if "model=hf" in block).strip()  # the others are torchrun commands (test_fsdp_cli, lightning)
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "runner"]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import runner
 import runner.analysis as analysis
-from conftest import readme_code
+from conftest import docs_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,8 +53,8 @@ def hand_written_ranks(world: int = 2, steps: int = 3) -> dict:
 
 @pytest.mark.slow
 def test_the_readme_torchrun_example_gives_one_table_with_each_ranks_own_numbers(tmp_path):
-    (tmp_path / "train_ddp.py").write_text(readme_code("**torchrun**"))
-    command = readme_code("**torchrun**", "bash").strip()
+    (tmp_path / "train_ddp.py").write_text(docs_code("how-to/own-model.md", "Under torchrun (DDP)", "**torchrun**"))
+    command = docs_code("how-to/own-model.md", "Under torchrun (DDP)", "**torchrun**", "bash").strip()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

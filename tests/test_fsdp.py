@@ -18,8 +18,9 @@ import torch
 import fsdp_cases
 import runner
 import runner.analysis as analysis
-from conftest import readme_block
+from conftest import docs_block
 from runner.analysis.summary import summarize_run
+from docs_text import page
 
 pytestmark = pytest.mark.torchrun
 
@@ -88,9 +89,9 @@ def test_every_preset_runs_or_is_refused_in_one_line_on_both_ranks(sharded_runs)
 
 
 def test_the_readme_fsdp_example_runs_as_written_on_two_ranks(tmp_path):
-    (tmp_path / "train_fsdp.py").write_text(readme_block("Big models", "python"))
+    (tmp_path / "train_fsdp.py").write_text(docs_block("how-to/big-models.md", "Big models", "python"))
     command = "torchrun --nproc_per_node=2 train_fsdp.py"
-    assert f"`{command}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`{command}`" in page("how-to/big-models.md")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -24,6 +24,7 @@ from runner.cli.commandline import check_command_line
 from runner.analysis.summary import summarize_run
 from runner.engine.plan import compile_plan
 from runner.engine.fsdp import LAUNCH_ENV
+from docs_text import section
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
@@ -31,9 +32,8 @@ STATS = ["mean", "std", "min", "max", "abs_mean", "l2", "zero_frac"]
 
 
 def readme_command() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Big models\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"^torchrun --nproc_per_node=2 -m runner .*$", section, re.M).group(0)
+    return re.search(r"^torchrun --nproc_per_node=2 -m runner .*$", section("how-to/big-models.md", "Big models"),
+                     re.M).group(0)
 
 
 def rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -18,8 +18,9 @@ from common.errors import ConfigError
 from runner.cli.commandline import check_command_line
 from runner.engine.plan import compile_plan
 from test_own_model import gpt2_dir  # noqa: F401  (the fixture: a random-weight GPT-2 saved with save_pretrained)
+from docs_text import section
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+DEVICES = section("how-to/big-models.md", "Devices, memory and compilation")
 
 
 def token_ids(n: int = 6, length: int = 16, vocab: int = 100) -> TensorDataset:
@@ -52,7 +53,7 @@ def test_a_dataset_of_floats_for_a_token_model_is_one_line(gpt2_dir):
 
 
 def test_compile_names_the_remedy_the_readme_documents():
-    shown = re.search(r"\$ python -m runner (model=convnet hooks=stats compile=true)\n  error: (.*)\n", README)
+    shown = re.search(r"\$ python -m runner (model=convnet hooks=stats compile=true)\n  error: (.*)\n", DEVICES)
     checked = check_command_line(shown.group(1).split())
     assert checked.problems == [shown.group(2)]
     assert shown.group(2).endswith("record the forward pass only (hooks.stats.kinds=[output]), use compile=false "

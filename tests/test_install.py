@@ -1,4 +1,4 @@
-"""The README's first install line is enough for every example outside the optional integrations.
+"""The README's install line is enough for every example outside the optional integrations.
 
 What the first line installs is read from ``pyproject.toml`` (the dependencies and those of the
 extras it names, and what they depend on, as installed here). Every third-party import of the
@@ -16,8 +16,11 @@ import sys
 import tomllib
 from pathlib import Path
 
+from docs_text import blocks, everything, page, section
+
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = page("README.md")
+INSTALL = blocks(section("README.md", "Install"), "bash")[0]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 FIRST_PARTY = ("common", "runner", "hooks", "examples", "hydra_plugins")
 #: Where each optional extra's packages may be imported: the integration's own modules.
@@ -34,7 +37,7 @@ def _name(requirement: str) -> str:
 
 
 def first_line_extras() -> set[str]:
-    line = re.search(r"```bash\n(pip install -e (\S+) .*)\n", README).group(2).strip("'")
+    line = re.search(r"^pip install -e (\S+)$", INSTALL, re.M).group(1).strip("'")
     return set(re.findall(r"\[(.*)\]", line)[0].split(",")) if "[" in line else set()
 
 
@@ -74,6 +77,15 @@ def third_party_imports() -> dict[str, set[str]]:
 def test_the_first_install_line_installs_the_core_and_digits_needs_no_extra():
     assert first_line_extras() == set()  # `pip install -e .`
     assert "scikit-learn" in {_name(r) for r in PROJECT["dependencies"]}  # data=digits: the training examples
+
+
+def test_the_cpu_wheels_line_installs_the_newest_torch_and_torchvision_the_pins_allow():
+    """Before ``pip install -e .``: PyTorch's CPU-only index, at the versions the dependencies stop at."""
+    first, second = [line for line in INSTALL.splitlines() if line.strip()]
+    pins = {_name(r): r.rsplit("<=", 1)[1] for r in PROJECT["dependencies"] if _name(r) in ("torch", "torchvision")}
+    assert first == (f"pip install torch=={pins['torch']} torchvision=={pins['torchvision']} "
+                     "--index-url https://download.pytorch.org/whl/cpu")
+    assert second == "pip install -e ."
 
 
 def test_every_import_outside_the_integrations_is_installed_by_the_first_line():
@@ -116,7 +128,7 @@ def test_the_digits_training_example_runs_with_only_what_the_first_line_installs
     blocked = sorted({module for module, dists in metadata.packages_distributions().items()
                       if {_name(d) for d in dists} <= optional - installed})
     assert {"transformers", "lightning", "tensorboard"} <= set(blocked)
-    command = re.search(r"python -m runner -m (model=digits_cnn .*?)hydra\.sweep\.dir", README.replace("\\\n", " "),
+    command = re.search(r"python -m runner -m (model=digits_cnn .*?)hydra\.sweep\.dir", everything().replace("\\\n", " "),
                         re.S).group(1).split()
     argv = [w.replace("steps=300", "steps=2").replace("eval_every=25", "eval_every=1").replace("none,clip", "clip")
             for w in command] + [f"hydra.run.dir={tmp_path / 'run'}"]

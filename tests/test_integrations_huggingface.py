@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")  # the `transformers` extra, 
 from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
-from conftest import assert_no_partial_output, hook_count, readme_code
+from conftest import assert_no_partial_output, docs_code, hook_count
 from runner.integrations.huggingface import HookCallback
 from runner.store.outputs import STATS_SCHEMA
 
@@ -181,7 +181,8 @@ def test_after_backward_is_recorded_after_the_trainers_clipping_and_evaluation_i
 
 def test_the_readme_trainer_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_code("**Hugging Face `Trainer`**"), "README.md (Trainer)", "exec"), {})
+    code = docs_code("how-to/integrations.md", "Lightning and Hugging Face", "**Hugging Face `Trainer`**")
+    exec(compile(code, "docs/how-to/integrations.md (Trainer)", "exec"), {})
     steps = analysis.load_steps(tmp_path / "runs" / "hf")
     assert list(steps.step) == list(range(20)) and steps.loss.notna().all()
     stats = analysis.load_stats(tmp_path / "runs" / "hf")

@@ -13,7 +13,7 @@ lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of t
 from common.errors import ConfigError
 import runner
 import runner.analysis as analysis
-from conftest import assert_no_partial_output, hook_count, readme_code
+from conftest import assert_no_partial_output, docs_code, hook_count
 from runner.integrations.lightning import HookCallback
 from runner.store.outputs import STATS_SCHEMA
 
@@ -159,7 +159,8 @@ def test_validation_inside_fit_is_recorded_as_eval_passes_of_the_step_before(tmp
 
 def test_the_readme_lightning_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_code("**Lightning**"), "README.md (Lightning)", "exec"), {})
+    code = docs_code("how-to/integrations.md", "Lightning and Hugging Face", "**Lightning**")
+    exec(compile(code, "docs/how-to/integrations.md (Lightning)", "exec"), {})
     steps = analysis.load_steps(tmp_path / "runs" / "lightning")
     assert len(steps) == 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, one epoch
     stats = analysis.load_stats(tmp_path / "runs" / "lightning")

@@ -17,6 +17,7 @@ import pytest
 lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of the `test` extra
 
 import runner.analysis as analysis
+from docs_text import section
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = ["step", "hook", "layer", "phase", "kind", "slot", "call"]
@@ -27,8 +28,8 @@ STATS = ["mean", "std", "min", "max", "abs_mean", "l2", "zero_frac"]
 def test_each_rank_of_a_lightning_fsdp2_fit_records_what_the_unsharded_fit_records(tmp_path):
     import lightning_fsdp_cases
 
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Big models\n", 1)[1].split("\n## ", 1)[0]
-    command = re.search(r"^torchrun --nproc_per_node=2 tests/lightning_fsdp_cases.py (\S+)$", section, re.M)
+    text = section("how-to/big-models.md", "Big models")
+    command = re.search(r"^torchrun --nproc_per_node=2 tests/lightning_fsdp_cases.py (\S+)$", text, re.M)
     (tmp_path / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "lightning_fsdp_cases.py", tmp_path / "tests")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -24,6 +24,7 @@ from mlflow_server import mlflow_server, stop
 from runner.live import LoggerWarning
 from runner.live.to_mlflow import SWEEP_TAG, metric_key
 from wandb_files import offline_runs
+from docs_text import blocks, section
 
 pytestmark = pytest.mark.tracking
 REPO = Path(__file__).resolve().parents[1]
@@ -124,9 +125,8 @@ def test_a_server_killed_mid_run_costs_one_warning_and_the_parquet_files_are_com
 
 
 def live_dashboards_commands() -> list[str]:
-    """The command lines of the README's "Live dashboards" block, as written."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    block = text.split("\n### Live dashboards\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    """The command lines of the first block of the docs' "Live dashboards", as written."""
+    block = blocks(section("how-to/live-dashboards.md", "Live dashboards"), "bash")[0]
     return [line for line in block.splitlines() if line.strip()]
 
 

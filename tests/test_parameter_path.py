@@ -14,6 +14,7 @@ from hooks.gradients import Clamp
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import compose_config
+from docs_text import page
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGV = ["hooks=clip", "hooks.clip.min=-0.01", "model=custom", "model._target_=torch.nn.Linear",
@@ -23,10 +24,10 @@ ARGV = ["hooks=clip", "hooks.clip.min=-0.01", "model=custom", "model._target_=to
 def stated_path() -> tuple[int, int, list[tuple[str, str | None]], str]:
     """The README's hop and file counts, its stops as (file, function) before the final call (one hop
     each: the arrow after it), and the final call's code."""
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join(page("explanation/architecture.md").split())
     found = re.search(r"One parameter's way, .*? in (\d+) hops through (\d+) files and never back: (.*?`grad\.clamp\([^`]*\)`)",
                       text)
-    assert found, "the README's 'How it is built' no longer traces one parameter"
+    assert found, "'How it is built' (docs/explanation/architecture.md) no longer traces one parameter"
     hops, files, chain = int(found[1]), int(found[2]), found[3]
     stops, file = [], None
     for segment in chain.split("→")[:-1]:

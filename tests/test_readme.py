@@ -1,10 +1,10 @@
-"""The README's tutorial table is a test: every command line in it runs as written.
+"""The tutorial table (docs/tutorials/classic-hooks.md) is a test: every command line in it runs as written.
 
 Each ``python -m runner ...`` in a row of the table is split as a shell would split it
 (``shlex.split``), ``python -m runner`` is dropped, and the overrides run in-process (the
 ``run_with`` fixture: the same config check and plan as the CLI). What a row claims in numbers is
 tested against hand-written PyTorch in ``tests/test_tutorials.py`` and ``tests/test_seeds.py`` at the
-README's sizes; here what each row says it gives (``PROMISES``) is checked on the row's own run, against
+table's sizes; here what each row says it gives (``PROMISES``) is checked on the row's own run, against
 plain PyTorch where the row names a value.
 """
 from __future__ import annotations
@@ -22,18 +22,13 @@ from torch import nn
 
 import runner.analysis as analysis
 from conftest import seeded_batch
+from docs_text import blocks, section
 from examples import seed_hooks
 from runner.sources.models import ConvNet
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TEXT = README.read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
 
-#: The README's sections, in the order the README keeps them.
-SECTIONS = ("What it does", "The tutorials, one command line each", "Hook types", "Output schema",
-            "Sweeps and clusters", "Your own model, data and loop", "Whole datasets", "Big models",
-            "Analysis and pictures", "Guarantees", "Performance", "How it is built")
-
-#: Resnets at the README's default input (batch 10, 224x224) take seconds each on a CPU; the rows
+#: Resnets at the table's default input (batch 10, 224x224) take seconds each on a CPU; the rows
 #: with a resnet (named, or the default resnet18) run here at batch 1, 64x64, appended last so it
 #: wins. The hooks, layers and kinds are the same; only the sizes shrink.
 SMALL_RESNET_INPUT = "data.shape=[1,3,64,64]"
@@ -41,8 +36,8 @@ SMALL_RESNET_INPUT = "data.shape=[1,3,64,64]"
 
 def tutorial_rows() -> list[str]:
     """The table rows of the section "The tutorials, one command line each" (header excluded)."""
-    section = TEXT.split("## The tutorials, one command line each", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
+    table = section("tutorials/classic-hooks.md", "The classic hook tutorials, one command each")
+    rows = [line for line in table.splitlines() if line.startswith("|")]
     return rows[2:]  # the header and the |---| line
 
 
@@ -63,11 +58,6 @@ def overrides_of(command: str) -> list[str]:
     if model.startswith("resnet"):
         overrides.append(SMALL_RESNET_INPUT)
     return overrides
-
-
-def test_every_section_the_readme_promises_is_there():
-    titles = re.findall(r"^## (.+)$", TEXT, flags=re.MULTILINE)
-    assert [t for t in titles if t in SECTIONS] == list(SECTIONS), titles
 
 
 def test_every_row_of_the_tutorial_table_has_a_command_line():
@@ -309,19 +299,20 @@ def test_tutorial_command_runs_as_written_and_gives_what_its_row_says(run_with, 
 
 
 def test_ci_runs_exactly_the_readmes_test_commands():
-    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest lines of the
-    README's first block are the pytest lines of ``.ci/run``, in the same order."""
-    first_block = TEXT.split("```bash", 1)[1].split("```", 1)[0]
-    command = r"(?:[A-Z_]+=\S+ )*python -m pytest[^#&]*"  # with the environment it sets (the run without a compiler)
-    readme = [re.search(command, line).group(0).strip() for line in first_block.splitlines() if "python -m pytest" in line]
-    ci = [line.strip() for line in (README.parent / ".ci" / "run").read_text().splitlines()
+    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest and mkdocs lines of the
+    README's "Tests" block are those of ``.ci/run``, in the same order."""
+    (tests,) = blocks(section("README.md", "Tests"), "bash")
+    command = r"(?:[A-Z_]+=\S+ )*(?:python -m pytest|mkdocs build)[^#&]*"  # with the environment it sets
+    readme = [re.search(command, line).group(0).strip() for line in tests.splitlines()
+              if re.search(r"python -m pytest|mkdocs build", line)]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if re.fullmatch(command, line.strip())]
-    assert readme == ci
+    assert len(readme) == 9 and readme == ci
 
 
 def test_the_output_schema_names_every_column_of_units_parquet():
     from common.records import UNITS_SCHEMA
 
-    section = TEXT.split("## Output schema", 1)[1].split("\n## ", 1)[0]
-    paragraph = section.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
+    schema = section("reference/output-schema.md", "Output schema")
+    paragraph = schema.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
     assert [name for name in UNITS_SCHEMA.names if f"`{name}`" not in paragraph] == ["hook", "layer", "call", "unit"]

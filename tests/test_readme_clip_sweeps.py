@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
-
 
 from conftest import make_config
 from runner.cli.commandline import expand
+from docs_text import everything
 
-TEXT = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+TEXT = everything()
 
 
 def clip_sweeps() -> list[str]:
-    """The README's ``python -m runner -m`` commands (code blocks) that sweep a clip entry."""
+    """The ``python -m runner -m`` commands of README.md and the docs pages (code blocks) that sweep a clip entry."""
     found = []
     for block in re.findall(r"^```\w*\n(.*?)^```", TEXT, re.S | re.M):
         for line in block.replace("\\\n", " ").splitlines():

@@ -1,4 +1,4 @@
-"""The README's "Activation patching" and "Attribution and path patching": every command as written,
+"""The docs' "Activation patching" and "Attribution and path patching" (docs/tutorials/patching.md): every command as written,
 in one directory in the README's order (each that names a fixed directory run a second time: refused
 with one line, the directory as it was), then the sections' Python blocks on what they made.
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from docs_text import blocks, page, section
 from runner.sources.models import gpt2_tiny
 from test_attribution import hand_attribution, stored_estimates
 from test_interventions import hand_patched_logits, logit_diff, tokens
@@ -26,16 +27,16 @@ from test_path_patching import hand_path_patched
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGE = page("tutorials/patching.md")
 FIXED = re.compile(r"\bhydra\.(?:run|sweep)\.dir=(\S+)")
 N_LAYER = 4
 
 
 def section_blocks(title: str) -> tuple[list[list[str]], list[str]]:
-    """A README section's shell blocks (each a list of commands, continuations joined) and Python blocks."""
-    section = README.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
-    bash = [block.split("```", 1)[0].replace("\\\n", " ") for block in section.split("```bash\n")[1:]]
-    python = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    """A section's shell blocks (each a list of commands, continuations joined) and Python blocks."""
+    text = section("tutorials/patching.md", title)
+    bash = [block.replace("\\\n", " ") for block in blocks(text, "bash")]
+    python = blocks(text, "python")
     return [[line for line in block.splitlines() if line.strip()] for block in bash], python
 
 
@@ -66,7 +67,7 @@ def run_as_written(commands: list[str], cwd: Path) -> None:
 def run_python(block: str, cwd: Path, name: str, monkeypatch) -> dict:
     monkeypatch.chdir(cwd)
     scope: dict = {}
-    exec(compile(block, f"README.md ({name})", "exec"), scope)
+    exec(compile(block, f"docs/tutorials/patching.md ({name})", "exec"), scope)
     return scope
 
 
@@ -121,7 +122,7 @@ def test_attribution_and_path_tables_are_the_hand_computed_ones_and_what_the_rea
     table, both, r = scope["table"], scope["both"], scope["r"]
     assert table.groupby("method").size().to_dict() == {"patch": 64, "attribution": 64, "path": 48}
     assert (patched / "runs" / "methods.png").read_bytes().startswith(b"\x89PNG")
-    stated = re.search(r"correlates with real patching at\s+r = (\d\.\d\d)", README).group(1)
+    stated = re.search(r"correlates with real patching at\s+r = (\d\.\d\d)", PAGE).group(1)
     assert len(both) == 64 and f"{r:.2f}" == stated
     # the estimates are the hand-written gradient x difference on the README's 4-block model
     torch.manual_seed(0)
@@ -142,5 +143,5 @@ def test_attribution_and_path_tables_are_the_hand_computed_ones_and_what_the_rea
     whole = table[(table.method == "patch") & (table.layer == "transformer.h.0")].set_index("index").recovered
     assert paths.loc["transformer.h.1"].recovered.to_numpy() == pytest.approx(whole.to_numpy(), abs=1e-5)
     said = re.search(r"what block 0\s+sends block 2 directly recovers (\d\.\d\d), what it sends block 3 directly "
-                     r"(\d\.\d\d)", README).groups()
+                     r"(\d\.\d\d)", PAGE).groups()
     assert tuple(f"{paths.loc[(f'transformer.h.{b}', 15), 'recovered']:.2f}" for b in (2, 3)) == said

@@ -1,4 +1,4 @@
-"""The README's "Steering and the logit lens": its commands run as written (in-process, through
+"""The docs' "Steering and the logit lens" (docs/tutorials/steering.md): its commands run as written (in-process, through
 ``runner.__main__.main``, Hydra's multirun included) and its Python blocks on what they made.
 What the numbers are is checked against plain PyTorch in ``tests/test_steering.py`` and
 ``tests/test_logit_lens.py``; here, what the section says of its own results."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("### Steering and the logit lens", 1)[1].split(
-    "\n### ", 1)[0]
+from docs_text import section
+
+SECTION = section("tutorials/steering.md", "Steering and the logit lens")
 FIXED = re.compile(r"\bhydra\.(?:run|sweep)\.dir=(\S+)")
 
 
@@ -57,7 +57,7 @@ def test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing(tmp_path
     monkeypatch.chdir(tmp_path)
     run_commands(steer_commands, monkeypatch, capsys)
     scope: dict = {}
-    exec(compile(steer_python, "README.md (Steering)", "exec"), scope)
+    exec(compile(steer_python, "docs/tutorials/steering.md (Steering)", "exec"), scope)
     table = scope["table"]
     assert (tmp_path / "runs" / "steering.png").read_bytes().startswith(b"\x89PNG")
     assert sorted(zip(table.layers, table.scale)) == [(f"transformer.h.{b}", s) for b in (0, 1) for s in (0, 16, 32)]
@@ -78,7 +78,7 @@ def test_the_logit_lens_example_runs_as_written_and_its_last_block_is_the_model_
     monkeypatch.chdir(tmp_path)
     run_commands(blocks("bash")[1], monkeypatch, capsys)
     scope: dict = {}
-    exec(compile(blocks("python")[1], "README.md (Logit lens)", "exec"), scope)
+    exec(compile(blocks("python")[1], "docs/tutorials/steering.md (Logit lens)", "exec"), scope)
     ranks = scope["ranks"]
     assert list(ranks.index) == [f"transformer.h.{b}" for b in range(4)]
     assert ranks["transformer.h.3"] == 0 and (ranks.drop("transformer.h.3") > 0).all()

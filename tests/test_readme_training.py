@@ -1,4 +1,4 @@
-"""The README's training example ("Training runs"): the sweep as written, its table, picture and claims.
+"""The training example ("Training with a clip bound", docs/tutorials/clip.md): the sweep as written, its table, picture and claims.
 
 The command's two jobs run in-process (the same config check and plan as the CLI) into the sweep
 directory it names, each with its own overrides as Hydra's multirun gives them; then the README's
@@ -15,10 +15,11 @@ from PIL import Image
 
 import runner.analysis as analysis
 from conftest import make_config, run
+from docs_text import everything, section
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
-SECTION = TEXT.split("### Training runs\n", 1)[1].split("\n### ", 1)[0]
+TEXT = everything()
+SECTION = section("tutorials/clip.md", "Training with a clip bound")
 #: The section's code blocks: the command, the Python snippet, and the table the snippet prints.
 COMMAND, SNIPPET, TABLE = (code for _, code in re.findall(r"```(\w*)\n(.*?)```", SECTION, re.S))
 
@@ -43,7 +44,7 @@ def test_the_training_example_runs_as_written_and_shows_what_the_readme_says(tmp
         run(make_config(*overrides), sweep / str(num), overrides)
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
-    exec(compile(SNIPPET, "README.md (Training runs)", "exec"), {})
+    exec(compile(SNIPPET, "docs/tutorials/clip.md (Training with a clip bound)", "exec"), {})
     printed = capsys.readouterr().out
 
     # the table is the snippet's output, to the 2 decimals it prints

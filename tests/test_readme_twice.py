@@ -1,9 +1,9 @@
-"""Every README command that names a fixed output directory, run twice in a row.
+"""Every command of README.md and the docs pages that names a fixed output directory, run twice in a row.
 
 Without ``hydra.run.dir`` or ``hydra.sweep.dir`` a second run writes beside the first; a command
-that names its directory (the README's patching, training and clip examples, the replay, the
+that names its directory (the docs' patching, training and clip examples, the replay, the
 examples of "Configuration", ``runner.attach``'s ``out_dir``) is refused the second time with the
-one line the README shows for it, status 2, the directory as it was. The commands run in-process
+one line the docs show for it, status 2, the directory as it was. The commands run in-process
 (``runner.__main__.main``, Hydra and its callbacks included) in a fresh directory; the first run
 of a big sweep is made smaller (fewer steps or jobs, as ``SMALLER`` says) and the second runs as
 written: what refuses it is that its directory holds complete runs, whatever their size.
@@ -21,9 +21,10 @@ import pytest
 
 from common.errors import ConfigError
 import runner.analysis as analysis
+from docs_text import blocks, everything, section
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
+TEXT = everything()  # README.md and the docs pages
 #: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound, one shard
 #: on the local launcher, one steering scale, 32x32 crops (the second run, as written, is refused before anything is launched).
 SMALLER = {"steps=300": "steps=2", "eval_every=25": "eval_every=1",
@@ -36,7 +37,7 @@ FIXED = re.compile(r"\b(hydra\.run\.dir|hydra\.sweep\.dir|replay\.out)=(\S+)")
 
 
 def fixed_dir_commands() -> list[str]:
-    """Every ``python -m runner`` command of the README's code blocks that names a fixed directory."""
+    """Every ``python -m runner`` command of the code blocks of README.md and the docs that names a fixed directory."""
     commands = []
     for language, block in re.findall(r"^```(\w*)\n(.*?)^```", TEXT, re.S | re.M):
         if language not in ("", "bash"):
@@ -117,18 +118,19 @@ def test_a_readme_example_of_configuration_run_twice_gives_its_line(tmp_path, mo
 
 
 def test_runner_attach_run_twice_is_refused_in_python_terms(tmp_path, monkeypatch):
-    """The README's own-loop example as written, twice: the first writes a run the loaders read (the
-    ``runner.attach`` snippet runs as it stands), the second raises the documented one line."""
-    code = TEXT.split("### Your own loop", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    """The own-loop example ("Your own loop", docs/how-to/own-model.md) as written, twice: the first writes a
+    run the loaders read (the ``runner.attach`` snippet runs as it stands), the second raises the documented
+    one line."""
+    code = blocks(section("how-to/own-model.md", "Your own loop"), "python")[0]
     shown = TEXT.split("a second time raises `ConfigError`", 1)[1].split("```\n", 2)[1].strip()
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (Your own loop)", "exec"), {})
+    exec(compile(code, "docs/how-to/own-model.md (Your own loop)", "exec"), {})
     steps = analysis.load_steps(tmp_path / "runs" / "mine")
     assert len(steps) == 2 * 29 and steps.accuracy.between(0, 1).all()  # 1,797 digits in batches of 64, 2 epochs
     stats = analysis.load_stats(tmp_path / "runs" / "mine")
     assert (stats[stats.kind == "param_grad"]["max"] <= 0.1 * (1 + 1e-7)).all()
     with pytest.raises(ConfigError) as raised:
-        exec(compile(code, "README.md (Your own loop)", "exec"), {})
+        exec(compile(code, "docs/how-to/own-model.md (Your own loop)", "exec"), {})
     assert f"error: {raised.value}" == shown
     assert analysis.load_stats(tmp_path / "runs" / "mine").equals(stats)
 

@@ -1,4 +1,5 @@
-"""The README's section "Whole datasets": every command and code block runs as written.
+"""The units tutorial (docs/tutorials/units.md) and "Whole datasets and stores" (docs/how-to/whole-datasets.md):
+every command and code block runs as written, the tutorial's first.
 
 Each ``python -m runner ...`` line runs in-process (the config check and plan of the CLI) from a
 temporary working directory, into the directory its ``hydra.run.dir`` names; the Slurm sweep's
@@ -21,10 +22,12 @@ import pytest
 import torch
 
 from conftest import make_config, run
+from docs_text import page
 from slurm_cluster import ENV, slurm  # noqa: F401  (the one-node cluster fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]
+#: The tutorial (the units pass, its picture, the probe), then the how-to (the sharded sweep, the ranks).
+SECTION = page("tutorials/units.md") + page("how-to/whole-datasets.md")
 
 
 def blocks(language: str) -> list[str]:
@@ -36,7 +39,7 @@ def commands(block: str) -> list[list[str]]:
 
 
 def run_command(words: list[str]) -> None:
-    """One README command line, in-process."""
+    """One command line of the pages, in-process."""
     if words[:2] == ["python", "assets/make_crops.py"]:
         subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:]], check=True)
         return
@@ -58,7 +61,7 @@ def run_command(words: list[str]) -> None:
 
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
-    """A working directory like the repository root the README's commands run from: it has ``assets/``."""
+    """A working directory like the repository root the docs' commands run from: it has ``assets/``."""
     (tmp_path / "assets").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -70,13 +73,13 @@ def test_the_three_workflows_run_as_written(in_tmp, capsys):
     for block, code in zip(bash[:3], python[:3]):
         for words in commands(block):
             run_command(words)
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/tutorials/units.md", "exec"), {})
     printed = capsys.readouterr().out
     accuracy = float(printed.split("probe accuracy on layer3: ")[1].split()[0])
     assert accuracy >= 0.9  # top and bottom crops of the house are linearly apart in layer3
     assert (in_tmp / "outputs" / "units_top_layer3.png").stat().st_size > 10_000
     assert (in_tmp / "outputs" / "units_layers.png").stat().st_size > 10_000
-    assert not any((in_tmp / "assets").iterdir())  # the README writes into no tracked folder
+    assert not any((in_tmp / "assets").iterdir())  # the tutorial writes into no tracked folder
     assert (in_tmp / "outputs" / "stores" / "crops" / "layer3" / "shard-00002.safetensors").is_file()
     from runner.analysis import report
 
@@ -117,7 +120,7 @@ def test_units_and_a_store_under_torchrun_merge_to_the_one_process_run(tmp_path,
         done = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     monkeypatch.chdir(tmp_path)
-    exec(compile(blocks("python")[4], "README.md", "exec"), {})
+    exec(compile(blocks("python")[4], "docs/how-to/whole-datasets.md", "exec"), {})
 
     parts = [pq_frame(path) for _, path in rank_files(tmp_path / "runs" / "ranks", UNITS)]
     assert [sorted(set(p["count"][p.layer == "3"])) for p in parts] == [[896], [896]]  # each rank its half

@@ -1,6 +1,6 @@
 """``python -m runner replay=RUN_DIR``: a finished run runs again and its tables are compared.
 
-The README's "Replay" commands run here as written (a shell would split them as ``shlex`` does);
+The "Replay" commands of docs/how-to/replay.md run here as written (a shell would split them as ``shlex`` does);
 the frames are compared by pandas here, not by the code under test. An altered copy of a run must
 be named as different, with its table and column; bad run directories are one line, status 2,
 nothing written.
@@ -31,9 +31,9 @@ from runner.config.compose import compose_config
 from runner.sources.models import build_model
 from runner.store import provenance
 from conftest import make_config, run
+from docs_text import section
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 TABLES = ("stats.parquet", "tensors.parquet", "steps.parquet")
 TIMING = ["wall_time_s", "peak_memory_bytes"]
 TRAINING = ("model=digits_cnn", "data=digits", "loss=cross_entropy", "optimizer=sgd", "optimizer.lr=0.1", "steps=3",
@@ -41,9 +41,8 @@ TRAINING = ("model=digits_cnn", "data=digits", "loss=cross_entropy", "optimizer=
 
 
 def readme_replay_block() -> tuple[list[str], list[str]]:
-    """The commands (``$ ...`` lines) and the printed lines of the README's Replay example."""
-    section = README.split("### Replay", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```", 2)[1].strip().splitlines()
+    """The commands (``$ ...`` lines) and the printed lines of the Replay example (docs/how-to/replay.md)."""
+    block = section("how-to/replay.md", "Replay").split("```", 2)[1].strip().splitlines()
     return [line[2:] for line in block if line.startswith("$ ")], [line for line in block if not line.startswith("$ ")]
 
 

@@ -1,4 +1,4 @@
-"""The README's "Sparse autoencoder features": its command, as written, gives one ``units.parquet`` row per
+"""The docs' "Sparse autoencoder features" (docs/tutorials/sae.md): its command, as written, gives one ``units.parquet`` row per
 feature of the SAE it names (``tests/test_readme_twice.py`` runs it twice: the second is refused)."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from runner.analysis.units import load_units
 from test_readme_steering import run_cli
+from docs_text import section
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("### Sparse autoencoder features", 1)[1].split(
-    "\n### ", 1)[0]
+SECTION = section("tutorials/sae.md", "Sparse autoencoder features")
 
 
 def test_the_readme_s_sae_command_gives_each_feature_s_statistics(tmp_path, monkeypatch, capsys):

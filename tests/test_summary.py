@@ -13,6 +13,7 @@ import torch
 
 import runner.analysis as analysis
 from conftest import cli, run_main, seeded_batch
+from docs_text import page
 from runner.analysis.answers.statistics import group_depth, layer_group
 from runner.analysis.summary import summarize
 from runner.sources.models import ConvNet
@@ -105,9 +106,9 @@ def test_layer_groups_split_at_the_first_level_that_differs(layers, depth, group
     assert {layer_group(layer, depth) for layer in layers} == groups
 
 
-def test_the_readme_shows_what_the_run_prints(tmp_path, capsys):
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("$ python -m runner model=convnet 'hooks=[clip,stats]'\n", 1)[1].split("```", 1)[0]
+@pytest.mark.parametrize("name", ["README.md", "index.md"])
+def test_the_front_pages_show_what_the_run_prints(tmp_path, capsys, name):
+    block = page(name).split("$ python -m runner model=convnet 'hooks=[clip,stats]'\n", 1)[1].split("```", 1)[0]
     shown_dir = re.search(r"^wrote (\S+)$", block, re.MULTILINE).group(1)
     cli(["model=convnet", "hooks=[clip,stats]"], tmp_path / "run")
     assert capsys.readouterr().out == block.replace(shown_dir, str(tmp_path / "run"))

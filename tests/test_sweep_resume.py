@@ -25,6 +25,7 @@ from omegaconf import open_dict
 import runner.analysis as analysis
 from common.errors import ConfigError
 from conftest import make_config
+from docs_text import section
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import NOT_STARTED, IncompleteSweepWarning
 from runner.analysis.units import load_units
@@ -304,10 +305,10 @@ def test_a_changed_command_line_is_refused_naming_what_differs(sweep):
 
 # --- the real CLI, stopped mid-job on each local launcher -------------------------------------------------
 
-#: The README's sweep ("Stop and resume a sweep"): six jobs of about 2 s each (300 steps of a linear
+#: The sweep of "Stop and resume a sweep" (docs/how-to/resume.md): six jobs of about 2 s each (300 steps of a linear
 #: model), two swept keys.
 COMMAND = ["model=linear", "hooks=stats", "steps=300", "optimizer=sgd,adam", "seed=range(0,3)"]
-README = (ROOT / "README.md").read_text(encoding="utf-8").split("#### Stop and resume a sweep\n", 1)[1]
+SHOWN = section("how-to/resume.md", "Stop and resume a sweep")
 LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
              "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]}
 
@@ -368,9 +369,9 @@ def test_ctrl_c_mid_job_stops_the_sweep_and_resume_finishes_it(tmp_path, uninter
     assert err.splitlines()[-2:] == [
         f"error: interrupted; nothing of this run was written to '{sweep / '2'}'",
         f"error: the sweep stopped: {line}; continue it with the same command and resume=true"]
-    shown = README.split("```text\n", 1)[1].split("```", 1)[0].replace("outputs/multirun/sgd_adam", str(sweep))
+    shown = SHOWN.split("```text\n", 1)[1].split("```", 1)[0].replace("outputs/multirun/sgd_adam", str(sweep))
     assert f"$ python -m runner -m {' '.join(COMMAND)} hydra.sweep.dir={sweep}" in shown.replace("'", "")
-    assert "\n".join(err.splitlines()[-2:]) in shown  # as the README shows them
+    assert "\n".join(err.splitlines()[-2:]) in shown  # as the docs show them
     state = analysis.sweep_state(sweep)
     assert state["state"].tolist() == [OK, OK, INTERRUPTED, PENDING, PENDING, PENDING]
     assert analysis.failed_jobs(sweep)["job_dir"].tolist() == [str(sweep / str(n)) for n in (2, 3, 4, 5)]

@@ -71,13 +71,11 @@ def test_reading_a_units_table_and_its_examples_imports_no_hooks_module(trained)
 
 
 def test_the_output_schema_names_every_column_of_the_kept_examples_files():
-    from pathlib import Path
-
     from common.records import UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS_SCHEMA
+    from docs_text import section
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("## Output schema", 1)[1].split("\n## ", 1)[0]
-    paragraph = section.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
+    schema = section("reference/output-schema.md", "Output schema")
+    paragraph = schema.split("`units.parquet` exists only", 1)[1].split("\n\n", 1)[0]
     assert "`unit_examples.parquet`" in paragraph and "`unit_inputs.parquet`" in paragraph
     named = [name for schema in (UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS_SCHEMA) for name in schema.names
              if f"`{name}`" not in paragraph]

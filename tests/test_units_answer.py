@@ -24,16 +24,17 @@ from PIL import Image
 from torchvision import datasets
 
 from conftest import cli, image_folder_of, make_config, run
+from docs_text import blocks, section
 from runner.analysis import top_units
 from runner.analysis.units import TOP_UNIT_COLUMNS, load_unit_names
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Whole datasets\n", 1)[1].split("\n## ", 1)[0]
+SECTION = section("tutorials/units.md", "Unit statistics and top examples")
 
 
 def readme_units_command() -> list[str]:
-    """The README's units run (the second line of its "Unit statistics and top examples" block), as words."""
-    block = SECTION.split("**Unit statistics and top examples.**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    """The units tutorial's run (the second line of its "Unit statistics and top examples" block), as words."""
+    block = blocks(SECTION, "bash")[0]
     lines = block.replace("\\\n", " ").splitlines()
     assert shlex.split(lines[0]) == ["python", "assets/make_crops.py", "outputs/crops"]
     return shlex.split(lines[1])

@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -36,6 +37,12 @@ LOCK = ".runner.lock"
 HEARTBEAT_S = 30.0
 #: A claim from another host untouched this long (file system clock) belongs to a dead run.
 STALE_AFTER_S = 300.0
+
+#: Why no run claims a directory on Windows: there ``os.kill(pid, 0)`` (asking whether a claim's owner
+#: lives) interrupts or ends that process, and a directory cannot be opened to fsync its renames.
+WINDOWS = ("hook-runner does not run on Windows: its run-directory claim asks whether a process lives with "
+           "os.kill(pid, 0), which on Windows interrupts that process, and its commit fsyncs directories, "
+           "which Windows cannot open; use Linux, macOS or WSL")
 
 
 def _read_text(path: str) -> str | None:
@@ -136,8 +143,11 @@ class DirLock:
         """Claim ``out_dir`` (which exists), taking over a stale claim.
 
         Raises:
-            OutputError: a live run holds it (the message names its host and PID), or it cannot be written.
+            OutputError: a live run holds it (the message names its host and PID), it cannot be written,
+                or this is Windows.
         """
+        if sys.platform == "win32":
+            raise OutputError(errno.ENOTSUP, WINDOWS)
         path = out_dir / LOCK
         record = {**_machine(), "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
                   "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": uuid.uuid4().hex}

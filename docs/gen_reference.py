@@ -1,0 +1,214 @@
+"""MkDocs hook: the reference tables generated from the code when the site is built, so they cannot drift.
+
+A page asks for a table with a marker line, replaced by ``on_page_markdown``:
+
+- ``<!-- generated: hook-specs -->``: every hook type of ``hooks.registry.HOOK_TYPES``, its docstring,
+  the PyTorch hooks it registers and its spec's keys (type, default) beyond the keys every entry has;
+- ``<!-- generated: config-groups -->``: every config group under ``conf/`` with each option's YAML,
+  and the keys of the registered schema an option's ``kind``/name selects;
+- ``<!-- generated: columns -->``: every file's columns and Arrow types from ``common.records``, with
+  the ``#:`` comment that declares it;
+- ``<!-- generated: changelog -->``: the commit headlines of ``git log``, by day.
+
+``python docs/gen_reference.py MARKER`` prints one of them (``tests/test_docs.py`` checks them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+
+
+def _clean(doc: str | None) -> str:
+    """A docstring as Markdown: dedented, reStructuredText's double backticks made single."""
+    return inspect.cleandoc(doc or "").replace("``", "`")
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = field.default_factory()  # type: ignore[misc]
+    else:
+        return "required"
+    return "required" if value == "???" else f"`{value!r}`"
+
+
+def _type(field: dataclasses.Field) -> str:
+    """A field's annotation as written, without ``|``, which would end a table cell."""
+    text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", repr(field.type))
+    return text.replace(" | ", " or ")
+
+
+def _field_docs(schema: type) -> dict[str, str]:
+    """The ``#:`` comment of each field, after it on its line or on the lines above it, over the class's bases."""
+    docs: dict[str, str] = {}
+    for cls in reversed(schema.__mro__):
+        try:
+            lines = inspect.getsource(cls).splitlines()
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        for line in lines:
+            stripped = line.strip()
+            if stripped.startswith("#:"):
+                above.append(stripped[2:].strip())
+                continue
+            if match := re.match(r"\s+(\w+)\s*:[^=#]*(?:=[^#]*)?(?:#:\s*(.*))?$", line):
+                said = match.group(2) or " ".join(above)
+                if said:
+                    docs[match.group(1)] = said.replace("``", "`").replace("|", " or ")
+            above = []
+    return docs
+
+
+def _fields_table(fields: list[dataclasses.Field], schema: type | None = None) -> str:
+    said = _field_docs(schema) if schema is not None else {}
+    rows = [f"| `{f.name}` | `{_type(f)}` | {_default(f)} | {said.get(f.name, '')} |" for f in fields]
+    return "\n".join(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
+
+
+def hook_specs() -> str:
+    """Every registered hook type: docstring, PyTorch hooks, own keys."""
+    import hooks  # noqa: F401  (registers every hook type)
+    from hooks.base import HookSpec
+    from hooks.registry import HOOK_TYPES
+
+    common = [f.name for f in dataclasses.fields(HookSpec)]
+    out = [f"Keys every entry has: {', '.join(f'`{name}`' for name in common)}. The keys below are each "
+           "type's own (and those its family shares), with their types and defaults as the spec declares them."]
+    for name in sorted(HOOK_TYPES):
+        entry = HOOK_TYPES.get(name)
+        out.append(f"\n### `{name}`\n")
+        out.append(_clean(entry.build.__doc__) or "(no docstring)")
+        pytorch = getattr(entry.build, "pytorch_hooks", None)
+        if isinstance(pytorch, str):
+            out.append(f"\nPyTorch hooks: {pytorch}")
+        spec = entry.schema
+        own = [f for f in dataclasses.fields(spec) if f.name not in common]
+        out.append(f"\nSpec `{spec.__module__}.{spec.__qualname__}`:\n")
+        out.append(_fields_table(own, spec) if own else "(no keys of its own)")
+    return "\n".join(out) + "\n"
+
+
+def _schema_of(group: str, option: dict) -> type | None:
+    """The dataclass a config option is merged into: the ``/GROUP_schema/NAME@_here_`` it inherits, or
+    the registered choice its ``kind`` / ``name`` names."""
+    from runner.config import registry
+
+    registries = {"model": (registry.MODELS, "name"), "data": (registry.DATA_KINDS, "kind"),
+                  "loss": (registry.LOSSES, "name"), "optimizer": (registry.OPTIMIZERS, "name"),
+                  "logger": (registry.LOGGERS, "name")}
+    if group not in registries:
+        return None
+    chosen, key = registries[group]
+    inherited = [re.fullmatch(r"/\w+_schema/(\w+)@_here_", str(d)) for d in option.get("defaults") or []]
+    name = next((m.group(1) for m in inherited if m), option.get(key))
+    if name is None or name not in chosen:
+        return None
+    return chosen.get(name).schema
+
+
+def config_groups() -> str:
+    """Every group under ``conf/``: its options, each option's YAML and its schema's keys."""
+    import yaml
+
+    import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
+
+    conf = ROOT / "conf"
+    out = ["`conf/config.yaml`, the defaults every run composes:\n", "```yaml",
+           (conf / "config.yaml").read_text().strip(), "```"]
+    for group in sorted(p for p in conf.rglob("*") if p.is_dir() and any(p.glob("*.yaml"))):
+        key = str(group.relative_to(conf))
+        out.append(f"\n### `{key}`\n")
+        for option in sorted(group.glob("*.yaml")):
+            text = option.read_text().strip()
+            out.append(f"**`{key}={option.stem}`** (`conf/{key}/{option.name}`)\n")
+            out += ["```yaml", text, "```\n"]
+            loaded = yaml.safe_load(text) or {}
+            schema = _schema_of(key, loaded) if isinstance(loaded, dict) else None
+            if schema is not None and dataclasses.is_dataclass(schema):
+                out.append(f"Keys of `{schema.__qualname__}`:\n")
+                out.append(_fields_table(list(dataclasses.fields(schema)), schema) + "\n")
+    return "\n".join(out) + "\n"
+
+
+def _declarations() -> dict[str, str]:
+    """The ``#:`` comment above each module-level name of ``common/records.py``."""
+    found, comment = {}, []
+    for line in (ROOT / "common" / "records.py").read_text().splitlines():
+        if line.startswith("#:"):
+            comment.append(line[2:].strip())
+        elif (match := re.match(r"([A-Z_]+) = ", line)) and comment:
+            found[match.group(1)] = " ".join(comment)
+            comment = []
+        elif not line.startswith((" ", ")", "]")):
+            comment = []
+    return found
+
+
+def columns() -> str:
+    """Every file of a run directory that holds a table: its columns and Arrow types."""
+    from common import records
+
+    said = _declarations()
+    names = {id(value): name for name, value in vars(records).items() if name.endswith("_SCHEMA")}
+    files = {**records.TABLE_SCHEMAS, **records.RUN_TOTAL_SCHEMAS}
+    out = []
+    for file, schema in files.items():
+        variable = names.get(id(schema), "")
+        out.append(f"\n### `{file}`\n")
+        if variable and (text := said.get(variable) or said.get(variable.removesuffix("_SCHEMA"))):
+            out.append(text.replace("``", "`") + "\n")
+        out.append(f"`common.records.{variable}`:\n")
+        out += ["| column | Arrow type |", "|---|---|"]
+        out += [f"| `{field.name}` | `{field.type}` |" for field in schema]
+    return "\n".join(out) + "\n"
+
+
+def changelog() -> str:
+    """The commit headlines of the repository's history, newest day first."""
+    done = subprocess.run(["git", "log", "--no-merges", "--format=%ad%x09%s", "--date=short"], cwd=ROOT,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return "(This copy was built without its git history.)\n"
+    days: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        day, _, headline = line.partition("\t")
+        days.setdefault(day, []).append(headline)
+    out = []
+    for day, headlines in days.items():
+        out.append(f"\n## {day}\n")
+        out += [f"- {_escape(h)}" for h in headlines]
+    return "\n".join(out) + "\n"
+
+
+def _escape(text: str) -> str:
+    """A headline as plain text in Markdown: no stray emphasis, HTML or link syntax."""
+    return re.sub(r"([\\*_<>\[\]])", r"\\\1", text)
+
+
+GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns,
+              "changelog": changelog}
+
+
+def expand(markdown: str) -> str:
+    """``markdown`` with every marker replaced by its generated text."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return MARKER.sub(lambda match: GENERATORS[match.group(1)](), markdown)
+
+
+def on_page_markdown(markdown: str, **kwargs) -> str:
+    """MkDocs' hook: expand the markers of each page."""
+    return expand(markdown)
+
+
+if __name__ == "__main__":
+    print(GENERATORS[sys.argv[1]]())

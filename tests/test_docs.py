@@ -1,0 +1,211 @@
+"""The docs as a whole: the site builds strict, every page is in its navigation, the README's own
+examples run as written, every command line of every page passes the command line's check, and the
+hand-written tables name what the registries hold.
+
+The passages each tutorial and how-to guide shows run in their own tests (``tests/test_readme*.py``
+and the feature tests), which read them through ``docs_text`` by page and heading.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import runner
+import runner.analysis as analysis
+from common.errors import OutputError
+from docs_text import DOCS, ROOT, blocks, page, pages, section
+from runner.cli.commandline import check_command_line
+from test_readme import COMMANDS as TABLE
+from test_readme_twice import FIXED
+
+
+def test_the_site_builds_strict(tmp_path):
+    """``mkdocs build --strict``: a broken link, anchor or API reference, or a page outside the nav, fails it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert 'id="runner.engine.attach.attach"' in api and 'id="runner.analysis.load.load_stats"' in api
+    specs = (tmp_path / "site" / "reference" / "hook-types" / "index.html").read_text()
+    assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
+
+
+def _nav_pages(nav) -> list[str]:
+    found = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        found += _nav_pages(value) if isinstance(value, list) else [value]
+    return found
+
+
+def test_every_page_is_in_the_navigation_once_and_every_nav_entry_is_a_page():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    listed = _nav_pages(config["nav"])
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(name for name in pages() if name != "README.md")
+
+
+def test_every_link_of_the_readme_reaches_a_file():
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page("README.md"))
+    assert len(targets) > 20
+    assert [t for t in targets if not t.startswith("http") and not (ROOT / t).is_file()] == []
+
+
+def test_the_readmes_table_of_extras_says_what_each_adds():
+    """Each row's "adds" column names the extra's requirements in pyproject.toml (and the extras it pulls in)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \|", section("README.md", "Install"), re.M)
+    assert sorted(name for name, _ in rows) == sorted(extras)
+    for name, adds in rows:
+        named = re.findall(r"`([^`]+)`", adds)
+        wanted = []
+        for requirement in extras[name]:
+            pulled = re.fullmatch(r"hook-runner\[(.*)\]", requirement)
+            wanted += pulled.group(1).split(",") if pulled else [re.split(r"[<>=]", requirement)[0]]
+        assert named == wanted, name
+
+
+def test_the_readmes_attach_and_load_stats_examples_run_as_written(tmp_path, monkeypatch, capsys):
+    attach, load = blocks(section("README.md", "In your own loop"), "python") + \
+        blocks(section("README.md", "Reading what was recorded"), "python")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(attach, "README.md (In your own loop)", "exec"), scope)
+    model = scope["model"]
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())  # hooks left the model
+    assert all(not p._backward_hooks for p in model.parameters() if p._backward_hooks is not None)
+    assert len(analysis.load_steps(tmp_path / "runs" / "first")) == 3
+    shown: dict = {}
+    exec(compile(load, "README.md (Reading what was recorded)", "exec"), shown)
+    maxima = shown["grads"].groupby(["layer", "slot"], observed=True)["max"].max()
+    assert sorted(maxima.index) == [("0", "bias"), ("0", "weight"), ("2", "bias"), ("2", "weight")]
+    assert ((maxima > 0) & (maxima <= 0.01 * (1 + 1e-7))).all()  # what the comment says: clipped
+    assert str(maxima) in capsys.readouterr().out
+
+
+def test_a_run_on_windows_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    """What the README's "Supported platforms" says: the claim would call ``os.kill(pid, 0)``."""
+    import torch
+
+    from runner.store import lock
+
+    monkeypatch.setattr(lock.sys, "platform", "win32")
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(OutputError) as refused:
+        with runner.attach(model, hooks=["stats"], out_dir=tmp_path / "run"):
+            model(torch.randn(2, 3))
+    assert str(refused.value) == lock.WINDOWS and "\n" not in lock.WINDOWS
+    assert "Windows" in section("README.md", "Supported platforms") and "os.kill(pid, 0)" in lock.WINDOWS
+    assert not (tmp_path / "run" / "manifest.json").exists() and not model._forward_hooks
+
+
+#: Commands whose overrides name what an earlier command of their page made (a stored run, a folder):
+#: their page's own test runs them in order (tests/test_readme_patching.py, ..._steering.py, ...).
+NEEDS_EARLIER = re.compile(r"\b(source|positive|negative|replay|model\.path)=(?!clean\b)|data\.path=\S*crops|resume=")
+
+
+#: A command that stands for others: its placeholders are not values.
+PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|SWEEP)\b")
+
+
+def runner_commands() -> list[tuple[str, str]]:
+    """``(page, command)`` for every ``python -m runner`` line of a code block and every such code span of
+    every page, continuations joined, prompts and comments dropped; not those shown failing anywhere (an
+    ``error:`` line follows them in a block) nor those with placeholders."""
+    found, failing = [], set()
+    for name, text in pages().items():
+        for language, block in re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M):
+            lines = block.replace("\\\n", " ").splitlines() if language in ("", "bash", "text") else []
+            for at, line in enumerate(lines):
+                command = line.strip().removeprefix("$ ").split("  #", 1)[0].strip()
+                shown_failing = at + 1 < len(lines) and lines[at + 1].strip().startswith("error:")
+                if command.startswith("python -m runner ") and shown_failing:
+                    failing.add(command)
+                elif command.startswith("python -m runner "):
+                    found.append((name, command))
+        prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
+        found += [(name, span[span.index("python -m runner "):])
+                  for span in re.findall(r"`([^`\n]*python -m runner [^`\n]*)`", prose)]
+    return [(name, command) for name, command in dict.fromkeys(found)
+            if not PLACEHOLDER.search(command) and command not in failing]
+
+
+#: The commands no other test runs: the tutorial table's rows run in tests/test_readme.py, and every command
+#: that names its directory runs, twice, in tests/test_readme_twice.py (the patching, steering, training
+#: and clip tutorials', the replay's, ...).
+COMMANDS = [(name, command) for name, command in runner_commands()
+            if not NEEDS_EARLIER.search(command) and command not in TABLE and not FIXED.search(command)]
+
+
+def test_the_pages_have_command_lines_to_check():
+    every = runner_commands()
+    assert len(every) >= 60 and len(COMMANDS) >= 12
+    assert {name for name, _ in COMMANDS} >= {"README.md", "how-to/sweeps.md", "how-to/analysis.md",
+                                              "reference/hook-types.md", "tutorials/classic-hooks.md"}
+
+
+@pytest.mark.parametrize("name, command", COMMANDS, ids=[f"{n}: {c[17:70]}" for n, c in COMMANDS])
+def test_every_command_line_of_the_docs_passes_the_command_lines_check(name, command, monkeypatch):
+    """Each as written from the repository root (``assets/`` there), every job composed and its plan
+    compiled on the meta device: a typo in a key, a value or a layer fails here."""
+    words = shlex.split(command)
+    if words[3].startswith("runner."):  # python -m runner.report ...: a tool over a run, not a run
+        pytest.skip("not a run")
+    monkeypatch.chdir(ROOT)
+    checked = check_command_line([w for w in words[3:] if not w.startswith(("hydra.run.dir=", "hydra.sweep.dir="))])
+    assert checked.problems == [], (name, command)
+
+
+def test_the_hook_types_table_names_every_registered_type_and_the_error_line_lists_them():
+    import hooks  # noqa: F401  (registers every hook type)
+    from hooks.registry import HOOK_TYPES
+
+    table = section("reference/hook-types.md", "Hook types")
+    rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert sorted(rows) == sorted(HOOK_TYPES)
+    for name in ("README.md", "index.md"):
+        listed = re.search(r"unknown hook type 'clmap'; valid: (.*?); did you mean", page(name)).group(1)
+        assert listed.split(", ") == sorted(HOOK_TYPES), name
+
+
+def test_the_configuration_table_names_every_preset_of_conf():
+    """(The hooks row: tests/test_readme_twice.py.)"""
+    table = section("reference/configuration.md", "Configuration")
+    for group in ("model", "data", "loss", "optimizer"):
+        row = re.search(rf"^\| `{group}` \| (.*) \|$", table, re.M).group(1)
+        named = set(re.findall(r"`(\w+)`", row))
+        presets = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        assert presets - named == set(), group
+
+
+def test_the_generated_reference_expands_every_marker():
+    """Each marker a page holds has a generator, and what it gives names what the code declares."""
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    from common import records
+
+    markers = {m for text in pages().values() for m in gen_reference.MARKER.findall(text)}
+    assert markers == set(gen_reference.GENERATORS)
+    columns = gen_reference.columns()
+    for file, schema in {**records.TABLE_SCHEMAS, **records.RUN_TOTAL_SCHEMAS}.items():
+        part = columns.split(f"### `{file}`", 1)[1].split("\n### ", 1)[0]
+        assert re.findall(r"^\| `(\w+)` \|", part, re.M) == schema.names, file
+    groups = gen_reference.config_groups()
+    assert [p for p in (ROOT / "conf").rglob("*.yaml")
+            if p.name != "config.yaml" and f"(`conf/{p.relative_to(ROOT / 'conf')}`)" not in groups] == []
+
+
+def test_the_readme_is_a_front_page():
+    assert len(page("README.md").splitlines()) <= 220
