@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Which units respond to which digits, in a notebook
+#
+# The notebook twin of [Which units respond to what across an image folder](../tutorials/units.md):
+# the `units` entry keeps, for every channel of every conv layer, its statistics over a whole pass and
+# the samples that excite it most; `top_units` reads them back from the run's files. One pass of a small
+# CNN (random weights, seed 0) over scikit-learn's 1797 handwritten digits (shipped with scikit-learn: no
+# download), a few seconds of CPU.
+
+# %%
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+import runner
+from runner.analysis.units import load_units, top_units
+
+digits = load_digits()
+images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16    # 1797 x 1 x 8 x 8, in [0, 1]
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
+
+# %% [markdown]
+# ## One pass over every digit
+#
+# `run.samples(ids)` names each batch's rows by their dataset index, so a top sample is a digit you can
+# look up; without gradients, as an evaluation pass runs.
+
+# %%
+with torch.no_grad(), runner.attach(model, hooks=["units"], out_dir="runs/units", overwrite=True) as run:
+    for start in range(0, len(images), 256):
+        ids = torch.arange(start, min(start + 256, len(images)))
+        run.samples(ids)
+        model(images[ids])
+        run.step()
+
+# %% [markdown]
+# ## The strongest units and their top digits
+#
+# `top_units` gives one row per unit and top sample: the unit's `max` over the dataset (a sample's
+# value is its maximum over positions), its top samples (`input` is `sample N`, the dataset index)
+# and their `value`.
+
+# %%
+top = top_units("runs/units", k=3, examples=4)
+top["digit"] = [int(digits.target[int(name.split()[-1])]) for name in top.input]
+print(top[["layer", "unit", "max", "dead_fraction", "input", "digit", "value"]].to_string(index=False))
+
+# %%
+units = load_units("runs/units")           # one row per layer and unit
+print(units.groupby("layer", sort=False)[["mean", "max"]].describe().round(2).T)
+
+# %%
+import matplotlib.pyplot as plt
+
+best = top[top.layer == "2"]
+first = int(best.unit.iloc[0])
+shown = best[best.unit == first]
+fig, axes = plt.subplots(1, len(shown), figsize=(2 * len(shown), 2.2))
+for ax, (_, row) in zip(axes, shown.iterrows()):
+    ax.imshow(digits.images[int(row.input.split()[-1])], cmap="gray_r")
+    ax.set_title(f"{row.input}: {row.value:.2f}", fontsize=8)
+    ax.axis("off")
+_ = fig.suptitle(f"top digits of unit {first} of layer 2")
