@@ -36,12 +36,12 @@ model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16,
 # ## One pass over every digit
 #
 # `run.samples(ids)` names each batch's rows by their dataset index, so a top sample is a digit you can
-# look up; without gradients, as an evaluation pass runs.
+# look up whatever order the loader gives them in; without gradients, as an evaluation pass runs.
 
 # %%
+order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))   # a shuffled pass, as a loader's
 with torch.no_grad(), runner.attach(model, hooks=["units"], out_dir="runs/units", overwrite=True) as run:
-    for start in range(0, len(images), 256):
-        ids = torch.arange(start, min(start + 256, len(images)))
+    for ids in order.split(256):
         run.samples(ids)
         model(images[ids])
         run.step()
