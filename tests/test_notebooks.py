@@ -216,10 +216,12 @@ def test_attach_in_a_notebook_rerun_and_interrupted_cells(kernel, tmp_path):
     kernel.ok(train("runs/cell", steps=2, extra=", overwrite=True"))   # as the refusal says: a second complete run
     assert kernel.ok("print(runner.analysis.load_steps('runs/cell').step.tolist())").strip() == "[0, 1]"
 
-    reply = kernel.interrupted(train("runs/stopped", steps=10_000, pause=0.02), once="training", after=0.5)
-    assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
-    assert kernel.ok("print(hook_changes(before, hook_snapshot(model)))").strip() == "[]"
-    assert not (tmp_path / "runs" / "stopped" / "manifest.json").exists()
+    # interrupted while sleeping in the user's loop, then while the runner's code runs (no sleep: most of a step)
+    for out, pause, after in (("runs/stopped", 0.02, 0.5), ("runs/stopped_busy", 0.0, 0.2)):
+        reply = kernel.interrupted(train(out, steps=100_000, pause=pause), once="training", after=after)
+        assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+        assert kernel.ok("print(hook_changes(before, hook_snapshot(model)))").strip() == "[]"
+        assert not (tmp_path / out / "manifest.json").exists()
     assert kernel.ok("print(sorted(set(runner.analysis.load_steps('runs').run_dir)))").strip() == "['runs/cell']"
 
     kernel.ok(train("runs/stopped"))                    # the interrupted cell, run again, completes its run
