@@ -3,11 +3,13 @@ say what plain PyTorch says; ``runner.attach`` behaves in a notebook: a re-run c
 writes a second complete run, an interrupted cell leaves no hooks and no complete run, and the next cell runs.
 
 The kernel is ipykernel's own ``python3`` spec (installed with ipykernel, the ``test`` extra); it inherits
-this process's environment, so it imports the checkout under test.
+this process's environment, with the checkout under test first on ``PYTHONPATH`` (whatever checkout
+``pip install -e`` pointed at).
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,8 +23,14 @@ from nbformat.v4 import new_code_cell
 from sklearn.datasets import load_digits
 from torch import nn
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "docs" / "notebooks"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "docs" / "notebooks"
 TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def kernels_import_this_checkout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 def executed(name: str, tmp_path: Path, *extra_cells: str):
