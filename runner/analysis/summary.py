@@ -26,7 +26,7 @@ import yaml
 from common.records import RUN_TOTAL_SCHEMAS
 
 from runner.analysis.answers import answer_of, sweep_answer_of
-from runner.analysis.answers.statistics import COLUMNS, NORM_KINDS, percent, recorded_answer
+from runner.analysis.answers.statistics import COLUMNS, NORM_KINDS, percent
 from runner.analysis.load import config_path, load_stats, load_steps, override_columns, run_dirs
 
 #: Rows of a sweep's table shown on the terminal (the report shows them all).
@@ -48,7 +48,7 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
     totals = _run_total_rows(run_dir)
     for name, kind in entry_types(run_dir).items():
         named = name if kind == name else f"{name} ({kind})"
-        answer = answer_of(run_dir, name, kind) or recorded_answer(run_dir, name)  # no answerer, or nothing to answer
+        answer = answer_of(run_dir, name, kind)
         own = answer.lines if answer is not None else [] if totals.get(name) else ["recorded nothing"]
         lines += [f"  {named}: {line}" if i == 0 else f"    {line}" for i, line in enumerate(own + totals.get(name, []))]
     return lines

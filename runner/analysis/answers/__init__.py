@@ -2,8 +2,9 @@
 screen of its report, and the table a user loads all come from one ``Answer`` per hook entry.
 
 A hook type's answerer is a function ``(run_dir, entry) -> Answer | None`` named in ``ANSWERERS``
-as ``"module:function"`` and imported only when a run of that type is summarized. ``None`` means the
-entry's files hold nothing to answer with; the summary then says what the entry wrote.
+as ``"module:function"`` and imported only when a run of that type is summarized. A type without
+one, or whose answerer finds nothing to answer with (``None``), is answered by the statistics the entry
+recorded (``RECORDED``); ``None`` from that too means the entry recorded no statistic row.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ ANSWERERS: dict[str, str] = {
     "clamp": "runner.analysis.answers.statistics:clamp_answer",
     "logit_lens": "runner.analysis.answers.lens:lens_answer",
     "patch": "runner.analysis.answers.methods:patch_answer",
-    "stats": "runner.analysis.answers.statistics:stats_answer",
     "steer": "runner.analysis.answers.methods:steer_answer",
     "store": "runner.analysis.answers.store:store_answer",
     "units": "runner.analysis.answers.units:answer",
@@ -44,11 +44,16 @@ SWEEP_ANSWERERS: dict[str, str] = {
 }
 
 
+#: The answer of every other entry: what it recorded in ``stats.parquet``.
+RECORDED = "runner.analysis.answers.statistics:recorded_answer"
+
+
 def answer_of(run_dir: str | Path, entry: str, hook_type: str) -> Answer | None:
-    """The answer of hook ``entry`` (of type ``hook_type``) of the complete run at ``run_dir``; ``None``
-    when its type has no answerer or its files hold nothing to answer with."""
+    """The answer of hook ``entry`` (of type ``hook_type``) of the complete run at ``run_dir``: its type's
+    answerer's, else ``RECORDED``'s; ``None`` when neither finds anything to answer with."""
     target = ANSWERERS.get(hook_type)
-    return None if target is None else _imported(target)(Path(run_dir), entry)
+    answer = _imported(target)(Path(run_dir), entry) if target else None
+    return answer if answer is not None else _imported(RECORDED)(Path(run_dir), entry)
 
 
 def sweep_answer_of(path: str | Path, types: dict[str, str], corrupted: str | Path | None = None) -> Answer | None:

@@ -124,11 +124,6 @@ def clamp_answer(run_dir: Path, entry: str) -> Answer | None:
                    "per layer group: " + capped(per_group, 2 * MOST_NAMES)], table)
 
 
-def stats_answer(run_dir: Path, entry: str) -> Answer | None:
-    """The ``stats`` entry's answer: ``recorded_answer``."""
-    return recorded_answer(run_dir, entry)
-
-
 def recorded_answer(run_dir: Path, entry: str, rows: pd.DataFrame | None = None) -> Answer | None:
     """Of any entry that recorded statistics: the largest and smallest norm of the first of
     ``NORM_KINDS`` it recorded, and the layers that look dead or non-finite (the table: each

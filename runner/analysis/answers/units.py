@@ -13,6 +13,7 @@ import pandas as pd
 
 from common.records import UNITS
 from runner.analysis.answers import Answer
+from runner.analysis.answers.statistics import percent
 from runner.analysis.units import classes_said, top_units
 from runner.store.ranks import rank_files
 
@@ -47,7 +48,7 @@ def lines(table: pd.DataFrame, run_dir: Path) -> list[str]:
             row = examples.iloc[0]
             inputs = ", ".join(f"{name} {value:.3g}" for name, value in zip(examples.input, examples.value))
             out.append(f"  unit {row.unit}: max {row['max']:.3g}, mean {row['mean']:.3g}, "
-                       f"dead {_percent(row.dead_fraction)}; top inputs {inputs}{_in_parentheses(classes_said(list(examples['class'])))}")
+                       f"dead {percent(row.dead_fraction)}; top inputs {inputs}{_in_parentheses(classes_said(list(examples['class'])))}")
     if len(layers) > MOST_LAYERS:
         out.append(f"... and {len(layers) - MOST_LAYERS} more layer(s): top_units(RUN_DIR) holds them all")
     return out
@@ -55,7 +56,3 @@ def lines(table: pd.DataFrame, run_dir: Path) -> list[str]:
 
 def _in_parentheses(text: str) -> str:
     return f" ({text})" if text else ""
-
-
-def _percent(fraction: float) -> str:
-    return f"{100 * fraction:.1f}%"
