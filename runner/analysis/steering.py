@@ -16,13 +16,15 @@ from runner.analysis.load import load_steps, load_table, override_columns
 from runner.analysis.order import natural_key
 
 
-def steering_table(path: str | Path, metric: str = "logit_diff") -> pd.DataFrame:
+def steering_table(path: str | Path, metric: str = "logit_diff", steps: pd.DataFrame | None = None,
+                   on_corrupt: str = "error") -> pd.DataFrame:
     """One row per steering job (and entry) at or under ``path``: ``method`` (``steer``), ``hook``,
     ``layers``, ``scale``, the job's overrides, ``kl``, ``top_changed`` (the fraction of samples and steps
     whose top next token the vector changed) and, when the runs measured ``metric``,
     ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale.
-    ``runner.analysis.patching.patching_table`` shows the same jobs beside the patching rows."""
-    table = steer_jobs(path, metric)
+    ``runner.analysis.patching.patching_table`` shows the same jobs beside the patching rows. ``steps``
+    (their ``load_steps``, when read already) and ``on_corrupt`` as for ``steer_jobs``."""
+    table = steer_jobs(path, metric, steps, on_corrupt)
     if table.empty:
         raise ValueError(f"no run at or under '{path}' wrote {STEER} (a steer entry with baseline=true)")
     table = table.sort_values(["layers", "scale"], key=lambda c: c.map(natural_key) if c.name == "layers" else c,

@@ -146,7 +146,7 @@ def summarize(path: str | Path, on_corrupt: str = "error", corrupted: str | Path
     else:
         lines = [f"sweep {path}: {len(runs)} complete job(s)"]
         answer = sweep_answer_of(path, {name: kind for run in runs for name, kind in entry_types(run).items()},
-                                 corrupted)
+                                 corrupted, on_corrupt)
         lines += ["  " + line for line in (answer.lines if answer is not None else _jobs_lines(path, on_corrupt))]
     lines.append(f"report: python -m runner.report {path}")
     return "\n".join(lines)

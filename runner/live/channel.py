@@ -234,7 +234,8 @@ class Channel:
                     sent = True
                     self._progress = time.monotonic()
                 except Exception as exc:  # noqa: BLE001 - an unreachable server drops the line, not the run
-                    self._fail(self._why(exc))
+                    if self._failure is None:  # the first failure is the one said; its diagnosis may probe a server
+                        self._fail(self._why(exc))
             with self._changed:
                 if sent:
                     self.sent += 1

@@ -34,7 +34,7 @@ ANSWERERS: dict[str, str] = {
     "store": "runner.analysis.answers.store:store_answer",
     "units": "runner.analysis.answers.units:answer",
 }
-#: Hook type -> "module:function" answering for every job of a sweep at once, ``(path, entry, corrupted)``
+#: Hook type -> "module:function" answering for every job of a sweep at once, ``(path, entry, corrupted, on_corrupt)``
 #: (``corrupted``: a patching sweep's baseline run, or ``None``); the sweep's table of jobs answers for
 #: the other types.
 SWEEP_ANSWERERS: dict[str, str] = {
@@ -56,12 +56,13 @@ def answer_of(run_dir: str | Path, entry: str, hook_type: str) -> Answer | None:
     return answer if answer is not None else _imported(RECORDED)(Path(run_dir), entry)
 
 
-def sweep_answer_of(path: str | Path, types: dict[str, str], corrupted: str | Path | None = None) -> Answer | None:
+def sweep_answer_of(path: str | Path, types: dict[str, str], corrupted: str | Path | None = None,
+                    on_corrupt: str = "error") -> Answer | None:
     """The answer of the sweep at ``path`` whose jobs' entries are ``types`` (``{entry: hook type}``), from
     ``SWEEP_ANSWERERS`` (one answerer called once however many entries name it); ``None`` when no entry's
-    type has a sweep answerer or its runs hold nothing to answer with."""
+    type has a sweep answerer or its runs hold nothing to answer with; ``on_corrupt`` as for ``load_stats``."""
     targets = {SWEEP_ANSWERERS[kind]: entry for entry, kind in types.items() if kind in SWEEP_ANSWERERS}
-    answers = [_imported(target)(Path(path), entry, corrupted) for target, entry in targets.items()]
+    answers = [_imported(target)(Path(path), entry, corrupted, on_corrupt) for target, entry in targets.items()]
     answers = [answer for answer in answers if answer is not None]
     if not answers:
         return None

@@ -71,18 +71,19 @@ def steer_answer(run_dir: Path, entry: str) -> Answer | None:
     return methods_answer(run_dir, entry)
 
 
-def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None) -> Answer | None:
+def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, on_corrupt: str = "error"
+                   ) -> Answer | None:
     """Of the patching, attribution and steering runs at or under ``path`` (``corrupted``: the baseline
     run of a sweep patched from a stored clean run, for its recovered fractions): a paragraph per
     method; the table is ``patching_table``'s without the columns no row fills (of steering alone,
-    ``steering_table``: it has ``top_changed``)."""
-    steps = load_steps(path)
+    ``steering_table``: it has ``top_changed``). ``on_corrupt`` as for ``load_stats``."""
+    steps = load_steps(path, on_corrupt=on_corrupt)
     metric = measured_metric(steps)
     if metric is None:
         return None
     sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
     clean = sources[0] if len(sources) == 1 and sources[0] != CLEAN else None
-    table = patching_table(path, clean, corrupted if clean else None, metric)
+    table = patching_table(path, clean, corrupted if clean else None, metric, on_corrupt)
     lines = []
     for method in ("patch", "path", "attribution"):
         rows = table[table[METHOD] == method]
@@ -92,7 +93,7 @@ def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None) 
         both, r = attribution_against_patching(table)
         lines.append(f"estimate against real patching: r = {r:.3f} over {len(both)} cells")
     if (table[METHOD] == "steer").any():
-        steer = steering_table(path, metric)
+        steer = steering_table(path, metric, steps, on_corrupt)
         lines += _steer_lines(steer, metric)
         if (table[METHOD] == "steer").all():
             return Answer(lines, steer)
