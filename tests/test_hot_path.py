@@ -193,3 +193,31 @@ def test_the_recording_clamp_records_what_the_quiet_one_does_not(kernel):
     params = len(list(net(1).parameters()))
     assert rows == 3 * params  # param_grad, clipped, after_backward
     assert ops["aten.sub.Tensor"] == params
+
+
+def landed_calls(entries: dict) -> tuple[int, int]:
+    """``(calls of the session's landed-gradient marking in one step, parameters)`` for ``entries`` on ``net(2)``."""
+    model, calls = net(2), 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code.co_name == "landed" and frame.f_code.co_filename.startswith(REPO):
+            calls += 1
+
+    with HookSession(model, build_hooks(entries)) as session:
+        sys.setprofile(profile)
+        try:
+            train_step(model)
+        finally:
+            sys.setprofile(None)
+        session.after_backward()
+        session.recorder.drain()
+    return calls, len(list(model.parameters()))
+
+
+def test_forward_only_entries_add_no_call_per_parameter_and_backward_entries_mark_every_gradient():
+    """The post-accumulate-grad marking is there only while an entry acts after backward."""
+    forward, _ = landed_calls({"s": {"type": "stats", "layers": "leaf:**", "kinds": ["output"]}})
+    backward, parameters = landed_calls({"s": {"type": "stats", "layers": "leaf:**", "kinds": ["grad_output"]}})
+    assert forward == 0
+    assert backward == parameters
