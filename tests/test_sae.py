@@ -86,7 +86,8 @@ def test_edited_features_spliced_with_the_error_term_equal_sae_lens_s(case, edit
 
 def hand_spliced(edits: dict[str, tuple[list[int], float]]):
     """Forward hooks on GPT-2 blocks doing by hand what ``sae`` entries with ``op: steer`` do:
-    ``decode(f') + (x - decode(f))`` with the standard fixture's weights, read with safetensors."""
+    ``decode(f') + (x - decode(f))`` with the standard fixture's weights, read with safetensors, the error
+    term without gradient."""
     w = load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors")
 
     def encode(x):
@@ -97,7 +98,9 @@ def hand_spliced(edits: dict[str, tuple[list[int], float]]):
             f = encode(x)
             edited = f.clone()
             edited[..., features] += value
-            return edited @ w["W_dec"] + w["b_dec"] + (x - (f @ w["W_dec"] + w["b_dec"]))
+            with torch.no_grad():  # the error term carries no gradient, as in sae-lens
+                error = x - (f @ w["W_dec"] + w["b_dec"])
+            return edited @ w["W_dec"] + w["b_dec"] + error
         return hook
 
     return {layer: hook_for(*edit) for layer, edit in edits.items()}
@@ -132,6 +135,27 @@ def test_the_spliced_model_s_logits_equal_the_unspliced_model_s_and_edits_equal_
         handle.remove()
     torch.testing.assert_close(steered, by_hand, atol=1e-5, rtol=0)
     assert (steered - plain).abs().max() > 1e-2
+
+
+def test_gradients_through_the_splice_equal_a_hand_written_hook_s(tmp_path):
+    """Backward through a steered SAE: every parameter's gradient is the hand-written splice's (the
+    gradient reaches the block through the features; the error term carries none)."""
+    edits = {LAYER: ([0, 5], 3.0)}
+    model, x = gpt2(), tokens(2)
+    with runner.attach(model, hooks={"sae": sae_entry(features=[0, 5], op="steer", value=3.0)},
+                       out_dir=tmp_path / "run") as attached:
+        model.zero_grad()
+        loss = model(x).logits.pow(2).mean()
+        loss.backward()
+        spliced = {name: p.grad.clone() for name, p in model.named_parameters()}
+        attached.step(loss)
+    (handle,) = [model.get_submodule(layer).register_forward_hook(hook) for layer, hook in hand_spliced(edits).items()]
+    model.zero_grad()
+    model(x).logits.pow(2).mean().backward()
+    handle.remove()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(spliced[name], p.grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert spliced["transformer.h.0.mlp.c_fc.weight"].abs().max() > 0
 
 
 def test_spliced_at_the_next_block_s_input_the_sae_sees_and_edits_what_it_did_at_the_output(tmp_path):
