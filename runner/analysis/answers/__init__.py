@@ -26,11 +26,11 @@ class Answer:
 
 #: Hook type -> "module:function" of its answerer.
 ANSWERERS: dict[str, str] = {
-    "attribution": "runner.analysis.answers.methods:attribution_answer",
+    "attribution": "runner.analysis.answers.methods:methods_answer",
     "clamp": "runner.analysis.answers.statistics:clamp_answer",
     "logit_lens": "runner.analysis.answers.lens:lens_answer",
     "patch": "runner.analysis.answers.methods:patch_answer",
-    "steer": "runner.analysis.answers.methods:steer_answer",
+    "steer": "runner.analysis.answers.methods:methods_answer",
     "store": "runner.analysis.answers.store:store_answer",
     "units": "runner.analysis.answers.units:answer",
 }

@@ -6,9 +6,9 @@ cells that recover most of the gap between them, with their recovered fraction
 (``runner.analysis.patching.patching_table``); attribution beside real patching says how well the
 estimate agrees (``attribution_against_patching``). Steering says, per steered layer and scale, the
 KL(unsteered || steered) of the next-token distribution and how often the top token changed
-(``runner.analysis.steering.steering_table``). A single run answers for itself (``patch_answer``,
-``attribution_answer``, ``steer_answer``); a sweep, or a directory of such runs, answers once for
-all of them (``methods_answer``, the sweep answerer of every type here).
+(``runner.analysis.steering.steering_table``). A patching job answers for itself (``patch_answer``); an
+attribution or steering run, a sweep, or a directory of such runs answers with ``methods_answer``
+(the sweep answerer of every type here).
 """
 from __future__ import annotations
 
@@ -59,16 +59,6 @@ def patch_answer(run_dir: Path, entry: str) -> Answer | None:
     gap = f", corrupted {corrupted:.4g}: recovered {recovered:.2f}" if not np.isnan(corrupted) else \
         " (the corrupted run's is not known to a patching job: patching_table(..., corrupted=RUN))"
     return Answer([f"{metric} patched at {cell} {patched:.4g}; clean {clean:.4g}{gap}"], table)
-
-
-def attribution_answer(run_dir: Path, entry: str) -> Answer | None:
-    """One attribution run: ``methods_answer`` of its rows."""
-    return methods_answer(run_dir, entry)
-
-
-def steer_answer(run_dir: Path, entry: str) -> Answer | None:
-    """One steering job: ``methods_answer`` of its rows."""
-    return methods_answer(run_dir, entry)
 
 
 def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, on_corrupt: str = "error"
