@@ -186,8 +186,10 @@ class Kernel:
         return out
 
     def interrupted(self, code: str, once: str, after: float) -> dict:
-        """Run ``code``, interrupt the kernel ``after`` seconds after it printed ``once``; the cell's reply."""
-        msg_id = self.client.execute(code)
+        """Run ``code``, interrupt the kernel ``after`` seconds after it printed ``once``; the cell's reply.
+        ``stop_on_error=False``: else ipykernel aborts the cells sent in the moments after the interrupt
+        (seen under load: the next cell came back ``aborted``), which is Jupyter's doing, not ours."""
+        msg_id = self.client.execute(code, stop_on_error=False)
         while True:
             msg = self.client.get_iopub_msg(timeout=60)
             if msg["parent_header"].get("msg_id") == msg_id and once in msg["content"].get("text", ""):
