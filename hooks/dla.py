@@ -35,6 +35,7 @@ from hooks.recorder import walk
 from hooks.registry import register
 from hooks.samples import SampleOutputs, SampleOutputsSpec
 
+READER = "direct logit attribution"
 #: The children naming a block's attention, its MLP and the attention's output projection, as GPT-2-like models name them.
 ATTENTION, MLP, OUT_PROJ = ("attn", "self_attn", "attention"), ("mlp",), ("c_proj", "o_proj", "out_proj")
 
@@ -54,6 +55,7 @@ class DlaSpec(SampleOutputsSpec):
 class Block:
     """One selected block's parts: its attention, MLP and the attention's output projection (``heads`` heads)."""
 
+    module: nn.Module
     attn: nn.Module
     mlp: nn.Module
     out_proj: nn.Module
@@ -73,7 +75,7 @@ def block_parts(layer: str, block: nn.Module, key: str) -> Block:
         raise ConfigError(f"{key}.layers: '{layer}' ({type(block).__name__}) is not a transformer block with an "
                           f"attention ({'/'.join(ATTENTION)} with {'/'.join(OUT_PROJ)} and num_heads) and an "
                           f"mlp; select the blocks, e.g. {key}.layers=transformer.h.*")
-    return Block(attn, mlp, out_proj, int(heads))
+    return Block(block, attn, mlp, out_proj, int(heads))
 
 
 def head_weights(out_proj: nn.Module, heads: int) -> torch.Tensor:
@@ -81,6 +83,23 @@ def head_weights(out_proj: nn.Module, heads: int) -> torch.Tensor:
     ``nn.Linear`` ``[out, in]``)."""
     weight = out_proj.weight if type(out_proj).__name__ == "Conv1D" else out_proj.weight.T
     return weight.reshape(heads, weight.shape[0] // heads, weight.shape[1])
+
+
+def value_constant(block: nn.Module, attn: nn.Module, width: int) -> torch.Tensor | None:
+    """The part of every value vector that no input changes (``[width]``, the output projection's input width): the
+    values' bias plus the attention's input norm's bias through the value weights (GPT-2's fused ``c_attn``'s last
+    third, or ``v_proj``); ``None`` when the attention's values are found in neither."""
+    fused, values = getattr(attn, "c_attn", None), getattr(attn, "v_proj", None)
+    if fused is not None:
+        weight, bias = fused.weight[:, -width:], None if fused.bias is None else fused.bias[-width:]
+    elif values is not None:
+        weight, bias = values.weight.T, values.bias
+    else:
+        return None
+    constant = weight.new_zeros(width) if bias is None else bias.detach()
+    norm = child(block, ("ln_1", "input_layernorm"))
+    norm_bias = getattr(norm, "bias", None)
+    return constant + norm_bias.detach() @ weight.detach() if norm_bias is not None else constant
 
 
 def first(output: Any) -> torch.Tensor:
@@ -103,8 +122,13 @@ class DirectLogitAttribution(SampleOutputs):
         self._read: dict[tuple, torch.Tensor] = {}  # this pass's parts, by (component, layer)
         self._samples: torch.Tensor | None = None
 
+    def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The selected blocks, once the model is known to have a final norm and unembedding (its refusal comes first)."""
+        lens_parts(model, self.key, READER)
+        return super().targets(model)
+
     def attach(self, model: nn.Module, session) -> None:
-        self._norm, self._unembedding = lens_parts(model, self.key)
+        self._norm, self._unembedding = lens_parts(model, self.key, READER)
         if not isinstance(self._norm, nn.LayerNorm) or self._norm.weight is None or self._norm.bias is None:
             raise ConfigError(f"{self.key}: the final norm is a {type(self._norm).__name__}; direct logit attribution "
                               f"reads a LayerNorm with weight and bias (GPT-2's ln_f): model=gpt2_tiny, model=hf")
@@ -165,9 +189,12 @@ class DirectLogitAttribution(SampleOutputs):
         for layer, block in self._blocks.items():
             z = at(seen[("z", layer)])
             weights = head_weights(block.out_proj, block.heads).double()
+            values = value_constant(block.module, block.attn, z.shape[-1])
+            bias = weights.new_zeros(weights.shape[-1]) if block.out_proj.bias is None else block.out_proj.bias.double()
+            if values is not None:  # the same at every position (a pattern's row sums to 1): attn_bias's, as TL folds it
+                values = values.double().reshape(block.heads, 1, -1)
+                z, bias = z - values.reshape(-1), bias + (values @ weights).sum(0).squeeze(0)
             heads = torch.einsum("bphd,hdo->bpho", z.reshape(*z.shape[:2], block.heads, -1), weights)
-            bias = block.out_proj.bias
-            bias = bias.double() if bias is not None else weights.new_zeros(weights.shape[-1])
             parts += [("attn", layer, -1, at(seen[("attn", layer)])),
                       *[("head", layer, h, heads[:, :, h]) for h in range(block.heads)],
                       ("attn_bias", layer, -1, bias.expand(*heads.shape[:2], -1)),
