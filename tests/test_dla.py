@@ -136,3 +136,24 @@ def test_every_contribution_equals_transformer_lens_logit_attrs(gpt2_dir, tmp_pa
     assert bias.sub(constant).abs().max() < 1e-5
     total = sum(theirs[label] for label in labels) + constant
     torch.testing.assert_close(total, diff, rtol=0, atol=1e-5)  # theirs, too, sums to the logit difference
+
+
+def test_the_answer_names_the_largest_parts_and_that_they_sum_to_the_logit_difference(gpt2_dir, tmp_path):
+    from runner.analysis.answers import answer_of
+
+    rows = dla_rows(gpt2_dir, tmp_path)
+    answer = answer_of(tmp_path / "run", "dla", "dla")
+    means = rows.groupby(["component", "layer", "head"]).contribution.mean()
+    whole = means[means.index.get_level_values("component").isin(set(DLA_WHOLE) - {"bias"})]
+    (component, layer, _), value = whole.abs().idxmax(), whole[whole.abs().idxmax()]
+    name = component if not layer else f"{layer} {component}"
+    diff = rows.groupby("sample").logit_diff.first().mean()
+    assert answer.lines[0].startswith(f"logit[3] - logit[7] = {diff:.4g} (mean of 2 readings); "
+                                      f"largest parts: {name} {value:+.4g}, ")
+    heads = means.xs("head", level="component")
+    (layer, head), value = heads.abs().idxmax(), heads[heads.abs().idxmax()]
+    assert answer.lines[1].startswith(f"largest heads: {layer} head {head} {value:+.4g}, ")
+    bias = means[("bias", "", -1)]
+    assert answer.lines[2].endswith(f"in every reading; the constant (bias) term is {bias:+.4g}") and abs(bias) > 1e-3
+    gap = float(answer.lines[2].split(" within ")[1].split(" ")[0])
+    assert gap < 1e-5
