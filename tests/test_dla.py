@@ -5,12 +5,15 @@ projection's bias sum to its attention output, a block left out is the ``rest``,
 equals TransformerLens's ``logit_attrs`` of ``decompose_resid`` / ``stack_head_results``."""
 from __future__ import annotations
 
+import shlex
+
 import pandas as pd
 import pytest
 import torch
 
 from common.records import DLA, DLA_WHOLE
-from conftest import cli, make_config, run
+from conftest import cli, make_config, run, run_main
+from docs_text import blocks, section
 from runner.analysis.load import load_table
 from runner.engine.plan import compile_plan
 from runner.sources.models import gpt2_tiny
@@ -144,16 +147,27 @@ def test_the_answer_names_the_largest_parts_and_that_they_sum_to_the_logit_diffe
     rows = dla_rows(gpt2_dir, tmp_path)
     answer = answer_of(tmp_path / "run", "dla", "dla")
     means = rows.groupby(["component", "layer", "head"]).contribution.mean()
+    def largest(parts: pd.Series) -> str:
+        top = parts.iloc[parts.abs().argsort()[::-1][:5]]
+        return ", ".join(f"{layer + ' ' if layer else ''}{'head ' + str(head) if component == 'head' else component} "
+                         f"{value:+.4g}" for (component, layer, head), value in top.items())
     whole = means[means.index.get_level_values("component").isin(set(DLA_WHOLE) - {"bias"})]
-    (component, layer, _), value = whole.abs().idxmax(), whole[whole.abs().idxmax()]
-    name = component if not layer else f"{layer} {component}"
     diff = rows.groupby("sample").logit_diff.first().mean()
-    assert answer.lines[0].startswith(f"logit[3] - logit[7] = {diff:.4g} (mean of 2 readings); "
-                                      f"largest parts: {name} {value:+.4g}, ")
-    heads = means.xs("head", level="component")
-    (layer, head), value = heads.abs().idxmax(), heads[heads.abs().idxmax()]
-    assert answer.lines[1].startswith(f"largest heads: {layer} head {head} {value:+.4g}, ")
+    assert answer.lines[0] == f"logit[3] - logit[7] = {diff:.4g} (mean of 2 readings); largest parts: {largest(whole)}"
+    assert answer.lines[1] == f"largest heads: {largest(means[means.index.get_level_values('component') == 'head'])}"
     bias = means[("bias", "", -1)]
     assert answer.lines[2].endswith(f"in every reading; the constant (bias) term is {bias:+.4g}") and abs(bias) > 1e-3
     gap = float(answer.lines[2].split(" within ")[1].split(" ")[0])
     assert gap < 1e-5
+
+
+def test_the_how_to_s_command_runs_as_written_and_prints_the_answer_it_shows(tmp_path, monkeypatch, capsys):
+    text = section("how-to/direct-logit-attribution.md", "Run it")
+    command, = blocks(text, "bash")
+    shown, = blocks(text, "text")
+    monkeypatch.chdir(tmp_path)
+    ran = run_main(monkeypatch, capsys, *shlex.split(command)[3:])
+    assert ran.code == 0, ran.stderr
+    printed = ran.stdout.splitlines()
+    at = printed.index(shown.splitlines()[0])
+    assert printed[at:at + 3] == shown.splitlines()
