@@ -18,7 +18,7 @@ each selected block's ``attn`` and ``mlp``, ``rest`` (the blocks ``layers`` does
 each selected block's ``head`` rows and ``attn_bias``, which sum to its ``attn``. Passes aside and on
 the meta device add no rows. The parts are read by forward hooks that change nothing; a pass whose
 parts do not add up (dropout in training mode, another entry editing between them) is refused in one
-line rather than written.
+line rather than written (as is a model whose dropout is on: ``mode=eval``).
 """
 from __future__ import annotations
 
@@ -132,6 +132,9 @@ class DirectLogitAttribution(SampleOutputs):
         if not isinstance(self._norm, nn.LayerNorm) or self._norm.weight is None or self._norm.bias is None:
             raise ConfigError(f"{self.key}: the final norm is a {type(self._norm).__name__}; direct logit attribution "
                               f"reads a LayerNorm with weight and bias (GPT-2's ln_f): model=gpt2_tiny, model=hf")
+        if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+            raise ConfigError(f"{self.key}: the model's dropout is on in training mode, and dropped parts do not add "
+                              f"up to the logit difference; run mode=eval")
         base = model.base_model
         stack = next((m for m in base.children() if isinstance(m, nn.ModuleList)), nn.ModuleList())
         self._order = {}
@@ -230,11 +233,11 @@ class DirectLogitAttribution(SampleOutputs):
             heads = sum(x for (c, _), x in own.items() if c in ("head", "attn_bias"))
             if far(heads, own[("attn", -1)]):
                 raise ConfigError(f"{self.key}: '{layer}' attention output is not its heads' outputs plus the "
-                                  f"output projection's bias (dropout in training mode? run mode=eval)")
+                                  f"output projection's bias: an entry edits between them; read the model unedited")
         if self._every_block and far(
                 sum(x for c, _, _, x in parts if c in DLA_WHOLE), resid):
             raise ConfigError(f"{self.key}: the final norm's input is not the embeddings plus every block's attention "
-                              f"and mlp outputs (dropout in training mode? run mode=eval)")
+                              f"and mlp outputs: an entry edits between them; read the model unedited")
 
     def _write(self, contributions: dict, logit_diff: torch.Tensor, scale: torch.Tensor, positions: list[int]) -> None:
         batch = logit_diff.shape[0]

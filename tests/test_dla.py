@@ -19,6 +19,8 @@ from runner.engine.plan import compile_plan
 from runner.sources.models import gpt2_tiny
 
 DIFF = (3, 7)
+#: An entry adding 1 to a module's output, after ``dla`` read its parts.
+BUMP = "+hooks.bump={{type:edit_output,layers:{},op:add,value:1.0}}"
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +104,14 @@ def test_a_block_left_out_is_the_rest(gpt2_dir, tmp_path):
     (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,100]"),
      "error: hooks.dla.diff: [1, 100] are not tokens of a vocabulary of 100"),
     (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", "mode=train", "loss=sum"),
+     "error: hooks.dla: the model's dropout is on in training mode, and dropped parts do not add up to the logit "
+     "difference; run mode=eval"),
+    (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", BUMP.format("transformer.h.0.attn.c_proj")),
      "error: hooks.dla: 'transformer.h.0' attention output is not its heads' outputs plus the output projection's "
-     "bias (dropout in training mode? run mode=eval)"),
+     "bias: an entry edits between them; read the model unedited"),
+    (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", BUMP.format("transformer.h.1")),
+     "error: hooks.dla: the final norm's input is not the embeddings plus every block's attention and mlp outputs: "
+     "an entry edits between them; read the model unedited"),
 ])
 def test_what_dla_cannot_read_is_one_line_with_status_2(tmp_path, capsys, bad, message):
     with pytest.raises(SystemExit) as exit_:
