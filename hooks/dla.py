@@ -15,10 +15,12 @@ Each pass adds to ``dla.parquet`` (``common.records.DLA_SCHEMA``), per sample at
 last, which ``metric.diff`` reads; null: every position), one row per part: ``embed``, ``pos_embed``,
 each selected block's ``attn`` and ``mlp``, ``rest`` (the blocks ``layers`` does not select) and
 ``bias``, which sum to the model's own logit difference (``logit_diff``, beside each row); and, finer,
-each selected block's ``head`` rows and ``attn_bias``, which sum to its ``attn``. Passes aside and on
-the meta device add no rows. The parts are read by forward hooks that change nothing; a pass whose
-parts do not add up (dropout in training mode, another entry editing between them) is refused in one
-line rather than written (as is a model whose dropout is on: ``mode=eval``).
+each selected block's ``head`` rows and ``attn_bias``, which sum to its ``attn``. As TransformerLens
+folds it into ``b_O``, what every value vector holds whatever the input (the values' bias and the
+attention's input norm's bias through the value weights) is ``attn_bias``'s, not the heads'. Passes
+aside and on the meta device add no rows. The parts are read by forward hooks that change nothing; a
+pass whose parts do not add up (another entry edits between them) is refused in one line rather than
+written, and a model whose dropout is on (training mode) before the run.
 """
 from __future__ import annotations
 
@@ -171,6 +173,10 @@ class DirectLogitAttribution(SampleOutputs):
         vocab = self._unembedding.weight.shape[0]
         if max(self.spec.diff) >= vocab:
             raise ConfigError(f"{self.key}.diff: {list(self.spec.diff)} are not tokens of a vocabulary of {vocab}")
+        positions, where = x.shape[1], self.spec.position
+        if where is not None and not -positions <= where < positions:
+            raise ConfigError(f"{self.key}.position: {where} is not a position of '{layer}' output's {positions} "
+                              f"(-1: the last; null: every position)")
 
     def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
         self._samples = samples

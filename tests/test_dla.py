@@ -103,6 +103,9 @@ def test_a_block_left_out_is_the_rest(gpt2_dir, tmp_path):
      "e.g. 'hooks.dla.diff=[3,7]'"),
     (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,100]"),
      "error: hooks.dla.diff: [1, 100] are not tokens of a vocabulary of 100"),
+    (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", "hooks.dla.position=16"),
+     "error: hooks.dla.position: 16 is not a position of 'transformer.h.0' output's 16 (-1: the last; null: every "
+     "position)"),
     (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", "mode=train", "loss=sum"),
      "error: hooks.dla: the model's dropout is on in training mode, and dropped parts do not add up to the logit "
      "difference; run mode=eval"),
