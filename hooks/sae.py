@@ -43,7 +43,8 @@ from common.errors import ConfigError, choice_error
 from common.unit_sketch import default_unit_axis
 from hooks.base import HookType
 from hooks.callables import resolve_callable
-from hooks.index import Index, parse_index
+from hooks.edits import OPS as EDITS
+from hooks.index import Index, narrowed, parse_index
 from hooks.registry import check_finite, register
 from hooks.sae_format import check_sae, check_saelens, read_config
 from hooks.sae_width import input_width, output_width
@@ -56,7 +57,9 @@ FEATURES = "sae"
 TARGETS = ("output", "input")
 #: Modules whose forward (or their owner's loop) calls every child: a features module added there would run.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-OPS = ("ablate", "clamp", "steer")
+#: Each op as ``hooks.edits``' op and its value (``None``: the entry's ``value``).
+EDIT_OPS = {"ablate": (EDITS["set"], 0.0), "clamp": (EDITS["set"], None), "steer": (EDITS["add"], None)}
+OPS = tuple(EDIT_OPS)
 
 
 @dataclass
@@ -263,14 +266,11 @@ class Sae(Tap):
         return (self._sae.decode(edited) + error).to(x.dtype).movedim(-1, axis)
 
     def _edited(self, features: torch.Tensor) -> torch.Tensor:
-        index = self.features_index
-        if index is None:
+        """``features`` with the entry's op applied to the part ``features`` picks (``hooks.index.narrowed``)."""
+        if self.features_index is None:
             return features
-        index.check(features.shape)
-        op, value = self.spec.op, self.spec.value
-        new = (torch.zeros_like(features) if op == "ablate" else torch.full_like(features, value) if op == "clamp"
-               else features + value)
-        return index.apply(features, new)
+        op, value = EDIT_OPS[self.spec.op]
+        return narrowed(lambda x: op(x, self.spec.value if value is None else value), self.features_index)(features)
 
 
 def check_order(hooks: Sequence[HookType]) -> None:
