@@ -46,7 +46,7 @@ from hooks.callables import resolve_callable
 from hooks.edits import OPS as EDITS
 from hooks.index import Index, narrowed, parse_index
 from hooks.registry import check_finite, register
-from hooks.sae_format import check_sae, check_saelens, read_config
+from hooks.sae_format import check_sae, check_saelens, host_bytes, read_config
 from hooks.sae_width import input_width, output_width
 from hooks.tap import TapSpec, Tap
 
@@ -217,6 +217,10 @@ class Sae(Tap):
         super().attach(model, session)  # its targets() adds the features modules
         for _, child in self._features.values():
             child.encode = self._encode
+
+    def held_bytes(self) -> dict[str, int]:
+        """The SAE's weights, loaded on the host for the run (``memory.budget`` counts them)."""
+        return {"SAE weights": host_bytes(self._sae)} if self._sae is not None else {}
 
     def _load(self) -> Any:
         loader = resolve_callable(self.spec._target_, f"{self.key}._target_", 1, "(path)")

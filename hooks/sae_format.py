@@ -167,6 +167,14 @@ def load_saelens(folder: str) -> SaeLensSae:
                       cfg.get("normalize_activations", "none"))
 
 
+def host_bytes(sae: Any) -> int:
+    """Bytes of the SAE's tensors held on the host: a module's parameters and buffers, a SAELens folder's
+    tensors (``SaeLensSae.tensors``), else its ``W_dec``."""
+    tensors = (sae.state_dict().values() if isinstance(sae, torch.nn.Module)
+               else getattr(sae, "tensors", {"W_dec": sae.W_dec}).values())
+    return sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu")
+
+
 def check_sae(sae: Any, key: str) -> tuple[int, int]:
     """``(d_in, d_sae)`` of a loaded SAE keeping the contract (module docstring), else one line."""
     missing = [name for name in ("encode", "decode") if not callable(getattr(sae, name, None))]
