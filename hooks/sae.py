@@ -32,7 +32,6 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -46,7 +45,7 @@ from hooks.callables import resolve_callable
 from hooks.edits import OPS as EDITS
 from hooks.index import Index, narrowed, parse_index
 from hooks.registry import check_finite, register
-from hooks.sae_format import check_sae, check_saelens, host_bytes, read_config
+from hooks.sae_format import check_sae, check_saelens, host_bytes
 from hooks.sae_width import input_width, output_width
 from hooks.tap import TapSpec, Tap
 
@@ -84,9 +83,7 @@ class SaeSpec(TapSpec):
         if not self.path:
             raise ConfigError(f"{key}.path: required: the SAE's folder (SAELens: cfg.json and "
                               f"sae_weights.safetensors), e.g. {key}.path=saes/blocks.0")
-        if self._target_ == SAELENS_LOADER:
-            check_saelens(self.path, f"{key}.path")
-        else:
+        if self._target_ != SAELENS_LOADER:  # a SAELens folder is checked once, by the entry (``Sae.folder``)
             resolve_callable(self._target_, f"{key}._target_", 1, "(path)")
         if self.op is not None and self.op not in OPS:
             raise choice_error(f"{key}.op", self.op, OPS, "op")
@@ -127,13 +124,20 @@ class Sae(Tap):
 
     spec_class = SaeSpec
 
-    def __init__(self, name: str, spec: SaeSpec) -> None:
+    def __init__(self, name: str, spec: SaeSpec, folder: dict | None = None) -> None:
         super().__init__(name, spec)
+        #: A SAELens folder's ``cfg.json`` as ``check_saelens`` read and checked it, once per entry (``fresh`` keeps
+        #: it); ``None`` for another format's loader.
+        self.folder = folder if folder is not None or spec._target_ != SAELENS_LOADER else check_saelens(
+            spec.path, f"{self.key}.path")
         self._sae: Any = None
         self._dims = (0, 0)  # (d_in, d_sae)
         self._features: dict[str, tuple[nn.Module, SaeFeatures]] = {}  # layer -> (the spliced module, its child)
         self._layer = ""
         self._clean: torch.Tensor | None = None  # encode(x) of the call being spliced
+
+    def fresh(self) -> Sae:
+        return type(self)(self.name, self.spec, self.folder)
 
     @functools.cached_property
     def features_index(self) -> Index | None:
@@ -164,9 +168,9 @@ class Sae(Tap):
     def check_built(self, model: nn.Module) -> None:
         """A SAELens SAE's ``d_in`` against the width of each tensor it would splice (``hooks.sae_width``),
         where the model built on the meta device tells it, and the feature numbers against ``d_sae``."""
-        if self.spec._target_ != SAELENS_LOADER:
+        cfg = self.folder
+        if cfg is None:
             return
-        cfg = read_config(Path(self.spec.path), f"{self.key}.path")
         d_in = cfg["d_in"]
         if isinstance(self.spec.features, (int, list, ListConfig)):  # feature numbers: they fit d_sae or not
             self.features_index.check(torch.Size([1, cfg["d_sae"]]))
@@ -224,6 +228,8 @@ class Sae(Tap):
 
     def _load(self) -> Any:
         loader = resolve_callable(self.spec._target_, f"{self.key}._target_", 1, "(path)")
+        if self.folder is not None:  # the default loader, given the config the entry read
+            loader = partial(loader, cfg=self.folder)
         try:
             return loader(self.spec.path)
         except ConfigError:

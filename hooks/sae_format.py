@@ -156,10 +156,10 @@ def check_saelens(folder: str, key: str) -> dict[str, Any]:
     return cfg
 
 
-def load_saelens(folder: str) -> SaeLensSae:
+def load_saelens(folder: str, cfg: dict[str, Any] | None = None) -> SaeLensSae:
     """The SAE in the SAELens folder ``folder`` (checked by ``check_saelens`` when the entry was built),
-    in the dtype of its ``cfg.json`` (default float32)."""
-    cfg = read_config(Path(folder), "sae")
+    in the dtype of its ``cfg.json`` (default float32); ``cfg``: that file as the entry read it."""
+    cfg = read_config(Path(folder), "sae") if cfg is None else cfg
     dtype = getattr(torch, str(cfg.get("dtype", "float32")).removeprefix("torch."))
     with safe_open(Path(folder) / WEIGHTS_FILE, framework="pt") as f:
         tensors = {name: f.get_tensor(name).to(dtype) for name in f.keys()}  # noqa: SIM118
