@@ -160,9 +160,23 @@ LENS_SCHEMA = pa.schema([
     pa.field("target_prob", _F64), pa.field("target_rank", _I64),
 ])
 
+#: ``dla.parquet``: one row per (entry, step, sample, position, component) of a ``dla`` entry (``hooks.dla``):
+#: ``contribution``, a part of the residual stream's share of ``logit_diff`` = logit[``target``] - logit[``other``]
+#: (the model's own, beside each row) with the final norm's ``scale`` frozen. Components ``DLA_WHOLE`` sum to
+#: ``logit_diff``; a block's ``head`` rows (``head`` its index, else -1) and its ``attn_bias`` sum to its ``attn``.
+#: ``layer`` is the block's module name and ``block`` its place among the model's blocks ("" and -1 for the others).
+DLA = "dla.parquet"
+DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
+DLA_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("position", _I64),
+    pa.field("component", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64),
+    pa.field("head", _I64), pa.field("target", _I64), pa.field("other", _I64), pa.field("contribution", _F64),
+    pa.field("logit_diff", _F64), pa.field("scale", _F64),
+])
+
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
 RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
-                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

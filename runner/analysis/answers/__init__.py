@@ -28,6 +28,7 @@ class Answer:
 ANSWERERS: dict[str, str] = {
     "attribution": "runner.analysis.answers.methods:methods_answer",
     "clamp": "runner.analysis.answers.statistics:clamp_answer",
+    "dla": "runner.analysis.answers.dla:dla_answer",
     "logit_lens": "runner.analysis.answers.lens:lens_answer",
     "patch": "runner.analysis.answers.methods:patch_answer",
     "steer": "runner.analysis.answers.methods:methods_answer",
