@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,16 +26,24 @@ from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
 
 
-def test_the_site_builds_strict(tmp_path):
-    """``mkdocs build --strict``: a broken link, anchor or API reference, or a page outside the nav, fails it."""
+def test_the_site_builds_strict():
+    """The README's ``mkdocs build --strict ...`` as written: a broken link, anchor or API reference, or a page
+    outside the nav, fails it; the notebooks are pages with their code."""
+    (line,) = [line for line in blocks(section("README.md", "Tests"), "bash")[0].splitlines() if line.startswith("mkdocs ")]
+    words = shlex.split(line, comments=True)
+    site = Path(words[words.index("--site-dir") + 1])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", *words], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    api = (site / "reference" / "api" / "index.html").read_text()
     assert 'id="runner.engine.attach.attach"' in api and 'id="runner.analysis.load.load_stats"' in api
-    specs = (tmp_path / "site" / "reference" / "hook-types" / "index.html").read_text()
+    specs = (site / "reference" / "hook-types" / "index.html").read_text()
     assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
+    for notebook in (DOCS / "notebooks").glob("*.py"):
+        rendered = (site / "notebooks" / notebook.stem / "index.html").read_text()
+        assert "runner</span><span class=\"o\">.</span><span class=\"n\">attach" in rendered, notebook.name
+    assert not (ROOT / ".cache").exists()  # the build writes nothing into the checkout
 
 
 def _nav_pages(nav) -> list[str]:
@@ -49,7 +58,8 @@ def test_every_page_is_in_the_navigation_once_and_every_nav_entry_is_a_page():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     listed = _nav_pages(config["nav"])
     assert len(listed) == len(set(listed))
-    assert sorted(listed) == sorted(name for name in pages() if name != "README.md")
+    notebooks = [str(p.relative_to(DOCS)) for p in (DOCS / "notebooks").glob("*.py")]
+    assert sorted(listed) == sorted([name for name in pages() if name != "README.md"] + notebooks)
 
 
 def test_every_link_of_the_readme_reaches_a_file():

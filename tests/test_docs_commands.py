@@ -19,7 +19,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import runner.analysis as analysis
@@ -296,5 +295,3 @@ def test_the_sweeps_of_sweeps_md_run_as_written(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         steps = analysis.load_steps(where / "outputs" / "multirun")
         assert steps.run_dir.nunique() == jobs, command
-    bounds = analysis.load_stats(tmp_path / "1" / "outputs" / "multirun", filters=[("kind", "=", "param_grad")])
-    assert isinstance(bounds, pd.DataFrame) and not bounds.empty
