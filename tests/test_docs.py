@@ -7,6 +7,7 @@ and the feature tests), which read them through ``docs_text`` by page and headin
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -219,3 +220,31 @@ def test_the_generated_reference_expands_every_marker():
 
 def test_the_readme_is_a_front_page():
     assert len(page("README.md").splitlines()) <= 220
+
+
+def test_the_reference_refuses_a_key_or_column_without_a_meaning(tmp_path, monkeypatch):
+    """Every key and column has its ``#:`` meaning (the generators raise otherwise, which fails the build);
+    a column whose bullet is gone, or a key without a comment, is named."""
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    for generate in (gen_reference.hook_specs, gen_reference.config_groups, gen_reference.columns):
+        assert "|  |" not in generate()  # no empty cell
+    (tmp_path / "common").mkdir()
+    records = (ROOT / "common" / "records.py").read_text()
+    bullet = "#: - ``target_rank``: "
+    assert records.count(bullet) == 1
+    (tmp_path / "common" / "records.py").write_text(
+        "\n".join(line for line in records.splitlines() if not line.startswith(bullet)))
+    monkeypatch.setattr(gen_reference, "ROOT", tmp_path)
+    with pytest.raises(gen_reference.MissingMeaning, match=r"lens\.parquet target_rank$"):
+        gen_reference.columns()
+    (tmp_path / "plain_spec.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Plain:\n"
+                                             "    said: int = 0  #: a meaning\n    unsaid: int = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from plain_spec import Plain
+
+    with pytest.raises(gen_reference.MissingMeaning, match=r"plain_spec\.Plain: no `#:` comment for unsaid$"):
+        gen_reference._fields_table(list(dataclasses.fields(Plain)), Plain)
