@@ -60,6 +60,8 @@ def everything() -> str:
 
 #: A shell command's trailing comment: ``#`` after a space, then a space (``re:...\d+`` and ``'#'`` stay).
 COMMENT = re.compile(r"\s+#\s.*$")
+#: A ``$ python -m runner`` line a page shows failing: the command and the ``error:`` line under it.
+SHOWN_FAILING = re.compile(r"^ *\$ (python -m runner [^\n]*)\n *(error: [^\n]*)$", re.M)
 #: A command that stands for others: its placeholders are not values.
 PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|SWEEP|RUN|JOBID|OVERRIDES)\b")
 

@@ -21,7 +21,7 @@ import yaml
 import runner
 import runner.analysis as analysis
 from common.errors import OutputError
-from docs_text import DOCS, ROOT, blocks, page, pages, section
+from docs_text import DOCS, ROOT, SHOWN_FAILING, blocks, everything, normal, page, pages, section, shell_commands
 from runner.cli.commandline import check_command_line
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
@@ -124,35 +124,16 @@ def test_a_run_on_windows_is_refused_in_one_line_before_anything_is_written(tmp_
 NEEDS_EARLIER = re.compile(r"\b(source|positive|negative|replay|model\.path)=(?!clean\b)|data\.path=\S*crops|resume=")
 
 
-#: A command that stands for others: its placeholders are not values.
-PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|SWEEP)\b")
-
-
 def runner_commands() -> list[tuple[str, str]]:
-    """``(page, command)`` for every ``python -m runner`` line of a code block and every such code span of
-    every page, continuations joined, prompts and comments dropped; not those shown failing anywhere (an
-    ``error:`` line follows them in a block) nor those with placeholders."""
-    found, failing = [], set()
-    for name, text in pages().items():
-        for language, block in re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M):
-            lines = block.replace("\\\n", " ").splitlines() if language in ("", "bash", "text") else []
-            for at, line in enumerate(lines):
-                command = line.strip().removeprefix("$ ").split("  #", 1)[0].strip()
-                shown_failing = at + 1 < len(lines) and lines[at + 1].strip().startswith("error:")
-                if command.startswith("python -m runner ") and shown_failing:
-                    failing.add(command)
-                elif command.startswith("python -m runner "):
-                    found.append((name, command))
-        prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
-        found += [(name, span[span.index("python -m runner "):])
-                  for span in re.findall(r"`([^`\n]*python -m runner [^`\n]*)`", prose)]
-    return [(name, command) for name, command in dict.fromkeys(found)
-            if not PLACEHOLDER.search(command) and command not in failing]
+    """``(page, command)`` for every ``python -m runner`` command of every page (``docs_text.shell_commands``)
+    but those a page shows failing (an ``error:`` line follows them)."""
+    failing = {normal(command) for command, _ in SHOWN_FAILING.findall(everything())}
+    return [(name, command) for name, command in shell_commands()
+            if command.startswith("python -m runner ") and command not in failing]
 
 
-#: The commands no other test runs: the tutorial table's rows run in tests/test_readme.py, and every command
-#: that names its directory runs, twice, in tests/test_readme_twice.py (the patching, steering, training
-#: and clip tutorials', the replay's, ...).
+#: The commands that stand alone, each composed and planned here in well under a second: a typo fails here even
+#: in a command whose run is slow or marked (each runs as written: tests/test_docs_commands.py says where).
 COMMANDS = [(name, command) for name, command in runner_commands()
             if not NEEDS_EARLIER.search(command) and command not in TABLE and not FIXED.search(command)]
 

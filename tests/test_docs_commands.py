@@ -22,13 +22,12 @@ from pathlib import Path
 import pytest
 
 import runner.analysis as analysis
-from docs_text import blocks, normal, page, section, shell_commands
+from docs_text import SHOWN_FAILING, blocks, everything, normal, page, section, shell_commands
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import COMMANDS as TWICE
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = shell_commands()
-SHOWN_FAILING = re.compile(r"^ *\$ (python -m runner [^\n]*)\n *(error: [^\n]*)$", re.M)
 
 
 def bash_lines(name: str, heading: str | None = None) -> list[str]:
@@ -46,8 +45,7 @@ def one(name: str, pattern: str) -> list[str]:
 def shown_failing() -> list[tuple[str, str]]:
     """``(command, its error line)`` for every ``$ python -m runner`` a page shows failing at once (not those
     shown failing "the second time": tests/test_readme_twice.py runs them)."""
-    text = "\n".join(page(name) for name in dict.fromkeys(name for name, _ in DOCS))
-    return [(command, line) for command, line in dict.fromkeys(SHOWN_FAILING.findall(text))
+    return [(normal(command), line) for command, line in dict.fromkeys(SHOWN_FAILING.findall(everything()))
             if not re.search(r"hydra\.(run|sweep)\.dir=", command)]
 
 
