@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = shell_commands()
 
 
-def bash_lines(name: str, heading: str | None = None) -> list[str]:
-    """The commands of a page's (or one section's) ``bash`` blocks."""
+def bash_lines(name: str, heading: str | None = None, which: slice = slice(None)) -> list[str]:
+    """The commands of a page's (or one section's) ``bash`` blocks (those ``which`` selects), continuations joined."""
     text = page(name) if heading is None else section(name, heading)
-    return [line for block in blocks(text, "bash") for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    return [line for block in blocks(text, "bash")[which] for line in block.replace("\\\n", " ").splitlines()
+            if line.strip()]
 
 
 def one(name: str, pattern: str) -> list[str]:
@@ -58,7 +59,7 @@ QUICK = one("explanation/performance.md", r"hooks=none model=convnet$") + \
 OF_A_SWEEP = one("how-to/analysis.md", r"^python -m runner\.report ") + \
     one("how-to/live-dashboards.md", r"^python -m runner\.tensorboard_export ")
 SERVER = one("how-to/live-dashboards.md", r"^tensorboard --logdir ")
-SWEEPS = [normal(c) for c in blocks(section("how-to/sweeps.md", "Sweeps"), "bash")[0].replace("\\\n", " ").splitlines()] + one("how-to/sweeps.md", r"hydra/launcher=joblib")
+SWEEPS = bash_lines("how-to/sweeps.md", "Sweeps", slice(0, 1)) + one("how-to/sweeps.md", r"hydra/launcher=joblib")
 
 
 def _slurm_part() -> list[str]:
@@ -173,11 +174,6 @@ def like_root(tmp_path, monkeypatch) -> Path:
     (tmp_path / "assets").symlink_to(ROOT / "assets")
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def the_run(where: Path) -> Path:
-    (manifest,) = (where / "outputs").rglob("manifest.json")
-    return manifest.parent
 
 
 def _startup_run(run_dir, out, shown):
