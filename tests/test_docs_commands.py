@@ -238,18 +238,20 @@ def test_a_command_shown_failing_prints_the_line_shown(command, line, like_root,
 
 
 def test_the_report_and_the_export_of_a_dated_sweep_run_as_written(like_root, monkeypatch, capsys):
-    """The dated directory is what Hydra names a sweep by default; a two-job sweep is made there first."""
+    """The dated directory is what Hydra names a sweep by default; a two-job sweep is made there first. A second
+    export replaces each job's event file (TensorBoard would show every step twice beside an old one)."""
     dated = Path(shlex.split(OF_A_SWEEP[0])[3])
     assert shlex.split(OF_A_SWEEP[1])[3] == str(dated)
     made = python_m(f"python -m runner -m model=mlp hooks=stats steps=2 seed=0,1 hydra.sweep.dir={dated}",
                     monkeypatch, capsys)
     assert made[0] == 0, made[2]
-    report, export = (python_m(command, monkeypatch, capsys) for command in OF_A_SWEEP)
-    assert report[0] == 0 and export[0] == 0, (report[2], export[2])
-    html = (dated / "report.html").read_text()
-    assert "seed=0" in html and "seed=1" in html
-    assert export[1].splitlines() == [f"wrote {dated / str(job) / 'tensorboard'}" for job in (0, 1)]
-    assert all(list((dated / str(job) / "tensorboard").glob("events.out.tfevents.*")) for job in (0, 1))
+    for _ in range(2):  # they name a fixed directory: twice in a row, the second replaces what the first wrote
+        report, export = (python_m(command, monkeypatch, capsys) for command in OF_A_SWEEP)
+        assert report[0] == 0 and export[0] == 0, (report[2], export[2])
+        html = (dated / "report.html").read_text()
+        assert "seed=0" in html and "seed=1" in html
+        assert export[1].splitlines() == [f"wrote {dated / str(job) / 'tensorboard'}" for job in (0, 1)]
+        assert [len(list((dated / str(job) / "tensorboard").glob("events.out.tfevents.*"))) for job in (0, 1)] == [1, 1]
 
 
 @pytest.mark.tracking
