@@ -43,7 +43,7 @@ NEXT, FINAL = "next", "final"
 
 @dataclass
 class LogitLensSpec(SampleOutputsSpec):
-    top_k: int = 5
+    top_k: int = 5  #: how many top tokens ``lens.parquet`` keeps per block and position
     target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
 
     def check(self, key: str) -> None:
