@@ -241,6 +241,19 @@ LENS_SCHEMA = pa.schema([
 #: ``layer`` is the block's module name and ``block`` its place among the model's blocks ("" and -1 for the others).
 DLA = "dla.parquet"
 DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
+#: - ``hook``: the ``dla`` entry's name
+#: - ``step``: step number, from 0
+#: - ``sample``: the sample's index in the batch
+#: - ``position``: the token position whose logits are split
+#: - ``component``: the part: ``embed``, ``pos_embed``, ``attn``, ``mlp``, ``rest``, ``bias``, ``head`` or ``attn_bias``
+#: - ``layer``: the block's qualified module name ("" for parts outside the blocks)
+#: - ``block``: the block's number, from 0 (-1 for parts outside the blocks)
+#: - ``head``: the attention head's index for ``head`` rows, else -1
+#: - ``target``: the token id whose logit counts positively
+#: - ``other``: the token id whose logit is subtracted
+#: - ``contribution``: the part's share of ``logit_diff``, the final norm's scale frozen
+#: - ``logit_diff``: the model's own logit[``target``] - logit[``other``] at this position
+#: - ``scale``: the final norm's scale at this position (held fixed for every part)
 DLA_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("position", _I64),
     pa.field("component", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64),
