@@ -87,6 +87,8 @@ RUN_BY = {
     "test_readme_steering.py::test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing":
         lambda: bash_lines("tutorials/steering.md"),
     "test_readme_whole_datasets.py::test_the_three_workflows_run_as_written": lambda: bash_lines("tutorials/units.md"),
+    "test_dla.py::test_the_how_to_s_command_runs_as_written_and_prints_the_answer_it_shows":
+        lambda: bash_lines("how-to/direct-logit-attribution.md"),
     "test_readme_whole_datasets.py::test_the_sharded_sweep_runs_as_written_on_slurm":
         lambda: one("how-to/whole-datasets.md", r"hydra/launcher=slurm_cpu"),
     "test_readme_whole_datasets.py::test_units_and_a_store_under_torchrun_merge_to_the_one_process_run":
