@@ -131,6 +131,7 @@ CANNOT_RUN = {
     "python -m pytest -q -m compiled": SUITE,
     "python -m pytest -q -m soak": SUITE,
     "python -m pytest -q -m tracking": SUITE,
+    "python -m pytest -q -m oracles": SUITE,
     "python -m benchmarks.run": "a benchmark: minutes of timed runs a shared machine makes noise of (--quick runs)",
     "python -m benchmarks.run --resnet50": "a benchmark: minutes of timed runs (--quick runs)",
     "python -m benchmarks.run --long": "a benchmark: a 10,000-job sweep to load, timed (--quick runs)",
