@@ -160,9 +160,22 @@ LENS_SCHEMA = pa.schema([
     pa.field("target_prob", _F64), pa.field("target_rank", _I64),
 ])
 
+#: ``generations.parquet``: one row per (step, sample) of a ``mode=generate`` run (``runner.engine.generation``):
+#: ``hook`` is ``GENERATE`` (the run's generation, not an entry), ``sample`` the prompt's dataset index,
+#: ``prompt`` its text and ``prompt_ids`` its tokens (no pads), ``generated_ids`` the new tokens up to and
+#: including the first end-of-text token (all ``max_new_tokens`` when none came), ``generated_text`` those
+#: decoded without special tokens. Every hook entry applied to the prompt and to every generated token.
+GENERATIONS = "generations.parquet"
+GENERATE = "generate"
+GENERATIONS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("prompt", pa.string()),
+    pa.field("prompt_ids", pa.list_(_I64)), pa.field("generated_ids", pa.list_(_I64)),
+    pa.field("generated_text", pa.string()),
+])
+
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
 RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
-                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, GENERATIONS: GENERATIONS_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
