@@ -1,7 +1,12 @@
 """``mode=generate`` against a hand-written ``model.generate``: the tokens generated under steering, an SAE
 feature edit, no hook at all, and sampling with a seed equal those of ``model.generate`` on the same
-gpt2_tiny with the same forward hook registered by hand, token for token; ``runner.attach`` around the
-user's own ``generate`` records every call; bad input is one line with status 2 and nothing written."""
+tiny GPT-2 with the same forward hook registered by hand, token for token; ``runner.attach`` around the
+user's own ``generate`` records every call; bad input is one line with status 2 and nothing written.
+
+The model is gpt2_tiny's architecture with larger random weights (``initializer_range=0.2``), saved with
+``save_pretrained`` beside the tiny tokenizer (``model=hf``): gpt2_tiny's own weights (0.02) make it
+repeat its last token whatever came before, so an edit applied to the prompt only, or to the new tokens
+only, would generate what the edit at every call does, and the tests could not tell them apart."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,13 +27,32 @@ TOKENIZER = str(FIXTURES / "tiny_tokenizer")
 PROMPTS = ["the cat sees the", "a dog", "king and queen love"]
 LAYER = "transformer.h.0"
 NEW = 6
-TEXT = ("model=gpt2_tiny", "data=text", f"data.prompts=[{','.join(PROMPTS)}]", f"data.tokenizer={TOKENIZER}",
-        "mode=generate", "loss=none", f"generate.max_new_tokens={NEW}")
+TEXT = ("data=text", f"data.prompts=[{','.join(PROMPTS)}]", "mode=generate", "loss=none",
+        f"generate.max_new_tokens={NEW}")
 
 
 def gpt2():
-    torch.manual_seed(0)  # the run's seed: the same random weights
-    return gpt2_tiny().eval()
+    """The tests' model (the module's docstring says why not gpt2_tiny's own weights)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                      initializer_range=0.2, bos_token_id=0, eos_token_id=0)).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """``gpt2()`` and the tiny tokenizer saved together with ``save_pretrained``: a ``model=hf`` folder."""
+    folder = tmp_path_factory.mktemp("hf") / "gpt2_lively"
+    gpt2().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def text(saved) -> tuple[str, ...]:
+    """A generation run's overrides: the saved model, its folder's tokenizer, the prompts."""
+    return ("model=hf", f"model.path={saved}", *TEXT)
 
 
 def by_hand(model, hook=None, layer: str = LAYER, seed: int | None = None, **kwargs) -> list[list[int]]:
@@ -68,20 +92,21 @@ def vector(tmp_path) -> tuple[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_steered_generation_equals_generate_with_the_hook_by_hand_token_for_token(tmp_path, vector, use_cache):
+def test_steered_generation_equals_generate_with_the_hook_by_hand_token_for_token(tmp_path, vector, use_cache,
+                                                                                text):
     path, values = vector
-    overrides = (*TEXT, "hooks=steer", f"hooks.steer.layers={LAYER}", f"hooks.steer.file={path}",
-                 "hooks.steer.baseline=false", "hooks.steer.scale=6", f"generate.use_cache={use_cache}")
+    overrides = (*text, "hooks=steer", f"hooks.steer.layers={LAYER}", f"hooks.steer.file={path}",
+                 "hooks.steer.baseline=false", "hooks.steer.scale=1", f"generate.use_cache={use_cache}")
     out = run(make_config(*overrides), tmp_path / "run", overrides)
-    steered = by_hand(gpt2(), add(6.0, values), do_sample=False)
+    steered = by_hand(gpt2(), add(1.0, values), do_sample=False)
     assert generated(out) == steered
     assert steered != by_hand(gpt2(), do_sample=False)  # the steering changed what was generated
     calls = load_stats(out).query("kind == 'patched' or kind == 'output'")["call"]
     assert calls.nunique() == max(map(len, steered))  # the hook ran at every generated token's call
 
 
-def test_without_hooks_the_run_generates_what_plain_generate_does_and_names_the_prompts(tmp_path):
-    out = run(make_config(*TEXT), tmp_path / "run", TEXT)
+def test_without_hooks_the_run_generates_what_plain_generate_does_and_names_the_prompts(tmp_path, text):
+    out = run(make_config(*text), tmp_path / "run", text)
     plain = by_hand(gpt2(), do_sample=False)
     assert generated(out) == plain
     table = pd.read_parquet(out / "generations.parquet").sort_values("sample")
@@ -90,17 +115,17 @@ def test_without_hooks_the_run_generates_what_plain_generate_does_and_names_the_
     assert [list(ids) for ids in table["prompt_ids"]] == [tokenizer(p)["input_ids"] for p in PROMPTS]
 
 
-def test_sampled_generation_with_a_seed_is_reproducible_and_equals_generate_by_hand(tmp_path):
-    sampled = (*TEXT, "generate.do_sample=true", "generate.seed=7", "generate.temperature=2.0")
+def test_sampled_generation_with_a_seed_is_reproducible_and_equals_generate_by_hand(tmp_path, text):
+    sampled = (*text, "generate.do_sample=true", "generate.seed=7", "generate.temperature=2.0")
     first = generated(run(make_config(*sampled), tmp_path / "a", sampled))
     assert generated(run(make_config(*sampled), tmp_path / "b", sampled)) == first
     assert first == by_hand(gpt2(), seed=7, do_sample=True, temperature=2.0, top_k=0)
-    other = (*TEXT, "generate.do_sample=true", "generate.seed=8", "generate.temperature=2.0")
+    other = (*text, "generate.do_sample=true", "generate.seed=8", "generate.temperature=2.0")
     assert generated(run(make_config(*other), tmp_path / "c", other)) != first
 
 
-def test_batches_of_prompts_each_sampled_from_seed_plus_step(tmp_path):
-    overrides = (*TEXT, "data.batch_size=2", "generate.do_sample=true", "generate.seed=3")
+def test_batches_of_prompts_each_sampled_from_seed_plus_step(tmp_path, text):
+    overrides = (*text, "data.batch_size=2", "generate.do_sample=true", "generate.seed=3")
     out = run(make_config(*overrides), tmp_path / "run", overrides)
     table = pd.read_parquet(out / "generations.parquet")
     assert table["step"].tolist() == [0, 0, 1] and table["sample"].tolist() == [0, 1, 2]  # one epoch by default
@@ -113,11 +138,11 @@ def test_batches_of_prompts_each_sampled_from_seed_plus_step(tmp_path):
     assert list(table["generated_ids"].iloc[2]) == (row[:row.index(0) + 1] if 0 in row else row)
 
 
-def test_an_sae_feature_edit_during_generation_equals_the_hand_written_splice(tmp_path):
-    overrides = (*TEXT, "hooks=sae", f"hooks.sae.path={FIXTURES / 'sae_standard'}", "hooks.sae.features=[0,5]",
-                 "hooks.sae.op=steer", "hooks.sae.value=8.0")
+def test_an_sae_feature_edit_during_generation_equals_the_hand_written_splice(tmp_path, text):
+    overrides = (*text, "hooks=sae", f"hooks.sae.path={FIXTURES / 'sae_standard'}", "hooks.sae.features=[0,5]",
+                 "hooks.sae.op=steer", "hooks.sae.value=1.0")
     out = run(make_config(*overrides), tmp_path / "run", overrides)
-    spliced = by_hand(gpt2(), hand_spliced({LAYER: ([0, 5], 8.0)})[LAYER], do_sample=False)
+    spliced = by_hand(gpt2(), hand_spliced({LAYER: ([0, 5], 1.0)})[LAYER], do_sample=False)
     assert generated(out) == spliced
     assert spliced != by_hand(gpt2(), do_sample=False)
 
@@ -128,14 +153,14 @@ def test_attach_around_the_user_s_own_generate_records_every_call_and_steers_it(
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True)
     tokenizer.padding_side = "left"
     enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
-    entries = {"steer": {"type": "steer", "layers": LAYER, "file": path, "scale": 6.0, "baseline": False},
+    entries = {"steer": {"type": "steer", "layers": LAYER, "file": path, "scale": 1.0, "baseline": False},
                "stats": {"type": "stats", "layers": LAYER, "kinds": ["output"]}}
     with runner.attach(model, hooks=entries, out_dir=tmp_path / "run") as attached:
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=NEW, pad_token_id=0, do_sample=False, use_cache=True)
         attached.step()
     rows = out[:, enc["input_ids"].shape[1]:].tolist()
-    assert [row[:row.index(0) + 1] if 0 in row else row for row in rows] == by_hand(gpt2(), add(6.0, values))
+    assert [row[:row.index(0) + 1] if 0 in row else row for row in rows] == by_hand(gpt2(), add(1.0, values))
     recorded = load_stats(tmp_path / "run").query("hook == 'stats'")
     assert sorted(recorded["call"]) == list(range(NEW))  # the prompt's call, then one per new token
     assert recorded.set_index("call")["tensor_shape"].map(list).to_dict() == {
@@ -143,6 +168,7 @@ def test_attach_around_the_user_s_own_generate_records_every_call_and_steers_it(
 
 
 def test_text_samples_are_named_by_their_prompt_in_unit_inputs(tmp_path):
+    """``data.tokenizer`` given, ``model=gpt2_tiny``: a forward pass over the prompts (``mode=eval``)."""
     overrides = ("model=gpt2_tiny", "data=text", f"data.prompts=[{','.join(PROMPTS)}]", f"data.tokenizer={TOKENIZER}",
                  "mode=eval", "loss=none", "hooks=units", f"hooks.units.layers={LAYER}")
     out = run(make_config(*overrides), tmp_path / "run", overrides)
@@ -157,7 +183,8 @@ def test_right_padded_prompts_give_each_prompt_s_own_logits_in_a_forward_pass(tm
     overrides = ("model=gpt2_tiny", "data=text", f"data.prompts=[{','.join(PROMPTS)}]",
                  f"data.tokenizer={TOKENIZER}", "mode=eval", "loss=none")
     batch = next(compile_plan(make_config(*overrides)).data.batches(0, torch.device("cpu")))
-    model, tokenizer = gpt2(), AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True)
+    torch.manual_seed(0)
+    model, tokenizer = gpt2_tiny().eval(), AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True)
     with torch.no_grad():
         together = model(batch.x).logits
         for i, prompt in enumerate(PROMPTS):
@@ -165,23 +192,16 @@ def test_right_padded_prompts_give_each_prompt_s_own_logits_in_a_forward_pass(tm
             torch.testing.assert_close(together[i, :len(alone)], alone, atol=1e-5, rtol=0)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
-    """gpt2_tiny and the tiny tokenizer saved together with ``save_pretrained``: a ``model=hf`` folder."""
-    folder = tmp_path_factory.mktemp("hf") / "gpt2_tiny"
-    gpt2().save_pretrained(folder)
-    AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True).save_pretrained(folder)
-    return folder
-
-
-def test_a_saved_causal_lm_generates_with_the_tokenizer_of_its_own_folder(tmp_path, saved):
-    overrides = ("model=hf", f"model.path={saved}", *(o for o in TEXT if not o.startswith(("model=", "data.tok"))))
-    assert generated(run(make_config(*overrides), tmp_path / "run", overrides)) == by_hand(gpt2(), do_sample=False)
+def test_gpt2_tiny_generates_what_plain_generate_does_with_the_tokenizer_given(tmp_path):
+    overrides = ("model=gpt2_tiny", f"data.tokenizer={TOKENIZER}", *TEXT)
+    out = run(make_config(*overrides), tmp_path / "run", overrides)
+    torch.manual_seed(0)  # the run's seed: the same random weights
+    assert generated(out) == by_hand(gpt2_tiny().eval(), do_sample=False)
 
 
 #: case: (the overrides of ``TEXT`` left out, by their start; the overrides added; the one line expected)
 BAD = {
-    "not a causal LM": (("model=",), ("model=hf", "model.path=M", "model.auto=model"),
+    "not a causal LM": (("model=", "data.tokenizer"), ("model=hf", "model.path=M", "model.auto=model"),
                         "mode=generate: the model (GPT2Model) cannot generate text"),
     "no tokenizer": (("data",), ("data=tokens", "data.size=4"), "mode=generate: data=tokens has no tokenizer"),
     "missing folder": ((), ("data.tokenizer=/nonexistent/tok",), "data.tokenizer: no folder at '/nonexistent/tok'"),
@@ -197,7 +217,8 @@ BAD = {
 def test_bad_input_is_one_line_with_status_2_and_nothing_written(case, tmp_path, monkeypatch, capsys, vector, saved):
     dropped, extra, message = BAD[case]
     extra = tuple(e.replace("=V", f"={vector[0]}").replace("=M", f"={saved}") for e in extra)
-    base = tuple(o for o in TEXT if not (dropped and o.startswith(dropped)))
+    base = tuple(o for o in ("model=gpt2_tiny", f"data.tokenizer={TOKENIZER}", *TEXT)
+                 if not (dropped and o.startswith(dropped)))
     out = tmp_path / "out"
     ran = run_main(monkeypatch, capsys, *base, *extra, f"hydra.run.dir={out}")
     assert ran.code == 2, ran
