@@ -18,7 +18,9 @@ import torch
 from transformers import AutoTokenizer
 
 import runner
+from common.errors import ConfigError
 from conftest import make_config, run, run_main
+from runner.engine.plan import compile_plan
 from runner.analysis import load_stats
 from runner.sources.models import gpt2_tiny
 from test_sae import FIXTURES, hand_spliced
@@ -147,6 +149,27 @@ def test_an_sae_feature_edit_during_generation_equals_the_hand_written_splice(tm
     assert spliced != by_hand(gpt2(), do_sample=False)
 
 
+def test_a_patch_from_a_stored_generation_run_acts_at_every_call(tmp_path, text):
+    """Patching a block's whole output with a stored generation run's at every call (the prompt's and each new
+    token's) regenerates the stored text from other prompts; a stored forward pass is refused before the run."""
+    others = [f"data.prompts=[{','.join(reversed(PROMPTS))}]"]
+    stored = (*text, "hooks=extract", f"hooks.extract.layers={LAYER}")
+    source = run(make_config(*stored), tmp_path / "source", stored)
+    patched = (*text, *others, "hooks=patch", f"hooks.patch.layers={LAYER}", f"hooks.patch.source={source}")
+    out = run(make_config(*patched), tmp_path / "patched", patched)
+    plain = (*text, *others)
+    assert pd.read_parquet(out / "generations.parquet")["prompt"].tolist() == PROMPTS[::-1]
+    assert generated(source) == [list(ids) for ids in pd.read_parquet(out / "generations.parquet")["generated_ids"]]
+    unpatched = [list(ids) for ids in pd.read_parquet(run(make_config(*plain), tmp_path / "plain", plain)
+                                                      / "generations.parquet")["generated_ids"]]
+    assert unpatched != generated(source)
+    forward = tuple(o.replace("mode=generate", "mode=eval") for o in stored)
+    eval_source = run(make_config(*forward), tmp_path / "forward", forward)
+    with pytest.raises(ConfigError, match=r"hooks.patch.source: run .* is a forward pass \(mode=eval\)"):
+        compile_plan(make_config(*text, "hooks=patch", f"hooks.patch.layers={LAYER}",
+                                 f"hooks.patch.source={eval_source}"))
+
+
 def test_attach_around_the_user_s_own_generate_records_every_call_and_steers_it(tmp_path, vector):
     path, values = vector
     model = gpt2()
@@ -178,8 +201,6 @@ def test_text_samples_are_named_by_their_prompt_in_unit_inputs(tmp_path):
 
 def test_right_padded_prompts_give_each_prompt_s_own_logits_in_a_forward_pass(tmp_path):
     """Pads on the right: a causal model's outputs at a prompt's own tokens are those of the prompt alone."""
-    from runner.engine.plan import compile_plan
-
     overrides = ("model=gpt2_tiny", "data=text", f"data.prompts=[{','.join(PROMPTS)}]",
                  f"data.tokenizer={TOKENIZER}", "mode=eval", "loss=none")
     batch = next(compile_plan(make_config(*overrides)).data.batches(0, torch.device("cpu")))

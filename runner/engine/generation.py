@@ -19,15 +19,20 @@ generated token. An ``index`` applies to the tensor each call sees: ``-1`` on th
 sees the whole sequence so far, so positions count from the left-padded prompt's first column in
 every call (slower: each call recomputes every position).
 
-No loss, backward, optimizer or pass beside a step: refused before the run (``check_run``).
+A ``patch`` from a stored run takes the stored value of each call: its source must be a generation run
+(``mode=generate`` with ``hooks=extract`` or ``capture``) of at least as many new tokens. No loss,
+backward, optimizer or pass beside a step: refused before the run (``check_run``).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+import yaml
 from torch import nn
 
 from common.errors import ConfigError
-from common.records import GENERATE, GENERATIONS_SCHEMA
+from common.records import CONFIG, GENERATE, GENERATIONS_SCHEMA
 from runner.config.schema import GenerateConfig, RunConfig
 from runner.sources.batches import Batch
 from runner.sources.data import DataSource
@@ -67,6 +72,21 @@ def check_run(settings: RunConfig, data: DataSource, hooks, optimizer) -> None:
                 f"patch from a stored run ({hook.key}.source=RUN_DIR)"
             raise ConfigError(f"{hook.key}: '{hook.spec.type}' runs a pass beside each step, which mode=generate "
                               f"does not run; {fix}")
+        if hook.spec.type == "patch":
+            _check_patch_source(hook.key, hook.spec.source, g.max_new_tokens)
+
+
+def _check_patch_source(key: str, source: str, new_tokens: int) -> None:
+    """A patch during generation takes a stored value at every call (the prompt's, then each new token's):
+    only a stored generation run of as many new tokens or more holds them all."""
+    config = yaml.safe_load((Path(source) / CONFIG).read_text()) or {}
+    if config.get("mode") != "generate":
+        raise ConfigError(f"{key}.source: run '{source}' is a forward pass (mode={config.get('mode')}) holding the "
+                          f"prompt's call only; mode=generate patches every call: store the source with mode=generate")
+    stored = int((config.get("generate") or {}).get("max_new_tokens", 0))
+    if stored < new_tokens:
+        raise ConfigError(f"{key}.source: run '{source}' generated {stored} new tokens, fewer than "
+                          f"generate.max_new_tokens={new_tokens}")
 
 
 def check_model(model: nn.Module) -> None:
