@@ -224,6 +224,7 @@ def test_gpt2_tiny_generates_what_plain_generate_does_with_the_tokenizer_given(t
 BAD = {
     "not a causal LM": (("model=", "data.tokenizer"), ("model=hf", "model.path=M", "model.auto=model"),
                         "mode=generate: the model (GPT2Model) cannot generate text"),
+    "a vision model": (("model=",), ("model=resnet18",), "mode=generate: model resnet18 takes no token ids"),
     "no tokenizer": (("data",), ("data=tokens", "data.size=4"), "mode=generate: data=tokens has no tokenizer"),
     "missing folder": ((), ("data.tokenizer=/nonexistent/tok",), "data.tokenizer: no folder at '/nonexistent/tok'"),
     "no prompts": ((), ("data.prompts=[]",), "data.prompts: data=text needs prompts"),

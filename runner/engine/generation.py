@@ -39,6 +39,10 @@ from runner.sources.data import DataSource
 from runner.sources.text import prompt_set
 
 
+#: What a refusal of the model proposes instead.
+CAUSAL_LM = "use a causal language model: model=hf model.auto=causal_lm, or model=gpt2_tiny"
+
+
 def generating(settings: RunConfig) -> bool:
     return settings.mode.value == "generate"
 
@@ -51,6 +55,10 @@ def check_run(settings: RunConfig, data: DataSource, hooks, optimizer) -> None:
     if data.kind != "text":
         raise ConfigError(f"mode=generate: data={data.kind} has no tokenizer to make and decode text; use data=text "
                           f"(data.prompts=['...'] or data.path=FILE, data.tokenizer=DIR)")
+    if data.model.get("input_kind") != "tokens":
+        name = data.model.get("name") or data.model.get("_target_")
+        raise ConfigError(f"mode=generate: model {name} takes no token ids (model.input_kind="
+                          f"{data.model.get('input_kind')}); {CAUSAL_LM}")
     g = settings.generate
     for key, value, minimum in (("max_new_tokens", g.max_new_tokens, 1), ("top_k", g.top_k, 0)):
         if value < minimum:
@@ -92,8 +100,7 @@ def _check_patch_source(key: str, source: str, new_tokens: int) -> None:
 def check_model(model: nn.Module) -> None:
     """The model can generate: a ``transformers`` model whose ``can_generate()`` is true (a causal LM)."""
     if not (callable(getattr(model, "can_generate", None)) and model.can_generate()):
-        raise ConfigError(f"mode=generate: the model ({type(model).__name__}) cannot generate text; use a causal "
-                          f"language model: model=hf model.auto=causal_lm, or model=gpt2_tiny")
+        raise ConfigError(f"mode=generate: the model ({type(model).__name__}) cannot generate text; {CAUSAL_LM}")
 
 
 def left_padded(x: torch.Tensor, lengths: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
