@@ -247,3 +247,31 @@ def test_bad_input_is_one_line_with_status_2_and_nothing_written(case, tmp_path,
     lines = ran.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not out.exists()
+
+
+def test_a_requeued_generation_run_keeps_the_rows_of_the_steps_it_ran(tmp_path, text, monkeypatch):
+    """``generations.parquet`` is written at the end: a job requeued in step 2 brings back steps 0 and 1's rows
+    with its resume point, and its table equals an uninterrupted run's."""
+    import json
+
+    from runner.engine.generation import Generation
+
+    overrides = (*text, "data.batch_size=1", "generate.do_sample=true")
+    whole = pd.read_parquet(run(make_config(*overrides), tmp_path / "whole", overrides) / "generations.parquet")
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    real = Generation.step
+
+    def requeued(self, model, batch, step):
+        if step == 2:
+            raise SystemExit(-1)  # what submitit's handler does after requeueing the job
+        return real(self, model, batch, step)
+
+    monkeypatch.setattr(Generation, "step", requeued)
+    with pytest.raises(SystemExit):
+        run(make_config(*overrides), tmp_path / "requeued", overrides)
+    monkeypatch.setattr(Generation, "step", real)
+    out = run(make_config(*overrides), tmp_path / "requeued", overrides)
+    assert json.loads((out / "manifest.json").read_text())["resumed_at_step"] == 2
+    resumed = pd.read_parquet(out / "generations.parquet")
+    assert resumed["step"].tolist() == [0, 1, 2]
+    pd.testing.assert_frame_equal(resumed, whole)

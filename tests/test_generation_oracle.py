@@ -1,5 +1,6 @@
 """Oracle: steered generation equals nnsight's (``LanguageModel.generate`` with the block's output edited at
-every generation step) on the same saved tiny GPT-2 (``test_generation.gpt2``), token for token. nnsight is used only here."""
+every generation step) on the same saved tiny GPT-2 (``test_generation.gpt2``), token for token. nnsight is
+used only here."""
 from __future__ import annotations
 
 import numpy as np

@@ -127,10 +127,16 @@ def generation_kwargs(settings: GenerateConfig, pad_id: int) -> dict:
 class Generation:
     """The run's generation: ``step`` generates one batch of prompts; ``rows`` are ``generations.parquet``'s."""
 
-    def __init__(self, data: DataSource, settings: GenerateConfig) -> None:
+    def __init__(self, data: DataSource, settings: GenerateConfig, kept: dict[str, list] | None = None) -> None:
+        """``kept``: the rows of the steps a requeued job ran already (``kept()`` at its resume point)."""
         self.prompts = prompt_set(data.data, data.model)
         self.settings = settings
-        self.rows: dict[str, list] = {name: [] for name in GENERATIONS_SCHEMA.names}
+        self.rows: dict[str, list] = kept or {name: [] for name in GENERATIONS_SCHEMA.names}
+
+    def kept(self) -> dict[str, list]:
+        """A copy of the rows so far, for a resume point (``runner.store.resume``): the rows are written once,
+        at the end of the run, so a requeued job's earlier steps must come back with its state."""
+        return {name: list(values) for name, values in self.rows.items()}
 
     def step(self, model: nn.Module, batch: Batch, step: int) -> tuple[None, None]:
         """Generate from ``batch``'s prompts (a sampled batch after ``torch.manual_seed(seed + step)``);

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from common.records import EXPLAINED_CLASSES, GENERATIONS
+from common.records import EXPLAINED_CLASSES, GENERATE, GENERATIONS
 from hooks.base import explanation
 from hooks.session import prepare_recording
 from runner.engine import early_stop, fsdp, whole_pass
@@ -89,7 +89,8 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
         recorder.sample_names = plan.data.items.names if dataset_pass else None  # what units names its examples by
-        generation = Generation(plan.data, s.generate) if generating(s) else None  # mode=generate's steps
+        generation = Generation(plan.data, s.generate, (resume.hooks_state or {}).get(GENERATE)) \
+            if generating(s) else None  # mode=generate's steps (a requeued job's rows of the steps it ran)
         for step in range(first, s.steps):
             batch = next(data)
             recorder.samples = batch.samples
@@ -110,7 +111,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
                     result.set(eval_loss, accuracy=eval_accuracy, **measures.take())
             bar.set_postfix(loss=loss, refresh=False)
             bar.update()
-            resume.mark(step + 1, run.session.run_state())
+            resume.mark(step + 1, {**run.session.run_state(), **({GENERATE: generation.kept()} if generation else {})})
             if step + 1 < s.steps:
                 run.begin_step()
         if generation is not None:
