@@ -275,3 +275,20 @@ def test_a_requeued_generation_run_keeps_the_rows_of_the_steps_it_ran(tmp_path, 
     resumed = pd.read_parquet(out / "generations.parquet")
     assert resumed["step"].tolist() == [0, 1, 2]
     pd.testing.assert_frame_equal(resumed, whole)
+
+
+def test_an_index_on_the_last_position_steers_the_newest_token_of_every_call(tmp_path, vector, text):
+    """With the cache each call after the prompt's sees one position: ``index: ':, -1'`` is the prompt's last
+    token in call 0 and the new token in every later call, as a hand-written hook on ``output[:, -1]``."""
+    path, values = vector
+    overrides = (*text, "hooks=steer", f"hooks.steer.layers={LAYER}", f"hooks.steer.file={path}",
+                 "hooks.steer.baseline=false", "hooks.steer.scale=1", "hooks.steer.index=':, -1'")
+    out = run(make_config(*overrides), tmp_path / "run", overrides)
+
+    def last(module, args, output):
+        output = output.clone()
+        output[:, -1] += values.to(output.dtype)
+        return output
+
+    assert generated(out) == by_hand(gpt2(), last, do_sample=False, use_cache=True)
+    assert generated(out) != by_hand(gpt2(), add(1.0, values), do_sample=False)  # not every position's
