@@ -261,7 +261,8 @@ DLA_SCHEMA = pa.schema([
     pa.field("logit_diff", _F64), pa.field("scale", _F64),
 ])
 
-#: ``generations.parquet``'s ``hook`` value: the run's generation (``mode=generate``), answered as an entry of that name.
+#: ``generations.parquet``'s ``hook`` value: the run's generation (``mode=generate``), answered as an entry
+#: of that name.
 GENERATE = "generate"
 #: ``generations.parquet``: one row per (step, prompt) of a ``mode=generate`` run (``runner.engine.generation``):
 #: what ``model.generate`` made from the prompt with every hook entry applied at every call.

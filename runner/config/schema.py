@@ -195,9 +195,9 @@ class TextData(ShardConfig, DataBase):
     the right to the longest prompt (``runner.sources.text``); each prompt is named by its text."""
 
     kind: str = "text"
-    prompts: list[str] = field(default_factory=list)
-    path: Optional[str] = None
-    tokenizer: Optional[str] = None
+    prompts: list[str] = field(default_factory=list)  #: the prompts, or give ``path``
+    path: Optional[str] = None          #: a UTF-8 file of one prompt per line (blank lines skipped)
+    tokenizer: Optional[str] = None     #: a save_pretrained tokenizer folder; null: ``model.path`` of model=hf
     batch_size: Optional[int] = None    #: prompts per batch; null: all of them in one
 
 
@@ -208,12 +208,12 @@ class GenerateConfig:
     ``torch.manual_seed(seed + k)``; ``top_k: 0`` keeps every token. ``use_cache``: each call after the
     first sees only the new position (false: every call sees the whole sequence so far)."""
 
-    max_new_tokens: int = 20
-    do_sample: bool = False
-    seed: int = 0
-    temperature: float = 1.0
-    top_k: int = 0
-    use_cache: bool = True
+    max_new_tokens: int = 20            #: tokens generated per prompt (fewer where the model ends the text)
+    do_sample: bool = False             #: greedy (false) or sampled
+    seed: int = 0                       #: a sampled batch k is drawn after torch.manual_seed(seed + k)
+    temperature: float = 1.0            #: sampled only
+    top_k: int = 0                      #: sampled only; 0 keeps every token
+    use_cache: bool = True              #: the key/value cache: later calls see only the new position
 
 
 @dataclass
