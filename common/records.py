@@ -261,9 +261,29 @@ DLA_SCHEMA = pa.schema([
     pa.field("logit_diff", _F64), pa.field("scale", _F64),
 ])
 
+#: ``generations.parquet``'s ``hook`` value: the run's generation (``mode=generate``), answered as an entry
+#: of that name.
+GENERATE = "generate"
+#: ``generations.parquet``: one row per (step, prompt) of a ``mode=generate`` run (``runner.engine.generation``):
+#: what ``model.generate`` made from the prompt with every hook entry applied at every call.
+GENERATIONS = "generations.parquet"
+#: - ``hook``: ``generate`` (the run's generation, not a hook entry)
+#: - ``step``: step number, from 0 (one batch of prompts per step)
+#: - ``sample``: the prompt's index in the data
+#: - ``prompt``: the prompt's text
+#: - ``prompt_ids``: the prompt's token ids, without pads
+#: - ``generated_ids``: the new tokens, up to and including the first end-of-text token (all
+#:   ``generate.max_new_tokens`` when none came)
+#: - ``generated_text``: ``generated_ids`` decoded without special tokens
+GENERATIONS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("prompt", pa.string()),
+    pa.field("prompt_ids", pa.list_(_I64)), pa.field("generated_ids", pa.list_(_I64)),
+    pa.field("generated_text", pa.string()),
+])
+
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
 RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
-                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA}
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA, GENERATIONS: GENERATIONS_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

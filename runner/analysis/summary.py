@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from common.records import RUN_TOTAL_SCHEMAS
+from common.records import GENERATE, RUN_TOTAL_SCHEMAS
 
 from runner.analysis.answers import answer_of, sweep_answer_of
 from runner.analysis.answers.statistics import COLUMNS, NORM_KINDS, percent
@@ -34,10 +34,12 @@ MOST_JOBS = 20
 
 
 def entry_types(run_dir: Path) -> dict[str, str]:
-    """``{entry name: hook type}`` from the run's saved config (empty when it has none)."""
+    """``{entry name: hook type}`` from the run's saved config (empty when it has none); a ``mode=generate``
+    run's generation first, as the entry ``generate`` (``answers.generation``)."""
     path = config_path(run_dir)
-    hooks = (yaml.safe_load(path.read_text()) or {}).get("hooks") if path else None
-    return {name: str((entry or {}).get("type", "?")) for name, entry in (hooks or {}).items()}
+    config = (yaml.safe_load(path.read_text()) or {}) if path else {}
+    own = {GENERATE: GENERATE} if config.get("mode") == GENERATE else {}
+    return {**own, **{name: str((entry or {}).get("type", "?")) for name, entry in (config.get("hooks") or {}).items()}}
 
 
 def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:

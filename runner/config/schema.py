@@ -31,6 +31,7 @@ class Device(str, Enum):
 class Mode(str, Enum):
     train = "train"
     eval = "eval"
+    generate = "generate"  #: eval mode, ``model.generate`` on each batch of prompts (``runner.engine.generation``)
 
 
 class Policy(str, Enum):
@@ -188,6 +189,34 @@ class ImageFolderData(LoaderConfig, ImageFiles):
 
 
 @dataclass
+class TextData(ShardConfig, DataBase):
+    """Prompts (``prompts``, or ``path``: a file of one prompt per line) tokenized by the
+    ``save_pretrained`` tokenizer in ``tokenizer`` (null: ``model.path`` of ``model=hf``), padded on
+    the right to the longest prompt (``runner.sources.text``); each prompt is named by its text."""
+
+    kind: str = "text"
+    prompts: list[str] = field(default_factory=list)  #: the prompts, or give ``path``
+    path: Optional[str] = None          #: a UTF-8 file of one prompt per line (blank lines skipped)
+    tokenizer: Optional[str] = None     #: a save_pretrained tokenizer folder; null: ``model.path`` of model=hf
+    batch_size: Optional[int] = None    #: prompts per batch; null: all of them in one
+
+
+@dataclass
+class GenerateConfig:
+    """``mode=generate``: ``model.generate`` on each batch of prompts with the run's hooks attached
+    (``runner.engine.generation``). Greedy unless ``do_sample``; a sampled batch k is drawn after
+    ``torch.manual_seed(seed + k)``; ``top_k: 0`` keeps every token. ``use_cache``: each call after the
+    first sees only the new position (false: every call sees the whole sequence so far)."""
+
+    max_new_tokens: int = 20            #: tokens generated per prompt (fewer where the model ends the text)
+    do_sample: bool = False             #: greedy (false) or sampled
+    seed: int = 0                       #: a sampled batch k is drawn after torch.manual_seed(seed + k)
+    temperature: float = 1.0            #: sampled only
+    top_k: int = 0                      #: sampled only; 0 keeps every token
+    use_cache: bool = True              #: the key/value cache: later calls see only the new position
+
+
+@dataclass
 class LossConfig:
     name: str = "sum"
     target_class: Optional[int] = None  #: class_score only: a class index, or null for the top class
@@ -256,6 +285,7 @@ class RunConfig:
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)  #: mode=generate's settings
     output: OutputConfig = field(default_factory=OutputConfig)
     model: Any = MISSING
     data: Any = MISSING
