@@ -89,6 +89,8 @@ RUN_BY = {
     "test_readme_whole_datasets.py::test_the_three_workflows_run_as_written": lambda: bash_lines("tutorials/units.md"),
     "test_dla.py::test_the_how_to_s_command_runs_as_written_and_prints_the_answer_it_shows":
         lambda: bash_lines("how-to/direct-logit-attribution.md"),
+    "test_generation_answers.py::test_the_how_to_page_s_command_runs_as_written_and_prints_what_the_page_shows":
+        lambda: bash_lines("how-to/generation.md"),
     "test_readme_whole_datasets.py::test_the_sharded_sweep_runs_as_written_on_slurm":
         lambda: one("how-to/whole-datasets.md", r"hydra/launcher=slurm_cpu"),
     "test_readme_whole_datasets.py::test_units_and_a_store_under_torchrun_merge_to_the_one_process_run":
