@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,6 @@ from docs_text import page
 from runner.analysis.answers.statistics import group_depth, layer_group
 from runner.analysis.summary import summarize
 from runner.sources.models import ConvNet
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _printed(capsys) -> str:
@@ -114,13 +111,15 @@ def test_the_front_pages_show_what_the_run_prints(tmp_path, capsys, name):
     assert capsys.readouterr().out == block.replace(shown_dir, str(tmp_path / "run"))
 
 
-def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits_the_hooks(tmp_path):
-    def warned(*overrides):
-        done = subprocess.run([sys.executable, "-m", "runner", *overrides, "quiet=true",
-                               f"hydra.run.dir={tmp_path / str(len(list(tmp_path.iterdir())))}"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        return [line for line in done.stderr.splitlines() if "NonFiniteWarning" in line or line.startswith(" ")]
+def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits_the_hooks(tmp_path, monkeypatch,
+                                                                                          capsys, recwarn):
+    def warned(*overrides):  # each warning as the command line prints it: with the format main() installs
+        recwarn.clear()
+        done = run_main(monkeypatch, capsys, *overrides, "quiet=true",
+                        f"hydra.run.dir={tmp_path / str(len(list(tmp_path.iterdir())))}")
+        assert done.code == 0, done.stderr
+        printed = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in recwarn)
+        return [line for line in printed.splitlines() if "NonFiniteWarning" in line or line.startswith(" ")]
 
     with_outputs = warned("model=mlp", "hooks=stats", "loss=log_mean")
     assert with_outputs == ["warning: NonFiniteWarning: step 0: the loss is nan while every hooked tensor was finite; "
