@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from common.errors import ConfigError
 import runner.config.compose as compose_module
 import runner.engine.plan_cache as plan_cache
-from runner.cli.commandline import check_command_line, expand
+from runner.cli.commandline import check_command_line
+from runner.cli.early import expand
 from runner.cli.sweep_compile import JobComposer
 from runner.config.compose import compose_job
 from runner.engine.plan import compile_plan
