@@ -32,31 +32,31 @@ EXPLAINED_CLASSES = "explained_classes"
 #: Columns that identify one captured tensor, with their Arrow types, in output order. ``step``
 #: is added by the writer; the recorder fills the others.
 ID_FIELDS = (
-    pa.field("step", pa.int64()),
-    pa.field("call", pa.int64()),
-    pa.field("hook", pa.string()),
-    pa.field("layer", pa.string()),
-    pa.field("phase", pa.string()),
-    pa.field("kind", pa.string()),
-    pa.field("slot", pa.string()),
-    pa.field("tensor_shape", pa.list_(pa.int64())),  # not "shape": pandas' DataFrame.shape would shadow it
-    pa.field("dtype", pa.string()),
-    pa.field("numel", pa.int64()),
+    pa.field("step", pa.int64()),  #: step number, from 0
+    pa.field("call", pa.int64()),  #: the n-th forward call of the module in the step (backward rows: the call they belong to)
+    pa.field("hook", pa.string()),  #: the entry's name under ``hooks:``
+    pa.field("layer", pa.string()),  #: qualified module name, ``""`` for the model itself
+    pa.field("phase", pa.string()),  #: when the row was recorded: one of ``PHASES``
+    pa.field("kind", pa.string()),  #: what the row holds: one of ``KINDS``
+    pa.field("slot", pa.string()),  #: tuple position (``"0"``), dict key, dotted path, or parameter name (``"bias"``)
+    pa.field("tensor_shape", pa.list_(pa.int64())),  #: the tensor's shape (not ``shape``, which pandas' ``DataFrame.shape`` would shadow)
+    pa.field("dtype", pa.string()),  #: the tensor's dtype, ``float32``, ``complex64``, ...
+    pa.field("numel", pa.int64()),  #: number of elements
 )
 #: The identifier columns the recorder fills (every ``ID_FIELDS`` name but ``step``).
 ID_COLUMNS = tuple(f.name for f in ID_FIELDS if f.name != "step")
 
 #: Statistic columns with their Arrow types (see ``hooks.stats.summarize`` for their meaning).
 STAT_FIELDS = (
-    pa.field("mean", pa.float64()),
-    pa.field("std", pa.float64()),
-    pa.field("min", pa.float64()),
-    pa.field("max", pa.float64()),
-    pa.field("abs_mean", pa.float64()),
-    pa.field("l2", pa.float64()),
-    pa.field("zero_frac", pa.float64()),
-    pa.field("nan_count", pa.int64()),
-    pa.field("inf_count", pa.int64()),
+    pa.field("mean", pa.float64()),  #: mean of the elements (NaN if any is NaN)
+    pa.field("std", pa.float64()),  #: sample standard deviation (``torch.std``)
+    pa.field("min", pa.float64()),  #: smallest element
+    pa.field("max", pa.float64()),  #: largest element
+    pa.field("abs_mean", pa.float64()),  #: mean of the absolute values, finite for finite data
+    pa.field("l2", pa.float64()),  #: L2 norm of the whole tensor
+    pa.field("zero_frac", pa.float64()),  #: fraction of elements exactly 0
+    pa.field("nan_count", pa.int64()),  #: number of NaN elements
+    pa.field("inf_count", pa.int64()),  #: number of infinite elements
 )
 STAT_COLUMNS = tuple(f.name for f in STAT_FIELDS)
 #: A kept tensor's values, flattened row-major as float32 (``tensor_shape`` restores it).
@@ -66,15 +66,16 @@ TENSOR_VALUES = pa.field("tensor_values", pa.large_list(pa.float32()))
 SCHEMA_VERSION = "2"
 
 STATS_SCHEMA = pa.schema(list(ID_FIELDS) + list(STAT_FIELDS))
+#: - ``tensor_values``: the kept tensor, flattened row-major as float32 (``tensor_shape`` restores it)
 TENSORS_SCHEMA = pa.schema(list(ID_FIELDS) + [TENSOR_VALUES])
 #: A row of ``steps.parquet`` (one per step and split); ``STEP_METRICS`` follow as float64 columns.
 STEP_FIELDS = (
-    pa.field("step", pa.int64()),
-    pa.field("split", pa.string()),
-    pa.field("loss", pa.float64()),
-    pa.field("wall_time_s", pa.float64()),
-    pa.field("captures", pa.int64()),
-    pa.field("peak_memory_bytes", pa.int64()),
+    pa.field("step", pa.int64()),  #: step number, from 0
+    pa.field("split", pa.string()),  #: ``train``, or ``eval`` for the eval batches run after that training step
+    pa.field("loss", pa.float64()),  #: the step's loss (eval: the mean over the eval batches)
+    pa.field("wall_time_s", pa.float64()),  #: forward, backward and the statistics' transfer, in seconds
+    pa.field("captures", pa.int64()),  #: tensors the hooks captured in the step
+    pa.field("peak_memory_bytes", pa.int64()),  #: the step's peak: resident-set high-water mark (CPU), max allocated (CUDA)
 )
 #: Optional per-step measures (``RunOutputs.write_step(metrics=...)``): NaN where a step has none.
 STEP_METRICS: tuple[str, ...] = ("accuracy",)  #: of the batch (train) or the held-out set (eval)
@@ -91,6 +92,13 @@ def steps_schema(measures: Sequence[str] = STEP_METRICS) -> pa.Schema:
     return pa.schema(list(STEP_FIELDS) + [pa.field(name, pa.float64()) for name in measures])
 
 
+#: - ``accuracy``: of the batch (train) or of the held-out set (eval), with a classification loss
+#: - ``logit``: the logit of ``metric.target`` at the last position, mean over the batch
+#: - ``logit_diff``: the logit difference ``metric.diff`` names, mean over the batch
+#: - ``clean_logit``: ``logit`` of the clean pass beside the step (``patch`` with ``source: clean``)
+#: - ``clean_logit_diff``: ``logit_diff`` of the clean pass beside the step
+#: - ``corrupted_logit``: ``logit`` of the unpatched corrupted pass beside the step
+#: - ``corrupted_logit_diff``: ``logit_diff`` of the unpatched corrupted pass beside the step
 STEPS_SCHEMA = steps_schema()
 #: Each file's schema, by name.
 TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHEMA}
@@ -100,6 +108,32 @@ TABLE_SCHEMAS = {STATS: STATS_SCHEMA, TENSORS: TENSORS_SCHEMA, STEPS: STEPS_SCHE
 #: columns that merge exactly across jobs (counts, Chan's ``(count, mean, M2)``, min, max, sketch
 #: bucket counts, top-k candidates, sums of outer products: ``runner.analysis.load_units``).
 _F64, _I64 = pa.float64(), pa.int64()
+#: - ``hook``: the ``units`` entry's name
+#: - ``layer``: qualified module name
+#: - ``call``: the n-th call of the module within a step
+#: - ``unit``: the unit's index along the entry's ``unit_axis`` (a conv output's channel)
+#: - ``count``: how many values the unit saw (samples times positions)
+#: - ``mean``: the running mean of those values (Chan's)
+#: - ``m2``: their sum of squared deviations from ``mean`` (Chan's ``M2``; variance = ``m2 / count``)
+#: - ``min``: the smallest value seen
+#: - ``max``: the largest value seen
+#: - ``threshold``: the entry's threshold ``above`` counts against
+#: - ``above``: how many values exceeded ``threshold``
+#: - ``top_k``: how many top and bottom candidates the entry keeps per unit
+#: - ``relative_error``: the quantile sketch's relative error, for magnitudes in [``sketch_low``, ``sketch_high``]
+#: - ``sketch_low``: magnitudes below it count as 0 in the sketch
+#: - ``sketch_high``: magnitudes above it share the sketch's last bucket
+#: - ``sketch_mapping``: the sketch's value-to-bucket mapping, by name
+#: - ``sketch_index``: the sketch's non-empty bucket indices
+#: - ``sketch_count``: the count of each bucket of ``sketch_index``
+#: - ``top_value``: the largest values' candidates, largest first
+#: - ``top_sample``: the sample id of each ``top_value``
+#: - ``top_position``: the flat position of each ``top_value`` within ``position_shape``
+#: - ``bottom_value``: the smallest values' candidates, smallest first
+#: - ``bottom_sample``: the sample id of each ``bottom_value``
+#: - ``bottom_position``: the flat position of each ``bottom_value`` within ``position_shape``
+#: - ``position_shape``: the shape of the positions of one sample (``[h, w]`` for a conv map, ``[]`` for none)
+#: - ``second_moment``: this unit's row of the layer's sum of x x^T over its units (``second_moment: true``; empty otherwise)
 UNITS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
     pa.field("count", _I64), pa.field("mean", _F64), pa.field("m2", _F64), pa.field("min", _F64),
@@ -120,6 +154,16 @@ UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
 #: positions max-pooled to at most 16 x 16 in float32, 1 KiB at most, so its peak is ``value``; empty for
 #: a unit whose positions are not 2-D). What a picture of the top examples draws, never computed again.
 UNIT_EXAMPLES = "unit_examples.parquet"
+#: - ``hook``: the ``units`` entry's name
+#: - ``layer``: qualified module name
+#: - ``call``: the n-th call of the module within a step
+#: - ``unit``: the unit's index
+#: - ``rank``: the example's place among the unit's top samples, 0 the largest
+#: - ``sample``: the sample id
+#: - ``value``: the unit's largest value at that sample
+#: - ``position``: the flat position of ``value`` within the unit's map
+#: - ``map_shape``: the shape of ``map`` (``[h, w]``; empty when the positions are not 2-D)
+#: - ``map``: the unit's map at that sample, max-pooled to at most 16 x 16, float32
 UNIT_EXAMPLES_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
     pa.field("rank", _I64), pa.field("sample", _I64), pa.field("value", _F64), pa.field("position", _I64),
@@ -132,6 +176,13 @@ UNIT_EXAMPLES_SCHEMA = pa.schema([
 #: from the data (``imagefolder``: the file's path under the folder and its class folder; ``""`` where the data
 #: names none, the sample id being its name); a sample with neither an input nor a name kept has no row.
 UNIT_INPUTS = "unit_inputs.parquet"
+#: - ``hook``: the ``units`` entry's name
+#: - ``sample``: the sample id
+#: - ``input_shape``: the shape of ``input`` (empty when none is kept)
+#: - ``input``: the image the model was fed, area-pooled to at most 64 x 64, float32, flattened
+#: - ``input_ids``: the token ids the model was fed (empty for other inputs)
+#: - ``input_name``: the sample's name in the data (an ``imagefolder`` file's path under the folder), or ``""``
+#: - ``input_class``: the sample's class in the data (an ``imagefolder`` file's class folder), or ``""``
 UNIT_INPUTS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("sample", _I64), pa.field("input_shape", pa.list_(_I64)),
     pa.field("input", pa.list_(pa.float32())), pa.field("input_ids", pa.list_(_I64)),
@@ -142,6 +193,17 @@ UNIT_INPUTS_SCHEMA = pa.schema([
 #: distribution at the last position with the steering vector added (``steered_*``) and without it
 #: (``unsteered_*``, a pass of the same batch beside the step), ``kl`` = KL(unsteered || steered) in nats.
 STEER = "steer.parquet"
+#: - ``method``: ``steer``
+#: - ``hook``: the ``steer`` entry's name
+#: - ``layers``: the modules the vector was added to
+#: - ``scale``: the factor the vector was multiplied by
+#: - ``step``: step number, from 0
+#: - ``sample``: the sample's index in the batch
+#: - ``kl``: KL(unsteered ‖ steered) of the next-token distributions at the last position, in nats
+#: - ``steered_top_ids``: the most likely next tokens with the vector added, most likely first
+#: - ``steered_top_probs``: their probabilities
+#: - ``unsteered_top_ids``: the most likely next tokens without it, most likely first
+#: - ``unsteered_top_probs``: their probabilities
 STEER_SCHEMA = pa.schema([
     pa.field("method", pa.string()), pa.field("hook", pa.string()), pa.field("layers", pa.list_(pa.string())),
     pa.field("scale", _F64), pa.field("step", _I64), pa.field("sample", _I64), pa.field("kl", _F64),
@@ -153,6 +215,18 @@ STEER_SCHEMA = pa.schema([
 #: block output read through the model's final norm and unembedding: the ``top_k`` token ids and logits,
 #: and the target token's id, logit, probability and rank (0 = the top token; target -1 where there is none).
 LENS = "lens.parquet"
+#: - ``hook``: the ``logit_lens`` entry's name
+#: - ``layer``: the block's qualified module name
+#: - ``block``: the block's number, from 0
+#: - ``step``: step number, from 0
+#: - ``sample``: the sample's index in the batch
+#: - ``position``: the token position
+#: - ``top_ids``: the ``top_k`` token ids the block's output reads as, most likely first
+#: - ``top_logits``: their logits
+#: - ``target``: the target token's id (the next token), -1 where there is none
+#: - ``target_logit``: the target's logit
+#: - ``target_prob``: the target's probability
+#: - ``target_rank``: the target's rank, 0 = the top token
 LENS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64), pa.field("step", _I64),
     pa.field("sample", _I64), pa.field("position", _I64), pa.field("top_ids", pa.list_(_I64)),
@@ -160,9 +234,56 @@ LENS_SCHEMA = pa.schema([
     pa.field("target_prob", _F64), pa.field("target_rank", _I64),
 ])
 
+#: ``dla.parquet``: one row per (entry, step, sample, position, component) of a ``dla`` entry (``hooks.dla``):
+#: ``contribution``, a part of the residual stream's share of ``logit_diff`` = logit[``target``] - logit[``other``]
+#: (the model's own, beside each row) with the final norm's ``scale`` frozen. Components ``DLA_WHOLE`` sum to
+#: ``logit_diff``; a block's ``head`` rows (``head`` its index, else -1) and its ``attn_bias`` sum to its ``attn``.
+#: ``layer`` is the block's module name and ``block`` its place among the model's blocks ("" and -1 for the others).
+DLA = "dla.parquet"
+DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
+#: - ``hook``: the ``dla`` entry's name
+#: - ``step``: step number, from 0
+#: - ``sample``: the sample's index in the batch
+#: - ``position``: the token position whose logits are split
+#: - ``component``: the part: ``embed``, ``pos_embed``, ``attn``, ``mlp``, ``rest``, ``bias``, ``head`` or ``attn_bias``
+#: - ``layer``: the block's qualified module name ("" for parts outside the blocks)
+#: - ``block``: the block's number, from 0 (-1 for parts outside the blocks)
+#: - ``head``: the attention head's index for ``head`` rows, else -1
+#: - ``target``: the token id whose logit counts positively
+#: - ``other``: the token id whose logit is subtracted
+#: - ``contribution``: the part's share of ``logit_diff``, the final norm's scale frozen
+#: - ``logit_diff``: the model's own logit[``target``] - logit[``other``] at this position
+#: - ``scale``: the final norm's scale at this position (held fixed for every part)
+DLA_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("position", _I64),
+    pa.field("component", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64),
+    pa.field("head", _I64), pa.field("target", _I64), pa.field("other", _I64), pa.field("contribution", _F64),
+    pa.field("logit_diff", _F64), pa.field("scale", _F64),
+])
+
+#: ``generations.parquet``'s ``hook`` value: the run's generation (``mode=generate``), answered as an entry
+#: of that name.
+GENERATE = "generate"
+#: ``generations.parquet``: one row per (step, prompt) of a ``mode=generate`` run (``runner.engine.generation``):
+#: what ``model.generate`` made from the prompt with every hook entry applied at every call.
+GENERATIONS = "generations.parquet"
+#: - ``hook``: ``generate`` (the run's generation, not a hook entry)
+#: - ``step``: step number, from 0 (one batch of prompts per step)
+#: - ``sample``: the prompt's index in the data
+#: - ``prompt``: the prompt's text
+#: - ``prompt_ids``: the prompt's token ids, without pads
+#: - ``generated_ids``: the new tokens, up to and including the first end-of-text token (all
+#:   ``generate.max_new_tokens`` when none came)
+#: - ``generated_text``: ``generated_ids`` decoded without special tokens
+GENERATIONS_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("prompt", pa.string()),
+    pa.field("prompt_ids", pa.list_(_I64)), pa.field("generated_ids", pa.list_(_I64)),
+    pa.field("generated_text", pa.string()),
+])
+
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
 RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
-                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA}
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA, GENERATIONS: GENERATIONS_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

@@ -6,11 +6,12 @@ A page asks for a table with a marker line, replaced by ``on_page_markdown``:
   the PyTorch hooks it registers and its spec's keys (type, default) beyond the keys every entry has;
 - ``<!-- generated: config-groups -->``: every config group under ``conf/`` with each option's YAML,
   and the keys of the registered schema an option's ``kind``/name selects;
-- ``<!-- generated: columns -->``: every file's columns and Arrow types from ``common.records``, with
-  the ``#:`` comment that declares it;
+- ``<!-- generated: columns -->``: every file's columns, Arrow types and meanings from ``common.records``,
+  with the ``#:`` comment that declares it;
 - ``<!-- generated: changelog -->``: the commit headlines of ``git log``, by day.
 
-``python docs/gen_reference.py MARKER`` prints one of them (``tests/test_docs.py`` checks them).
+A key or column without a meaning (its ``#:`` comment) stops the build (``MissingMeaning``), so the reference
+never shows a blank. ``python docs/gen_reference.py MARKER`` prints one of them (``tests/test_docs.py`` checks them).
 """
 from __future__ import annotations
 
@@ -68,9 +69,16 @@ def _field_docs(schema: type) -> dict[str, str]:
     return docs
 
 
-def _fields_table(fields: list[dataclasses.Field], schema: type | None = None) -> str:
-    said = _field_docs(schema) if schema is not None else {}
-    rows = [f"| `{f.name}` | `{_type(f)}` | {_default(f)} | {said.get(f.name, '')} |" for f in fields]
+class MissingMeaning(ValueError):
+    """A key or column the reference would show without saying what it means."""
+
+
+def _fields_table(fields: list[dataclasses.Field], schema: type) -> str:
+    said = _field_docs(schema)
+    missing = [f.name for f in fields if f.name not in said]
+    if missing:
+        raise MissingMeaning(f"{schema.__module__}.{schema.__qualname__}: no `#:` comment for {', '.join(missing)}")
+    rows = [f"| `{f.name}` | `{_type(f)}` | {_default(f)} | {said[f.name]} |" for f in fields]
     return "\n".join(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
 
 
@@ -120,6 +128,7 @@ def config_groups() -> str:
     import yaml
 
     import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
+    import runner.live  # noqa: F401  (registers the loggers)
 
     conf = ROOT / "conf"
     out = ["`conf/config.yaml`, the defaults every run composes:\n", "```yaml",
@@ -139,37 +148,68 @@ def config_groups() -> str:
     return "\n".join(out) + "\n"
 
 
-def _declarations() -> dict[str, str]:
-    """The ``#:`` comment above each module-level name of ``common/records.py``."""
-    found, comment = {}, []
+BULLET = re.compile(r"- ``(\w+)``: (.*)")
+
+
+def _declarations() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """From ``common/records.py``: the ``#:`` comment above each module-level name, and the columns its
+    bullets (``#: - ``name``: meaning``, continued by indented ``#:`` lines) explain, by that name."""
+    found, bullets, comment, columns = {}, {}, [], {}
+    last = None
     for line in (ROOT / "common" / "records.py").read_text().splitlines():
         if line.startswith("#:"):
-            comment.append(line[2:].strip())
-        elif (match := re.match(r"([A-Z_]+) = ", line)) and comment:
+            text = line[2:].strip()
+            if match := BULLET.fullmatch(text):
+                last = match.group(1)
+                columns[last] = match.group(2)
+            elif last is not None and line[2:].startswith("   ") and text:
+                columns[last] += " " + text
+            else:
+                comment.append(text)
+                last = None
+            continue
+        if (match := re.match(r"([A-Z_]+)(?:: [^=]+)? = ", line)) and (comment or columns):
             found[match.group(1)] = " ".join(comment)
-            comment = []
-        elif not line.startswith((" ", ")", "]")):
-            comment = []
-    return found
+            bullets[match.group(1)] = columns
+        if not line.startswith((" ", ")", "]")):
+            comment, columns, last = [], {}, None
+    return found, bullets
+
+
+def _trailing() -> dict[str, str]:
+    """The ``#:`` comment after each ``pa.field("name", ...)`` of ``common/records.py`` alone on its line."""
+    text = (ROOT / "common" / "records.py").read_text()
+    return dict(re.findall(r'^\s+pa\.field\("(\w+)".*?#:\s*(.+)$', text, re.M))
 
 
 def columns() -> str:
-    """Every file of a run directory that holds a table: its columns and Arrow types."""
+    """Every file of a run directory that holds a table: its columns, Arrow types and meanings (the
+    bullets above its schema; for the per-step tables the comment after each field as well)."""
     from common import records
 
-    said = _declarations()
+    said, bullets = _declarations()
+    trailing = _trailing()
     names = {id(value): name for name, value in vars(records).items() if name.endswith("_SCHEMA")}
     files = {**records.TABLE_SCHEMAS, **records.RUN_TOTAL_SCHEMAS}
-    out = []
+    out, missing = [], []
     for file, schema in files.items():
         variable = names.get(id(schema), "")
+        meaning = {**(trailing if file in records.TABLE_SCHEMAS else {}), **bullets.get(variable, {})}
+        missing += [f"{file} {field.name}" for field in schema if field.name not in meaning]
         out.append(f"\n### `{file}`\n")
         if variable and (text := said.get(variable) or said.get(variable.removesuffix("_SCHEMA"))):
             out.append(text.replace("``", "`") + "\n")
         out.append(f"`common.records.{variable}`:\n")
-        out += ["| column | Arrow type |", "|---|---|"]
-        out += [f"| `{field.name}` | `{field.type}` |" for field in schema]
+        out += ["| column | Arrow type | meaning |", "|---|---|---|"]
+        out += [f"| `{field.name}` | `{field.type}` | {_cell(meaning.get(field.name, ''))} |" for field in schema]
+    if missing:
+        raise MissingMeaning(f"common/records.py: no meaning for the columns {', '.join(missing)}")
     return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A meaning as one table cell: Markdown's single backticks, no ``|``."""
+    return text.replace("``", "`").replace("|", " or ")
 
 
 def changelog() -> str:

@@ -42,8 +42,8 @@ MECHANISMS = ("tensor", "module")
 
 @dataclass
 class BackwardSpec(EditSpec):
-    mechanism: str = "tensor"
-    replace: Optional[float] = None
+    mechanism: str = "tensor"  #: ``tensor`` (tensor hooks, the default) or ``module`` (PyTorch's full backward hooks)
+    replace: Optional[float] = None  #: null: record only; a number: every ``grad_input`` (``full_backward``) or ``grad_output`` (``backward_pre``) becomes it
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -239,7 +239,7 @@ NODE_KINDS = ("grad_output", "grad_input")
 
 @dataclass
 class NodeSpec(TapSpec):
-    kinds: list[str] = field(default_factory=lambda: ["grad_output", "grad_input"])
+    kinds: list[str] = field(default_factory=lambda: ["grad_output", "grad_input"])  #: ``grad_output`` (the Node's pre-hook), ``grad_input`` (its post-hook), or both
 
     def check(self, key: str) -> None:
         super().check(key)

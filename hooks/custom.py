@@ -64,13 +64,13 @@ MODULE_HOOKS = ("forward_pre", "forward", "full_backward", "backward_pre")
 
 @dataclass
 class CustomSpec(HookSpec):
-    fn: str = MISSING
-    hook: str = "forward"
-    target: str = "output"
-    params: Optional[list[str]] = None
-    with_kwargs: bool = False
-    prepend: bool = False
-    always_call: bool = False
+    fn: str = MISSING  #: the import path of your function (``mypkg.hooks.my_hook``)
+    hook: str = "forward"  #: which PyTorch function registers it: ``forward_pre``, ``forward``, ``full_backward``, ``backward_pre``, ``tensor``, ``post_accumulate``
+    target: str = "output"  #: with ``hook: tensor``: ``output`` (each output) or ``params`` (each parameter)
+    params: Optional[list[str]] = None  #: with ``target: params``: only these parameter names (null: all of the module's own)
+    with_kwargs: bool = False  #: PyTorch's ``with_kwargs``: ``fn`` gets (and may return) keyword arguments
+    prepend: bool = False  #: PyTorch's ``prepend``: before the module's existing hooks (module hooks only)
+    always_call: bool = False  #: PyTorch's ``always_call``: the forward hook runs even when forward raises
 
     def check(self, key: str) -> None:
         if self.hook not in SIGNATURES:

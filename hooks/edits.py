@@ -34,10 +34,10 @@ def _check_value(key: str, value: float) -> None:
 @dataclass
 class ShiftSpec(EditSpec):
     layers: Any = ""
-    op: str = "add"
-    value: float = 1.0
-    slot: int = 0
-    kwarg: Optional[str] = None
+    op: str = "add"  #: ``add``, ``mul`` or ``set``: the new input is ``op(input, value)``
+    value: float = 1.0  #: the operand
+    slot: int = 0  #: which positional input is replaced
+    kwarg: Optional[str] = None  #: a keyword input to replace instead of a positional one (null: ``slot``)
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -70,8 +70,8 @@ OUTPUT_OPS = ("add_input", *OPS)
 
 @dataclass
 class EditOutputSpec(SlotEditSpec):
-    op: str = "add_input"
-    value: float = 0.0
+    op: str = "add_input"  #: ``add_input`` (output + first input, a residual), ``add``, ``mul`` or ``set``
+    value: float = 0.0  #: the operand of ``add``, ``mul`` and ``set``
 
     def check(self, key: str) -> None:
         super().check(key)

@@ -42,9 +42,9 @@ TARGETS = ("params", "output", "input")
 @dataclass
 class GradSpec(SlotEditSpec):
     layers: Any = "**"
-    target: str = "params"
-    params: Optional[list[str]] = None
-    record: bool = True
+    target: str = "params"  #: where the gradient is taken: ``params``, ``output`` or ``input``
+    params: Optional[list[str]] = None  #: with ``target: params``: only these parameter names, e.g. ``[bias]`` (null: all)
+    record: bool = True  #: false (``target: params`` only): record nothing, only the edit
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -183,8 +183,8 @@ class GradTransform(Tap):
 
 @dataclass
 class ClampSpec(GradSpec):
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: Optional[float] = None  #: lower bound (null: none)
+    max: Optional[float] = None  #: upper bound (null: none)
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -216,7 +216,7 @@ class Clamp(GradTransform):
 
 @dataclass
 class ScaleSpec(GradSpec):
-    factor: float = 2.0
+    factor: float = 2.0  #: what the gradient is multiplied by
 
 
 @register("scale")
@@ -231,7 +231,7 @@ class Scale(GradTransform):
 
 @dataclass
 class ReplaceSpec(GradSpec):
-    value: float = 0.0
+    value: float = 0.0  #: what every gradient element becomes
 
 
 @register("replace")

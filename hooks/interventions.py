@@ -44,10 +44,10 @@ ABLATE_TARGETS = ("output", "input")
 
 @dataclass
 class AblateSpec(SlotEditSpec):
-    op: str = "zero"
-    target: str = "output"
-    reference: str = "batch"
-    seed: int = 0
+    op: str = "zero"  #: ``zero``, ``mean`` or ``resample`` (another sample's value)
+    target: str = "output"  #: ``output``, or ``input`` (the first input, or the one ``slot`` names)
+    reference: str = "batch"  #: where ``mean`` and ``resample`` take values: ``batch`` or a stored run's directory
+    seed: int = 0  #: seeds ``resample``'s choice of samples
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -194,8 +194,8 @@ def clean_data_keys(clean: dict | None) -> dict:
 
 @dataclass
 class PatchSpec(SlotEditSpec):
-    source: str = ""
-    source_step: Optional[int] = None
+    source: str = ""  #: a stored run's directory, or ``clean`` (a clean pass of the same run beside each step)
+    source_step: Optional[int] = None  #: the stored run's step to take values from (null: the same step)
     clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
     receiver: Optional[str] = None  #: a later module: patch only what ``layers`` send it (path patching)
 

@@ -43,7 +43,7 @@ NEXT, FINAL = "next", "final"
 
 @dataclass
 class LogitLensSpec(SampleOutputsSpec):
-    top_k: int = 5
+    top_k: int = 5  #: how many top tokens ``lens.parquet`` keeps per block and position
     target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
 
     def check(self, key: str) -> None:
@@ -55,7 +55,7 @@ class LogitLensSpec(SampleOutputsSpec):
                               f"'{NEXT}' (the input's next token) nor a token id")
 
 
-def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
+def lens_parts(model: nn.Module, key: str, reader: str = "the logit lens") -> tuple[nn.Module, nn.Module]:
     """The final norm and the unembedding of a causal LM, or a one-line error naming the models that have them."""
     get = getattr(model, "get_output_embeddings", None)
     unembedding = get() if callable(get) else None
@@ -63,7 +63,7 @@ def lens_parts(model: nn.Module, key: str) -> tuple[nn.Module, nn.Module]:
     norms = [m for m in base.children() if "norm" in type(m).__name__.lower()] if isinstance(base, nn.Module) else []
     if unembedding is None or not norms:
         lacking = "unembedding (get_output_embeddings())" if unembedding is None else "final norm in base_model"
-        raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; the logit lens reads a causal language "
+        raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; {reader} reads a causal language "
                           f"model; valid: {', '.join(CAUSAL_MODELS)}")
     return norms[-1], unembedding
 

@@ -25,7 +25,7 @@ from hooks.tap import Tap, TapSpec, check_kinds
 @dataclass
 class ObserveSpec(TapSpec):
     layers: Any = "leaf:**"
-    kinds: list[str] = field(default_factory=lambda: ["output", "grad_output"])
+    kinds: list[str] = field(default_factory=lambda: ["output", "grad_output"])  #: what is recorded: ``input``, ``output``, ``grad_input``, ``grad_output``
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -64,7 +64,7 @@ class Capture(Observe):
 class PrintSpec(ObserveSpec):
     layers: Any = "*"
     kinds: list[str] = field(default_factory=lambda: ["output"])
-    values: bool = False
+    values: bool = False  #: true: print the values, not only the shape
 
 
 @register("print")

@@ -27,9 +27,9 @@ OPS = ("record", "sgd")
 @dataclass
 class PostAccumulateSpec(HookSpec):
     layers: Any = "**"
-    params: Optional[list[str]] = None
-    op: str = "record"
-    lr: float = 0.01
+    params: Optional[list[str]] = None  #: only these parameter names (null: all of the module's own)
+    op: str = "record"  #: ``record`` the accumulated ``.grad``, or ``sgd``: also ``p -= lr * p.grad`` and free ``.grad``
+    lr: float = 0.01  #: the learning rate of ``op: sgd``
 
     def check(self, key: str) -> None:
         if self.op not in OPS:

@@ -32,7 +32,6 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -43,9 +42,10 @@ from common.errors import ConfigError, choice_error
 from common.unit_sketch import default_unit_axis
 from hooks.base import HookType
 from hooks.callables import resolve_callable
-from hooks.index import Index, parse_index
+from hooks.edits import OPS as EDITS
+from hooks.index import Index, narrowed, parse_index
 from hooks.registry import check_finite, register
-from hooks.sae_format import check_sae, check_saelens, read_config
+from hooks.sae_format import check_sae, check_saelens, host_bytes
 from hooks.sae_width import input_width, output_width
 from hooks.tap import TapSpec, Tap
 
@@ -56,7 +56,9 @@ FEATURES = "sae"
 TARGETS = ("output", "input")
 #: Modules whose forward (or their owner's loop) calls every child: a features module added there would run.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-OPS = ("ablate", "clamp", "steer")
+#: Each op as ``hooks.edits``' op and its value (``None``: the entry's ``value``).
+EDIT_OPS = {"ablate": (EDITS["set"], 0.0), "clamp": (EDITS["set"], None), "steer": (EDITS["add"], None)}
+OPS = tuple(EDIT_OPS)
 
 
 @dataclass
@@ -81,9 +83,7 @@ class SaeSpec(TapSpec):
         if not self.path:
             raise ConfigError(f"{key}.path: required: the SAE's folder (SAELens: cfg.json and "
                               f"sae_weights.safetensors), e.g. {key}.path=saes/blocks.0")
-        if self._target_ == SAELENS_LOADER:
-            check_saelens(self.path, f"{key}.path")
-        else:
+        if self._target_ != SAELENS_LOADER:  # a SAELens folder is checked once, by the entry (``Sae.folder``)
             resolve_callable(self._target_, f"{key}._target_", 1, "(path)")
         if self.op is not None and self.op not in OPS:
             raise choice_error(f"{key}.op", self.op, OPS, "op")
@@ -124,13 +124,20 @@ class Sae(Tap):
 
     spec_class = SaeSpec
 
-    def __init__(self, name: str, spec: SaeSpec) -> None:
+    def __init__(self, name: str, spec: SaeSpec, folder: dict | None = None) -> None:
         super().__init__(name, spec)
+        #: A SAELens folder's ``cfg.json`` as ``check_saelens`` read and checked it, once per entry (``fresh`` keeps
+        #: it); ``None`` for another format's loader.
+        self.folder = folder if folder is not None or spec._target_ != SAELENS_LOADER else check_saelens(
+            spec.path, f"{self.key}.path")
         self._sae: Any = None
         self._dims = (0, 0)  # (d_in, d_sae)
         self._features: dict[str, tuple[nn.Module, SaeFeatures]] = {}  # layer -> (the spliced module, its child)
         self._layer = ""
         self._clean: torch.Tensor | None = None  # encode(x) of the call being spliced
+
+    def fresh(self) -> Sae:
+        return type(self)(self.name, self.spec, self.folder)
 
     @functools.cached_property
     def features_index(self) -> Index | None:
@@ -161,9 +168,9 @@ class Sae(Tap):
     def check_built(self, model: nn.Module) -> None:
         """A SAELens SAE's ``d_in`` against the width of each tensor it would splice (``hooks.sae_width``),
         where the model built on the meta device tells it, and the feature numbers against ``d_sae``."""
-        if self.spec._target_ != SAELENS_LOADER:
+        cfg = self.folder
+        if cfg is None:
             return
-        cfg = read_config(Path(self.spec.path), f"{self.key}.path")
         d_in = cfg["d_in"]
         if isinstance(self.spec.features, (int, list, ListConfig)):  # feature numbers: they fit d_sae or not
             self.features_index.check(torch.Size([1, cfg["d_sae"]]))
@@ -215,8 +222,14 @@ class Sae(Tap):
         for _, child in self._features.values():
             child.encode = self._encode
 
+    def held_bytes(self) -> dict[str, int]:
+        """The SAE's weights, loaded on the host for the run (``memory.budget`` counts them)."""
+        return {"SAE weights": host_bytes(self._sae)} if self._sae is not None else {}
+
     def _load(self) -> Any:
         loader = resolve_callable(self.spec._target_, f"{self.key}._target_", 1, "(path)")
+        if self.folder is not None:  # the default loader, given the config the entry read
+            loader = partial(loader, cfg=self.folder)
         try:
             return loader(self.spec.path)
         except ConfigError:
@@ -263,14 +276,11 @@ class Sae(Tap):
         return (self._sae.decode(edited) + error).to(x.dtype).movedim(-1, axis)
 
     def _edited(self, features: torch.Tensor) -> torch.Tensor:
-        index = self.features_index
-        if index is None:
+        """``features`` with the entry's op applied to the part ``features`` picks (``hooks.index.narrowed``)."""
+        if self.features_index is None:
             return features
-        index.check(features.shape)
-        op, value = self.spec.op, self.spec.value
-        new = (torch.zeros_like(features) if op == "ablate" else torch.full_like(features, value) if op == "clamp"
-               else features + value)
-        return index.apply(features, new)
+        op, value = EDIT_OPS[self.spec.op]
+        return narrowed(lambda x: op(x, self.spec.value if value is None else value), self.features_index)(features)
 
 
 def check_order(hooks: Sequence[HookType]) -> None:

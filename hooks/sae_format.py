@@ -156,15 +156,23 @@ def check_saelens(folder: str, key: str) -> dict[str, Any]:
     return cfg
 
 
-def load_saelens(folder: str) -> SaeLensSae:
+def load_saelens(folder: str, cfg: dict[str, Any] | None = None) -> SaeLensSae:
     """The SAE in the SAELens folder ``folder`` (checked by ``check_saelens`` when the entry was built),
-    in the dtype of its ``cfg.json`` (default float32)."""
-    cfg = read_config(Path(folder), "sae")
+    in the dtype of its ``cfg.json`` (default float32); ``cfg``: that file as the entry read it."""
+    cfg = read_config(Path(folder), "sae") if cfg is None else cfg
     dtype = getattr(torch, str(cfg.get("dtype", "float32")).removeprefix("torch."))
     with safe_open(Path(folder) / WEIGHTS_FILE, framework="pt") as f:
         tensors = {name: f.get_tensor(name).to(dtype) for name in f.keys()}  # noqa: SIM118
     return SaeLensSae(tensors, cfg.get("architecture", "standard"), bool(cfg.get("apply_b_dec_to_input", True)),
                       cfg.get("normalize_activations", "none"))
+
+
+def host_bytes(sae: Any) -> int:
+    """Bytes of the SAE's tensors held on the host: a module's parameters and buffers, a SAELens folder's
+    tensors (``SaeLensSae.tensors``), else its ``W_dec``."""
+    tensors = (sae.state_dict().values() if isinstance(sae, torch.nn.Module)
+               else getattr(sae, "tensors", {"W_dec": sae.W_dec}).values())
+    return sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu")
 
 
 def check_sae(sae: Any, key: str) -> tuple[int, int]:

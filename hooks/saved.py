@@ -48,12 +48,12 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 @dataclass
 class SavedSpec(HookSpec):
     layers: Any = "**"
-    mode: str = "offload_cpu"
-    dtype: str = "float16"
-    directory: Optional[str] = None
-    min_bytes: int = 0
-    pack: Optional[str] = None
-    unpack: Optional[str] = None
+    mode: str = "offload_cpu"  #: how saved tensors are packed: ``offload_cpu``, ``offload_disk``, ``compress`` or ``custom``
+    dtype: str = "float16"  #: with ``compress``: ``float16`` or ``bfloat16``
+    directory: Optional[str] = None  #: with ``offload_disk``: where the files go (null: the system's temporary directory)
+    min_bytes: int = 0  #: offload modes: tensors smaller than this stay where they are (0: every tensor)
+    pack: Optional[str] = None  #: with ``custom``: the import path of your pack function
+    unpack: Optional[str] = None  #: with ``custom``: the import path of your unpack function
 
     def check(self, key: str) -> None:
         if self.mode not in MODES:

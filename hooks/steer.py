@@ -43,12 +43,12 @@ VECTOR_FILES = (".npy", ".pt")
 
 @dataclass
 class SteerSpec(SlotEditSpec):
-    scale: float = 1.0
+    scale: float = 1.0  #: what the vector is multiplied by before it is added
     positive: str = ""  #: a run directory: its mean output is added ...
     negative: str = ""  #: ... minus this run's
     file: str = ""      #: or a 1-D vector in a .npy or .pt file
     baseline: bool = True  #: an unsteered pass beside each step: steer.parquet's KL and top-k
-    top_k: int = 5
+    top_k: int = 5  #: how many top next tokens ``steer.parquet`` keeps, steered and unsteered
 
     def check(self, key: str) -> None:
         super().check(key)

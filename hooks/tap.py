@@ -67,9 +67,9 @@ class TapSpec(HookSpec):
     module's existing hooks; ``always_call`` makes the forward hook run even when forward raises.
     """
 
-    scope: str = "module"
-    prepend: bool = False
-    always_call: bool = False
+    scope: str = "module"  #: ``module`` (the selected modules' hooks) or ``global`` (PyTorch's global module hooks)
+    prepend: bool = False  #: register before the module's existing hooks
+    always_call: bool = False  #: the forward hook runs even when forward raises
 
     def check(self, key: str) -> None:
         if self.scope not in SCOPES:
@@ -83,7 +83,7 @@ class TapSpec(HookSpec):
 class EditSpec(TapSpec):
     """Keys of the types that change tensors: ``index`` narrows the change (``hooks.index``)."""
 
-    index: Any = None
+    index: Any = None  #: narrows the change to part of the tensor (``hooks.index``; null: all of it)
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -99,7 +99,7 @@ class SlotEditSpec(EditSpec):
     takes the input of that position or keyword (default: the first); a gradient edit
     (``hooks.gradients``) changes every tensor's gradient."""
 
-    slot: Any = None
+    slot: Any = None  #: which tensor of a tuple or mapping output (or input) the edit changes (null: the only one)
 
     def check(self, key: str) -> None:
         super().check(key)

@@ -56,3 +56,36 @@ def blocks(text: str, language: str) -> list[str]:
 def everything() -> str:
     """README.md and every docs page in one text, for claims that may stand on any page."""
     return "\n".join(pages().values())
+
+
+#: A shell command's trailing comment: ``#`` after a space, then a space (``re:...\d+`` and ``'#'`` stay).
+COMMENT = re.compile(r"\s+#\s.*$")
+#: A ``$ python -m runner`` line a page shows failing: the command and the ``error:`` line under it.
+SHOWN_FAILING = re.compile(r"^ *\$ (python -m runner [^\n]*)\n *(error: [^\n]*)$", re.M)
+#: A command that stands for others: its placeholders are not values.
+PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|SWEEP|RUN|JOBID|OVERRIDES)\b")
+
+
+def normal(command: str) -> str:
+    """A command as a shell reads it, for comparing: continuations joined, its comment and prompt dropped,
+    runs of spaces one."""
+    command = COMMENT.sub("", command.replace("\\\n", " ").strip().removeprefix("$ "))
+    return " ".join(command.split())
+
+
+def shell_commands() -> list[tuple[str, str]]:
+    """``(page, command)`` for every shell command of README.md and the docs pages, in order, each once per page:
+    every line of a ``bash`` block, every ``$ `` line of another block, every ``python -m runner`` code span of
+    the prose; not those with placeholders (``JOBID``, ``...``), which stand for a command."""
+    found = []
+    for name, text in pages().items():
+        for language, block in re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M):
+            if language in ("python", "yaml", "toml", "json"):
+                continue
+            for line in block.replace("\\\n", " ").splitlines():
+                if language == "bash" and line.strip() or line.strip().startswith("$ "):
+                    found.append((name, normal(line)))
+        prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
+        found += [(name, normal(span[span.index("python -m runner "):]))
+                  for span in re.findall(r"`([^`\n]*python -m runner [^`\n]*)`", prose)]
+    return [(name, command) for name, command in dict.fromkeys(found) if not PLACEHOLDER.search(command)]

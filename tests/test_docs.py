@@ -7,11 +7,13 @@ and the feature tests), which read them through ``docs_text`` by page and headin
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,22 +21,30 @@ import yaml
 import runner
 import runner.analysis as analysis
 from common.errors import OutputError
-from docs_text import DOCS, ROOT, blocks, page, pages, section
+from docs_text import DOCS, ROOT, SHOWN_FAILING, blocks, everything, normal, page, pages, section, shell_commands
 from runner.cli.commandline import check_command_line
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
 
 
-def test_the_site_builds_strict(tmp_path):
-    """``mkdocs build --strict``: a broken link, anchor or API reference, or a page outside the nav, fails it."""
+def test_the_site_builds_strict():
+    """The README's ``mkdocs build --strict ...`` as written: a broken link, anchor or API reference, or a page
+    outside the nav, fails it; the notebooks are pages with their code."""
+    (line,) = [line for line in blocks(section("README.md", "Tests"), "bash")[0].splitlines() if line.startswith("mkdocs ")]
+    words = shlex.split(line, comments=True)
+    site = Path(words[words.index("--site-dir") + 1])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", *words], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    api = (site / "reference" / "api" / "index.html").read_text()
     assert 'id="runner.engine.attach.attach"' in api and 'id="runner.analysis.load.load_stats"' in api
-    specs = (tmp_path / "site" / "reference" / "hook-types" / "index.html").read_text()
+    specs = (site / "reference" / "hook-types" / "index.html").read_text()
     assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
+    for notebook in (DOCS / "notebooks").glob("*.py"):
+        rendered = (site / "notebooks" / notebook.stem / "index.html").read_text()
+        assert "runner</span><span class=\"o\">.</span><span class=\"n\">attach" in rendered, notebook.name
+    assert not (ROOT / ".cache").exists()  # the build writes nothing into the checkout
 
 
 def _nav_pages(nav) -> list[str]:
@@ -49,7 +59,8 @@ def test_every_page_is_in_the_navigation_once_and_every_nav_entry_is_a_page():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     listed = _nav_pages(config["nav"])
     assert len(listed) == len(set(listed))
-    assert sorted(listed) == sorted(name for name in pages() if name != "README.md")
+    notebooks = [str(p.relative_to(DOCS)) for p in (DOCS / "notebooks").glob("*.py")]
+    assert sorted(listed) == sorted([name for name in pages() if name != "README.md"] + notebooks)
 
 
 def test_every_link_of_the_readme_reaches_a_file():
@@ -113,35 +124,16 @@ def test_a_run_on_windows_is_refused_in_one_line_before_anything_is_written(tmp_
 NEEDS_EARLIER = re.compile(r"\b(source|positive|negative|replay|model\.path)=(?!clean\b)|data\.path=\S*crops|resume=")
 
 
-#: A command that stands for others: its placeholders are not values.
-PLACEHOLDER = re.compile(r"\.\.\.|…|\b(ARGS|YOURS|NAME|RUN_DIR|DIR|PATH|FILE|SWEEP)\b")
-
-
 def runner_commands() -> list[tuple[str, str]]:
-    """``(page, command)`` for every ``python -m runner`` line of a code block and every such code span of
-    every page, continuations joined, prompts and comments dropped; not those shown failing anywhere (an
-    ``error:`` line follows them in a block) nor those with placeholders."""
-    found, failing = [], set()
-    for name, text in pages().items():
-        for language, block in re.findall(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M):
-            lines = block.replace("\\\n", " ").splitlines() if language in ("", "bash", "text") else []
-            for at, line in enumerate(lines):
-                command = line.strip().removeprefix("$ ").split("  #", 1)[0].strip()
-                shown_failing = at + 1 < len(lines) and lines[at + 1].strip().startswith("error:")
-                if command.startswith("python -m runner ") and shown_failing:
-                    failing.add(command)
-                elif command.startswith("python -m runner "):
-                    found.append((name, command))
-        prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
-        found += [(name, span[span.index("python -m runner "):])
-                  for span in re.findall(r"`([^`\n]*python -m runner [^`\n]*)`", prose)]
-    return [(name, command) for name, command in dict.fromkeys(found)
-            if not PLACEHOLDER.search(command) and command not in failing]
+    """``(page, command)`` for every ``python -m runner`` command of every page (``docs_text.shell_commands``)
+    but those a page shows failing (an ``error:`` line follows them)."""
+    failing = {normal(command) for command, _ in SHOWN_FAILING.findall(everything())}
+    return [(name, command) for name, command in shell_commands()
+            if command.startswith("python -m runner ") and command not in failing]
 
 
-#: The commands no other test runs: the tutorial table's rows run in tests/test_readme.py, and every command
-#: that names its directory runs, twice, in tests/test_readme_twice.py (the patching, steering, training
-#: and clip tutorials', the replay's, ...).
+#: The commands that stand alone, each composed and planned here in well under a second: a typo fails here even
+#: in a command whose run is slow or marked (each runs as written: tests/test_docs_commands.py says where).
 COMMANDS = [(name, command) for name, command in runner_commands()
             if not NEEDS_EARLIER.search(command) and command not in TABLE and not FIXED.search(command)]
 
@@ -209,3 +201,31 @@ def test_the_generated_reference_expands_every_marker():
 
 def test_the_readme_is_a_front_page():
     assert len(page("README.md").splitlines()) <= 220
+
+
+def test_the_reference_refuses_a_key_or_column_without_a_meaning(tmp_path, monkeypatch):
+    """Every key and column has its ``#:`` meaning (the generators raise otherwise, which fails the build);
+    a column whose bullet is gone, or a key without a comment, is named."""
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    for generate in (gen_reference.hook_specs, gen_reference.config_groups, gen_reference.columns):
+        assert "|  |" not in generate()  # no empty cell
+    (tmp_path / "common").mkdir()
+    records = (ROOT / "common" / "records.py").read_text()
+    bullet = "#: - ``target_rank``: "
+    assert records.count(bullet) == 1
+    (tmp_path / "common" / "records.py").write_text(
+        "\n".join(line for line in records.splitlines() if not line.startswith(bullet)))
+    monkeypatch.setattr(gen_reference, "ROOT", tmp_path)
+    with pytest.raises(gen_reference.MissingMeaning, match=r"lens\.parquet target_rank$"):
+        gen_reference.columns()
+    (tmp_path / "plain_spec.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Plain:\n"
+                                             "    said: int = 0  #: a meaning\n    unsaid: int = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from plain_spec import Plain
+
+    with pytest.raises(gen_reference.MissingMeaning, match=r"plain_spec\.Plain: no `#:` comment for unsaid$"):
+        gen_reference._fields_table(list(dataclasses.fields(Plain)), Plain)

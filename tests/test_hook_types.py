@@ -33,11 +33,12 @@ def needed(preset: str, tmp_path: Path, width: int) -> list[str]:
     if preset == "steer":
         np.save(tmp_path / "vector.npy", np.linspace(-1, 1, width))
         return [f"hooks.steer.file={tmp_path / 'vector.npy'}"]
-    return {"store": [f"hooks.store.path={tmp_path / 'store'}"], "attribution": ["metric.diff=[1,2]"]}.get(preset, [])
+    return {"store": [f"hooks.store.path={tmp_path / 'store'}"], "attribution": ["metric.diff=[1,2]"],
+            "dla": ["hooks.dla.diff=[1,2]"]}.get(preset, [])
 
 
-#: ``logit_lens`` reads causal language models only: a resnet is refused before the run.
-LANGUAGE_MODEL_PRESETS = ("logit_lens",)
+#: ``logit_lens`` and ``dla`` read causal language models only: a resnet is refused before the run.
+LANGUAGE_MODEL_PRESETS = ("logit_lens", "dla")
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -37,7 +37,7 @@ INTERVENTION_LAYERS = {"ablate": ("hooks.ablate.layers=layer4",), "patch": ("hoo
 STORE_PRESET = ("hooks.store.layers=layer4",)
 #: ``steer`` defaults to ``layer3`` too, and needs a vector of layer4's 4 channels.
 STEER_PRESET = ("hooks.steer.layers=layer4",)
-#: ``logit_lens`` reads a causal language model; its last module, where the model fails, is ``lm_head``.
+#: ``logit_lens`` and ``dla`` read a causal language model; its last module, where the model fails, is ``lm_head``.
 GPT2 = ("model=gpt2_tiny", "data=tokens")
 
 
@@ -78,7 +78,9 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
     if preset == "steer":
         np.save(tmp_path / "vector.npy", np.ones(4))
         extra += (*STEER_PRESET, f"hooks.steer.file={tmp_path / 'vector.npy'}")
-    cfg = make_config(f"hooks={preset}", *(GPT2 if preset == "logit_lens" else MINI_RESNET), *extra)
+    if preset == "dla":  # the two tokens, and no dropout to make the parts not add up
+        extra += ("hooks.dla.diff=[1,2]", "mode=eval", "loss=none")
+    cfg = make_config(f"hooks={preset}", *(GPT2 if preset in ("logit_lens", "dla") else MINI_RESNET), *extra)
     out = tmp_path / "out"
     if SCENARIOS[scenario] is None:
         run(cfg, out)
@@ -88,7 +90,7 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         if prepare:
             watch.prepare = prepare
         if record:  # the hook's own work fails: ``units``, ``store`` and ``logit_lens`` keep their totals, not the recorder
-            own = preset in ("units", "store", "logit_lens")
+            own = preset in ("units", "store", "logit_lens", "dla")
             monkeypatch.setattr(HOOK_TYPES.get(preset).build if own else Recorder, "take" if own else "record", record)
         with pytest.raises(error, match="injected fault"):
             run(cfg, out)

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from common.records import MANIFEST, RUN_TOTAL_SCHEMAS, STEPS
+from common.records import GENERATE, MANIFEST, RUN_TOTAL_SCHEMAS, STEPS
 from runner.analysis.intact import intact
 from runner.analysis.saved_config import config_path
 
@@ -40,10 +40,12 @@ MOST_JOBS = 20
 
 
 def entry_types(run_dir: Path) -> dict[str, str]:
-    """``{entry name: hook type}`` from the run's saved config (empty when it has none)."""
+    """``{entry name: hook type}`` from the run's saved config (empty when it has none); a ``mode=generate``
+    run's generation first, as the entry ``generate`` (``answers.generation``)."""
     path = config_path(run_dir)
-    hooks = (yaml.safe_load(path.read_text()) or {}).get("hooks") if path else None
-    return {name: str((entry or {}).get("type", "?")) for name, entry in (hooks or {}).items()}
+    config = (yaml.safe_load(path.read_text()) or {}) if path else {}
+    own = {GENERATE: GENERATE} if config.get("mode") == GENERATE else {}
+    return {**own, **{name: str((entry or {}).get("type", "?")) for name, entry in (config.get("hooks") or {}).items()}}
 
 
 def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:

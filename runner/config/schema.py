@@ -31,6 +31,7 @@ class Device(str, Enum):
 class Mode(str, Enum):
     train = "train"
     eval = "eval"
+    generate = "generate"  #: eval mode, ``model.generate`` on each batch of prompts (``runner.engine.generation``)
 
 
 class Policy(str, Enum):
@@ -77,13 +78,13 @@ class FsdpConfig:
 class NamedModel:
     """A model by name (``runner.sources.models``: the tutorials' nets or any torchvision model)."""
 
-    name: str = MISSING
-    weights: Optional[str] = None
-    checkpoint: Optional[str] = None
-    input_shape: Optional[list[int]] = None
-    num_classes: Optional[int] = None
-    head: Optional[str] = None
-    input_kind: str = "tensor"
+    name: str = MISSING                 #: the model: a tutorial net or a torchvision model, by name
+    weights: Optional[str] = None       #: torchvision's weights (``DEFAULT`` where it can download); null: random
+    checkpoint: Optional[str] = None    #: a saved state dict loaded into the model; null: none
+    input_shape: Optional[list[int]] = None  #: the input ``data.shape`` follows when null, batch first
+    num_classes: Optional[int] = None   #: the output classes, where the model takes the number
+    head: Optional[str] = None          #: the last Linear layer's name (``hooks=zero_bias`` and presets use it)
+    input_kind: str = "tensor"          #: what the model takes: ``tensor`` (floats) or ``tokens`` (integer ids)
 
 
 @dataclass
@@ -105,7 +106,7 @@ MODEL_RUN_KEYS = tuple(f.name for f in dataclasses.fields(NamedModel))
 
 @dataclass
 class DataBase:
-    kind: str = MISSING
+    kind: str = MISSING                 #: the data kind (``runner.config.registry.DATA_KINDS``)
     shape: Optional[list[int]] = None   #: null follows model.input_shape
     requires_grad: bool = False         #: true makes the input a leaf with a gradient
     targets: Any = None                 #: class targets: an int, a list, or null
@@ -117,8 +118,8 @@ class ShardConfig:
     """Data kinds with a length: a whole-dataset pass (mode=eval) covers only part ``shard`` of
     ``num_shards`` contiguous parts (``runner.engine.whole_pass``); sample ids stay the dataset's."""
 
-    shard: int = 0
-    num_shards: int = 1
+    shard: int = 0                     #: which part this job covers, from 0
+    num_shards: int = 1                #: how many contiguous parts the dataset is split into
 
 
 @dataclass
@@ -143,10 +144,10 @@ class FakeImages(DataBase):
 class ImageFiles(DataBase):
     kind: str = "image"
     path: Optional[str] = None          #: required: a file or a folder of images
-    resize: int = 256
-    crop: int = 224
-    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
-    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    resize: int = 256                  #: the shorter side is resized to this many pixels
+    crop: int = 224                    #: then the centre square of this side is cut
+    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  #: per channel, subtracted
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])  #: per channel, divided by
 
 
 @dataclass
@@ -163,10 +164,10 @@ class DigitsData(ShardConfig, DataBase):
 class LoaderConfig(ShardConfig):
     """How a ``Dataset`` is batched (``torch.utils.data.DataLoader``) and which part is held out."""
 
-    batch_size: int = 32
+    batch_size: int = 32               #: items per batch
     shuffle: bool = True               #: a new order each epoch, drawn from the run's seed
-    num_workers: int = 0
-    drop_last: bool = False
+    num_workers: int = 0               #: the DataLoader's worker processes (0: load in the run's process)
+    drop_last: bool = False            #: drop a last batch smaller than batch_size
     held_out: float = 0.0              #: fraction kept apart for eval passes (0: they draw training batches)
     split_seed: int = 0                #: which items are held out: the same for every run seed
 
@@ -176,7 +177,7 @@ class DatasetData(LoaderConfig, DataBase):
     """Any ``torch.utils.data.Dataset``: ``_target_`` names its class or a function returning one."""
 
     kind: str = "dataset"
-    _target_: str = MISSING
+    _target_: str = MISSING            #: the dotted path of the Dataset class or of a function returning one
     kwargs: dict[str, Any] = field(default_factory=dict)  #: the arguments ``_target_`` is called with
 
 
@@ -185,6 +186,34 @@ class ImageFolderData(LoaderConfig, ImageFiles):
     """torchvision's ``ImageFolder`` at ``path``: one subfolder per class, the ImageNet transforms."""
 
     kind: str = "imagefolder"
+
+
+@dataclass
+class TextData(ShardConfig, DataBase):
+    """Prompts (``prompts``, or ``path``: a file of one prompt per line) tokenized by the
+    ``save_pretrained`` tokenizer in ``tokenizer`` (null: ``model.path`` of ``model=hf``), padded on
+    the right to the longest prompt (``runner.sources.text``); each prompt is named by its text."""
+
+    kind: str = "text"
+    prompts: list[str] = field(default_factory=list)  #: the prompts, or give ``path``
+    path: Optional[str] = None          #: a UTF-8 file of one prompt per line (blank lines skipped)
+    tokenizer: Optional[str] = None     #: a save_pretrained tokenizer folder; null: ``model.path`` of model=hf
+    batch_size: Optional[int] = None    #: prompts per batch; null: all of them in one
+
+
+@dataclass
+class GenerateConfig:
+    """``mode=generate``: ``model.generate`` on each batch of prompts with the run's hooks attached
+    (``runner.engine.generation``). Greedy unless ``do_sample``; a sampled batch k is drawn after
+    ``torch.manual_seed(seed + k)``; ``top_k: 0`` keeps every token. ``use_cache``: each call after the
+    first sees only the new position (false: every call sees the whole sequence so far)."""
+
+    max_new_tokens: int = 20            #: tokens generated per prompt (fewer where the model ends the text)
+    do_sample: bool = False             #: greedy (false) or sampled
+    seed: int = 0                       #: a sampled batch k is drawn after torch.manual_seed(seed + k)
+    temperature: float = 1.0            #: sampled only
+    top_k: int = 0                      #: sampled only; 0 keeps every token
+    use_cache: bool = True              #: the key/value cache: later calls see only the new position
 
 
 @dataclass
@@ -210,25 +239,25 @@ class MetricConfig:
 
 @dataclass
 class NoOptimizer:
-    name: str = "none"
+    name: str = "none"                 #: no optimizer: the parameters stay as they are
 
 
 @dataclass
 class SGDConfig:
-    name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    nesterov: bool = False
+    name: str = "sgd"                  #: ``torch.optim.SGD``
+    lr: float = 0.01                   #: learning rate
+    momentum: float = 0.0              #: momentum factor
+    weight_decay: float = 0.0          #: L2 penalty
+    nesterov: bool = False             #: Nesterov momentum
 
 
 @dataclass
 class AdamConfig:
-    name: str = "adam"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    name: str = "adam"                 #: ``torch.optim.Adam``
+    lr: float = 1e-3                   #: learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  #: running averages' coefficients
+    eps: float = 1e-8                  #: added to the denominator
+    weight_decay: float = 0.0          #: L2 penalty
 
 
 @dataclass
@@ -256,6 +285,7 @@ class RunConfig:
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)  #: mode=generate's settings
     output: OutputConfig = field(default_factory=OutputConfig)
     model: Any = MISSING
     data: Any = MISSING

@@ -3,7 +3,7 @@
 What an entry holds comes from the plan's rehearsal on the meta device (shapes, no data): the
 tensors it keeps of one step (``capture``, ``extract``: detached copies in their dtype, held until
 the step's captures are written), and what it holds across steps (``HookType.held_bytes``:
-``units``' statistics, a ``store``'s shard buffers). All of it is on the host (``cpu``): kept
+``units``' statistics, a ``store``'s shard buffers, an ``sae``'s weights). All of it is on the host (``cpu``): kept
 tensors are copied off an accelerator, statistics and stores are kept on the CPU; under torchrun
 each rank holds its own. With ``memory.budget=2GiB`` a plan that holds more is refused in one
 line naming the entries, before anything runs (``runner.attach(..., memory={"budget": "2GiB"})``:

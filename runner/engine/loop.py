@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from common.records import EXPLAINED_CLASSES
+from common.records import EXPLAINED_CLASSES, GENERATE, GENERATIONS
 from hooks.base import explanation
 from hooks.session import prepare_recording
 from runner.engine import early_stop, fsdp, whole_pass
 from runner.engine.attach import AttachedRun, open_run
+from runner.engine.generation import Generation, generating
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import Plan
 from runner.engine.progress import progress_bar
@@ -88,6 +89,8 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
         recorder.sample_names = plan.data.items.names if dataset_pass else None  # what units names its examples by
+        generation = Generation(plan.data, s.generate, (resume.hooks_state or {}).get(GENERATE)) \
+            if generating(s) else None  # mode=generate's steps (a requeued job's rows of the steps it ran)
         for step in range(first, s.steps):
             batch = next(data)
             recorder.samples = batch.samples
@@ -98,8 +101,9 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
             beside = {} if clean_data is None else _explained(
                 run, clean_and_corrupted, forward, model, next(clean_data).x, batch.x, beside_entries, recorder,
                 measures)
-            loss, accuracy = _explained(run, train_step, forward, model, batch, plan.loss_fn, run.session,
-                                        optimizer, plan.classifies, gradients)
+            loss, accuracy = _explained(run, generation.step, model, batch, step) if generation else \
+                _explained(run, train_step, forward, model, batch, plan.loss_fn, run.session, optimizer,
+                           plan.classifies, gradients)
             run.end_step(loss, accuracy=accuracy, **measures.take(), **beside)
             if plan.schedule.due(step):
                 with run.evaluating() as result:
@@ -107,9 +111,11 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
                     result.set(eval_loss, accuracy=eval_accuracy, **measures.take())
             bar.set_postfix(loss=loss, refresh=False)
             bar.update()
-            resume.mark(step + 1, run.session.run_state())
+            resume.mark(step + 1, {**run.session.run_state(), **({GENERATE: generation.kept()} if generation else {})})
             if step + 1 < s.steps:
                 run.begin_step()
+        if generation is not None:
+            run.outputs.write_table(GENERATIONS, generation.rows)
         if s.compile:  # the hooks' (and the model's) graph breaks, met while compiling it
             run.outputs.extra["graph_breaks"] = graph_breaks() - breaks
         if first == 0 and isinstance(plan.loss_fn, ClassScore) and plan.loss_fn.chosen is not None:

@@ -38,7 +38,7 @@ from runner.engine.budget import DEVICE, check_budget, held, parse_size, size_te
 from runner.engine.fsdp import check_fsdp
 from runner.engine.metrics import check_metric, missing_metric
 from runner.engine.rehearsal import Rehearsal, meta_model, rehearse, rehearse_call
-from runner.engine import early_stop, whole_pass
+from runner.engine import early_stop, generation, whole_pass
 from runner.engine.train import EvalSchedule, check_optimizer, trainable
 from runner.live import typed_loggers
 from runner.sources.data import DataSource
@@ -94,6 +94,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     optimizer = _optimizer(typed.optimizer)
     hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
+    generation.check_run(settings, data, hooks, optimizer)
     early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
@@ -231,10 +232,13 @@ def _resolved(node, key: str):
 
 
 def _steps_or_epochs(typed: DictConfig) -> None:
-    """``steps`` or ``epochs``, never both; neither is one step (kept as ``steps: 1`` in config.yaml)."""
+    """``steps`` or ``epochs``, never both; neither is one step (kept as ``steps: 1`` in config.yaml), or under
+    ``mode=generate`` one pass over the prompts."""
     if typed.steps is not None and typed.epochs is not None:
         raise ConfigError(f"epochs: {typed.epochs} and steps: {typed.steps} both given; set one of them "
                           f"(epochs counts passes over the dataset)")
+    if typed.epochs is None and typed.steps is None and typed.mode == "generate":
+        typed.epochs = 1  # every prompt once
     if typed.epochs is None:
         typed.steps = 1 if typed.steps is None else typed.steps
     elif typed.epochs < 1:
@@ -326,6 +330,8 @@ def _check_model(model: nn.Module | None, settings: RunConfig, optimizer, hooks:
     if settings.stop_after is not None:
         early_stop.stop_module(model, settings.stop_after, hooks)
     trainable(optimizer, model)
+    if generation.generating(settings):
+        generation.check_model(model)
     for hook in hooks:
         hook.check_built(model)
 
@@ -481,7 +487,7 @@ GATE = (
     attach_config, _typed, _import_modules, _steps_or_epochs, _check_settings, check_fsdp, check_metric,
     _check_repeated_presets, _model_config, check_target, check_hf, _check_checkpoint, _data_config, _data,
     whole_pass.check, _steps_of_epochs, get_loss, _optimizer, check_optimizer, compile_hooks, build_hooks,
-    _check_hooks_against_run, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
+    _check_hooks_against_run, generation.check_run, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
     _check_model, _check_steps, _clean_data,
     check_attached_model, rehearse_call,  # runner.attach: the user's model, and its first call on the meta device
 )

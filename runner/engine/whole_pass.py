@@ -21,8 +21,8 @@ from runner.sources.data import DataSource
 
 
 def applies(settings: RunConfig, data: DataSource) -> bool:
-    """Whether the run is a whole-dataset pass: eval mode over data with a length."""
-    return settings.mode.value == "eval" and data.items is not None
+    """Whether the run is a whole-dataset pass: eval (or generate) mode over data with a length."""
+    return settings.mode.value in ("eval", "generate") and data.items is not None
 
 
 def shard_range(data: DataSource) -> tuple[int, int]:

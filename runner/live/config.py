@@ -47,12 +47,12 @@ class LoggerConfig:
     waited for (a tool slow to open: ``wandb.init`` takes a minute on a loaded machine), unless its
     process ended or its server is unreachable."""
 
-    every: int = 1
-    entries: Optional[list[str]] = None
-    stats: StatsByKind = field(default_factory=StatsByKind)
-    histograms: bool = True
-    queue: int = 256
-    close_timeout_s: float = 60.0
+    every: int = 1  #: log every k-th step, from step 0
+    entries: Optional[list[str]] = None  #: the hook entries whose statistics are logged (null: every ``stats`` entry)
+    stats: StatsByKind = field(default_factory=StatsByKind)  #: per kind, the statistics logged (``[]``: none of that kind)
+    histograms: bool = True  #: every kept tensor as a histogram, where the tool has them
+    queue: int = 256  #: steps waiting to be sent, beyond which the oldest waiting is skipped
+    close_timeout_s: float = 60.0  #: at the run's end, how long a logger that sends nothing more is waited for
 
     def server(self) -> str | None:
         """The URL of the server the tool sends to (``http://HOST:PORT``), whose reachability names a

@@ -36,7 +36,7 @@ def metric_key(tag: str) -> str:
 @dataclass
 class MLflowLogger(LoggerConfig):
     tracking_uri: Optional[str] = None  #: null: ``MLFLOW_TRACKING_URI``, else MLflow's default local store
-    experiment: str = "hook-runner"
+    experiment: str = "hook-runner"  #: the MLflow experiment the runs go in
 
     def server(self) -> str | None:
         """The tracking server's URL: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``) when it is ``http(s)://``."""

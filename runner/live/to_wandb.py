@@ -24,9 +24,9 @@ class WandbMode(str, Enum):
 
 @dataclass
 class WandbLogger(LoggerConfig):
-    project: str = "hook-runner"
-    entity: Optional[str] = None
-    mode: WandbMode = WandbMode.offline
+    project: str = "hook-runner"  #: the W&B project
+    entity: Optional[str] = None  #: the W&B user or team (null: your default)
+    mode: WandbMode = WandbMode.offline  #: ``offline`` (files only, the default) or ``online``
     dir: Optional[str] = None    #: where ``wandb/`` goes; null: the run directory
     group: Optional[str] = None  #: null: a sweep's directory (its jobs side by side), none for a single run
 

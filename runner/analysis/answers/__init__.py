@@ -28,6 +28,8 @@ class Answer:
 ANSWERERS: dict[str, str] = {
     "attribution": "runner.analysis.answers.methods:methods_answer",
     "clamp": "runner.analysis.answers.statistics:clamp_answer",
+    "dla": "runner.analysis.answers.dla:dla_answer",
+    "generate": "runner.analysis.answers.generation:generation_answer",  # mode=generate's own (not a hook type)
     "logit_lens": "runner.analysis.answers.lens:lens_answer",
     "patch": "runner.analysis.answers.methods:patch_answer",
     "steer": "runner.analysis.answers.methods:methods_answer",
@@ -39,6 +41,7 @@ ANSWERERS: dict[str, str] = {
 #: the other types.
 SWEEP_ANSWERERS: dict[str, str] = {
     "attribution": "runner.analysis.answers.methods:methods_answer",
+    "generate": "runner.analysis.answers.generation:generation_sweep_answer",
     "patch": "runner.analysis.answers.methods:methods_answer",
     "steer": "runner.analysis.answers.methods:methods_answer",
 }
