@@ -40,21 +40,25 @@ class Registry:
         self.key, self.what, self.group, self.name_field = key, what, group, name_field
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, schema: type | None = None, stand_in: bool = False) -> Callable[[Any], Any]:
-        """Decorator registering ``name``; a duplicate name is a bug (``KeyError``). A ``stand_in`` (the
-        static index's, ``runner.config.index``) leaves a schema the real module stored in its place."""
+    def register(self, name: str, schema: type | None = None) -> Callable[[Any], Any]:
+        """Decorator registering ``name``; a duplicate name is a bug (``KeyError``)."""
 
         def deco(build: Any) -> Any:
             if name in self._entries:
                 raise KeyError(f"{self.what} '{name}' is already registered by {self._entries[name].build!r}")
             self._entries[name] = Entry(name, build, schema)
-            if schema is not None and self.group and not (stand_in and self._stored(name)):
-                ConfigStore.instance().store(group=self.group, name=name, node=self._node(name, schema))
+            if schema is not None and self.group:
+                self.store(name, schema)
             return build
 
         return deco
 
-    def _stored(self, name: str) -> bool:
+    def store(self, name: str, schema: type) -> None:
+        """Store ``schema`` in Hydra's ConfigStore as ``GROUP/NAME`` (what presets of ``name`` inherit)."""
+        ConfigStore.instance().store(group=self.group, name=name, node=self._node(name, schema))
+
+    def stored(self, name: str) -> bool:
+        """Whether ConfigStore holds a schema for ``name`` in this registry's group."""
         try:
             return f"{name}.yaml" in ConfigStore.instance().list(self.group)
         except OSError:  # Hydra's "Path not found": nothing stored in the group yet

@@ -9,7 +9,8 @@ from submitit.core.utils import UncompletedJobError
 
 import runner.cli.execute as execute_module
 from conftest import make_config
-from runner.cli.execute import STATUS, execute
+from runner.cli.execute import execute
+from runner.store.sweep_record import STATUS
 from runner.cli.signals import Terminated, sigterm_raises
 
 OVERRIDES = ["model=linear", "steps=2"]

@@ -14,8 +14,8 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +30,7 @@ from runner.cli import replay
 from runner.config.compose import compose_config
 from runner.sources.models import build_model
 from runner.store import provenance
-from conftest import make_config, run
+from conftest import Ran, make_config, run, run_main
 from docs_text import section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +46,15 @@ def readme_replay_block() -> tuple[list[str], list[str]]:
     return [line[2:] for line in block if line.startswith("$ ")], [line for line in block if not line.startswith("$ ")]
 
 
-def cli(command: str, cwd: Path) -> subprocess.CompletedProcess:
+def cli(command: str, monkeypatch, capsys, recwarn) -> Ran:
+    """``command`` (``python -m runner ...``, split as a shell would) run in this process from the current
+    directory; its stderr with the warnings it gave, each as the command line prints it."""
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "runner"], command
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    recwarn.clear()
+    ran = run_main(monkeypatch, capsys, *words[3:])
+    warned = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in recwarn)
+    return Ran(ran.code, ran.stdout, ran.stderr + warned)
 
 
 def frame(path: Path) -> pd.DataFrame:
@@ -93,12 +97,13 @@ def replay_warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "warning" in line.lower() and "could not be built" not in line]
 
 
-def test_readme_replay_reproduces_its_run_bit_for_bit(tmp_path):
+def test_readme_replay_reproduces_its_run_bit_for_bit(tmp_path, monkeypatch, capsys, recwarn):
     commands, printed = readme_replay_block()
-    first = cli(commands[0], tmp_path)
-    assert first.returncode == 0, first.stderr
-    second = cli(commands[1], tmp_path)
-    assert second.returncode == 0, second.stderr
+    monkeypatch.chdir(tmp_path)
+    first = cli(commands[0], monkeypatch, capsys, recwarn)
+    assert first.code == 0, first.stderr
+    second = cli(commands[1], monkeypatch, capsys, recwarn)
+    assert second.code == 0, second.stderr
     assert second.stdout.splitlines() == printed
     assert not replay_warnings(second.stderr)
     original, replayed = tmp_path / "runs/shift", tmp_path / "runs/shift-replay"

@@ -1,9 +1,11 @@
 """The summary printed when a run or a sweep ends, against the parquet it summarises and plain PyTorch."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +81,23 @@ def test_quiet_prints_no_summary(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'run'}"
 
 
+def test_a_run_without_entries_is_summarised_from_its_steps_without_pandas(tmp_path, capsys):
+    """The line every run ends with is read with pyarrow alone (importing pandas is a third of a second
+    of CPU) and says what the loaders' frame holds: the steps of each split and their last losses."""
+    run_dir = tmp_path / "run"
+    cli(["model=mlp", "hooks=none", "steps=4", "eval_every=2"], run_dir)
+    printed = capsys.readouterr().out.splitlines()[1:]  # after 'wrote RUN_DIR'
+    steps = analysis.load_steps(run_dir)
+    train, evals = steps[steps.split == "train"], steps[steps.split == "eval"]
+    assert printed[0] == (f"run {run_dir}: {len(train)} step(s), last loss {train.loss.iloc[-1]:.4g}, "
+                          f"last eval loss {evals.loss.iloc[-1]:.4g}") and len(train) == 4 and len(evals) > 0
+    code = "import sys; from runner.cli.summary import print_summary; print_summary(sys.argv[1], False); " \
+           "print(sorted({'pandas', 'torch'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.stdout.splitlines() == [*printed, "[]"], done.stderr
+
+
 def test_sweep_summary_is_a_table_of_the_swept_values_in_command_line_order(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
     done = run_main(monkeypatch, capsys, "-m", "model=convnet", "hooks=clip", "hooks.clip.min=-1",
@@ -114,13 +133,15 @@ def test_the_front_pages_show_what_the_run_prints(tmp_path, capsys, name):
     assert capsys.readouterr().out == block.replace(shown_dir, str(tmp_path / "run"))
 
 
-def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits_the_hooks(tmp_path):
-    def warned(*overrides):
-        done = subprocess.run([sys.executable, "-m", "runner", *overrides, "quiet=true",
-                               f"hydra.run.dir={tmp_path / str(len(list(tmp_path.iterdir())))}"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        return [line for line in done.stderr.splitlines() if "NonFiniteWarning" in line or line.startswith(" ")]
+def test_warnings_on_the_command_line_are_one_line_and_the_nonfinite_advice_fits_the_hooks(tmp_path, monkeypatch,
+                                                                                          capsys, recwarn):
+    def warned(*overrides):  # each warning as the command line prints it: with the format main() installs
+        recwarn.clear()
+        done = run_main(monkeypatch, capsys, *overrides, "quiet=true",
+                        f"hydra.run.dir={tmp_path / str(len(list(tmp_path.iterdir())))}")
+        assert done.code == 0, done.stderr
+        printed = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in recwarn)
+        return [line for line in printed.splitlines() if "NonFiniteWarning" in line or line.startswith(" ")]
 
     with_outputs = warned("model=mlp", "hooks=stats", "loss=log_mean")
     assert with_outputs == ["warning: NonFiniteWarning: step 0: the loss is nan while every hooked tensor was finite; "

@@ -10,9 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError
-import runner.cli.sweep_compile as sweep_compile
+import runner.config.compose as compose_module
 import runner.engine.plan_cache as plan_cache
-from runner.cli.commandline import check_command_line, expand
+from runner.cli.commandline import check_command_line
+from runner.cli.early import expand
 from runner.cli.sweep_compile import JobComposer
 from runner.config.compose import compose_job
 from runner.engine.plan import compile_plan
@@ -62,9 +63,17 @@ def test_a_value_the_config_refuses_is_hydras_own_line():
     assert problems == ["sweep rejected before any job ran: 1 of 2 jobs are invalid", f"job 1 (model=convnet steps=abc): {alone.value}"]
 
 
-def test_one_index_out_of_range_refuses_the_sweep_as_that_job_alone_is_refused(monkeypatch):
+def hydra_compositions(monkeypatch) -> list:
+    """Each Hydra composition the check makes from now on (the overrides of each)."""
     composed = []
-    monkeypatch.setattr(sweep_compile, "compose_job", lambda job: composed.append(job) or compose_job(job))
+    hydra_compose = compose_module.compose
+    monkeypatch.setattr(compose_module, "compose",
+                        lambda *args, **kwargs: composed.append(kwargs["overrides"]) or hydra_compose(*args, **kwargs))
+    return composed
+
+
+def test_one_index_out_of_range_refuses_the_sweep_as_that_job_alone_is_refused(monkeypatch):
+    composed = hydra_compositions(monkeypatch)
     built = []
     monkeypatch.setattr(plan_cache, "build_model", lambda cfg: built.append(cfg) or plan_cache_build(cfg))
     argv = ["model=convnet", "hooks=ablate", "hooks.ablate.layers=conv", "hooks.ablate.index=0,1,2,3,4,5,99,6"]
@@ -78,6 +87,20 @@ def test_one_index_out_of_range_refuses_the_sweep_as_that_job_alone_is_refused(m
                                 f"job 6 ({' '.join(bad)}): {alone.value}"]
     # every valid job finds the plan compiled for it under the config Hydra gives it
     assert set(checked.plans) == {_yaml(compose_job(job)[0]) for i, job in enumerate(expand(argv)) if i != 6}
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_a_command_naming_its_directory_is_composed_once_to_check_it(tmp_path, monkeypatch, multirun):
+    """The first job's directories (``hydra.run.dir``, ``hydra.sweep.dir``) are looked up in the config
+    the check composed, not in a second composition; a directory holding the run is still refused."""
+    argv = ["-m"] * multirun + ["model=convnet", "steps=1,2" if multirun else "steps=1",
+                                f"hydra.{'sweep' if multirun else 'run'}.dir={tmp_path}"]
+    composed = hydra_compositions(monkeypatch)
+    assert check_command_line(argv).problems == [] and len(composed) == 1
+    (tmp_path / ("0" if multirun else "")).mkdir(exist_ok=True)
+    (tmp_path / ("0" if multirun else "") / "manifest.json").write_text("{}")
+    problems = check_command_line(argv).problems
+    assert len(problems) == 1 and "already holds" in problems[0] and len(composed) == 2
 
 
 plan_cache_build = plan_cache.build_model

@@ -14,7 +14,7 @@ from conftest import make_config, run
 from runner.analysis import plots
 from runner.analysis.order import natural_sorted
 from runner.analysis.summary import summarize, sweep_table
-from runner.cli.commandline import expand
+from runner.cli.early import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The README's flagship clip sweep, on the small convnet.

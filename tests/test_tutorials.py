@@ -12,15 +12,15 @@ from conftest import seeded_batch, stats_of
 from runner.sources.models import ConvNet
 
 RESNET50_CHILDREN = [
-    ("conv1", [10, 64, 112, 112]), ("bn1", [10, 64, 112, 112]), ("relu", [10, 64, 112, 112]),
-    ("maxpool", [10, 64, 56, 56]), ("layer1", [10, 256, 56, 56]), ("layer2", [10, 512, 28, 28]),
-    ("layer3", [10, 1024, 14, 14]), ("layer4", [10, 2048, 7, 7]), ("avgpool", [10, 2048, 1, 1]),
-    ("fc", [10, 1000]),
+    ("conv1", [2, 64, 112, 112]), ("bn1", [2, 64, 112, 112]), ("relu", [2, 64, 112, 112]),
+    ("maxpool", [2, 64, 56, 56]), ("layer1", [2, 256, 56, 56]), ("layer2", [2, 512, 28, 28]),
+    ("layer3", [2, 1024, 14, 14]), ("layer4", [2, 2048, 7, 7]), ("avgpool", [2, 2048, 1, 1]),
+    ("fc", [2, 1000]),
 ]
 
 
 def test_print_and_extract_resnet50_match_hand_written_hooks(run_with, capsys):
-    run_dir = run_with("model=resnet50", "data=ones", "loss=none", "hooks=[print,extract]")
+    run_dir = run_with("model=resnet50", "data=ones", "data.shape=[2,3,224,224]", "loss=none", "hooks=[print,extract]")
     printed = [line for line in capsys.readouterr().out.splitlines() if ": torch.Size" in line]
     assert printed == [f"{n}: torch.Size({s})" for n, s in RESNET50_CHILDREN]
 
@@ -31,13 +31,13 @@ def test_print_and_extract_resnet50_match_hand_written_hooks(run_with, capsys):
         getattr(model, name).register_forward_hook(
             lambda _m, _i, out, name=name: features.__setitem__(name, out.detach().clone()))
     with torch.no_grad():
-        model(torch.ones(10, 3, 224, 224))
+        model(torch.ones(2, 3, 224, 224))
 
     tensors = analysis.load_tensors(run_dir).set_index("layer")
     assert sorted(tensors.index) == ["avgpool", "layer4"]
     for name, expected in features.items():
         got = tensors.loc[name, "tensor"]
-        assert got.shape == tuple(expected.shape) == {"layer4": (10, 2048, 7, 7), "avgpool": (10, 2048, 1, 1)}[name]
+        assert got.shape == tuple(expected.shape) == {"layer4": (2, 2048, 7, 7), "avgpool": (2, 2048, 1, 1)}[name]
         np.testing.assert_array_equal(got, expected.numpy())
 
 

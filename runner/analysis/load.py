@@ -45,11 +45,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.records import CONFIG, ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TABLE_SCHEMAS, TENSORS
+from common.records import ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TABLE_SCHEMAS, TENSORS
 from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_sorted
+from runner.analysis.saved_config import config_path
 from runner.analysis.sweep_jobs import incomplete, listed_failures, listed_runs, listed_states
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
@@ -136,14 +137,6 @@ def sweep_state(path: str | Path) -> pd.DataFrame:
     if jobs is None:
         raise FileNotFoundError(f"no sweep.json at '{path}': not a sweep's directory, or a sweep from before it")
     return pd.DataFrame(jobs, columns=["num", "overrides", "state", "error", "run_dir"])
-
-
-def config_path(run_dir: str | Path) -> Path | None:
-    """The run's saved config: the resolved ``config.yaml``, else Hydra's ``.hydra/config.yaml``, else ``None``."""
-    for path in (Path(run_dir) / CONFIG, Path(run_dir) / ".hydra" / "config.yaml"):
-        if path.is_file():
-            return path
-    return None
 
 
 def config_of(run_dir: Path) -> str | None:

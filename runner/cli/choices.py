@@ -11,10 +11,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from common.errors import choice_error
 from common.registry import Registry
 from runner.config.index import stand_ins, torchvision_models
-from runner.config.registry import MODULE_KEY
+from runner.config.registry import MODULE_KEY, check_model_name
 
 #: The groups naming one choice of a registry: (config key, registry label, the key holding the name).
 _NAMED = (("data", "data_kinds", "kind"), ("loss", "losses", "name"), ("optimizer", "optimizers", "name"))
@@ -35,19 +34,15 @@ def _check(cfg: DictConfig, registries: dict[str, Registry]) -> None:
     model = cfg.get("model")
     known = torchvision_models()  # None: another torchvision than the indexed, whose names the gate reads
     if _own(model) and "_target_" not in model and known is not None:
-        models = [*registries["models"], *known]
-        if model.get("name") not in models:
-            raise choice_error("model.name", model.get("name"), models, "model")
+        check_model_name(model.get("name"), registries["models"], known)
     for group, label, key in _NAMED:
         node = cfg.get(group)
         if _own(node):
             registries[label].get(node.get(key))
     for name in cfg.get("logger") or {}:
         registries["loggers"].get(name)
-    plots = registries["plots"]
     for index, name in enumerate(cfg.get("plots") or ()):
-        if name not in plots:
-            raise choice_error(f"plots[{index}]", name, list(plots), plots.what)
+        registries["plots"].get(name, key=f"plots[{index}]")
     metric = cfg.get("metric")
     if _own(metric) and metric.get("measures") is not None:
         for name in metric.measures:

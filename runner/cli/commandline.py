@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from runner.cli.early import ComposedCommand, compose_command_line, expand  # noqa: F401  (expand: callbacks, tests)
+from runner.cli.early import ComposedCommand, compose_command_line
+from runner.cli.early import expand  # noqa: F401  (test_readme_clip_sweeps, test_answers_*: to import it from early)
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
-from runner.config.compose import CONF_DIR, compose_with_hydra
+from runner.config.compose import CONF_DIR
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
@@ -45,7 +46,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
     command = composed or compose_command_line(argv)
     if command.other_mode or command.problems:
         return CommandCheck(command.headed())
-    held = _may_be_taken(command) and held_run_dir(compose_with_hydra(command.jobs[0]), command.jobs, command.multirun)
+    held = _may_be_taken(command) and held_run_dir(command.first_with_hydra, command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck([held])
     checked = CommandCheck()
@@ -63,9 +64,9 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
 
 
 def _may_be_taken(command: ComposedCommand) -> bool:
-    """Whether the command's directories may hold its run(s) already, so that composing its first job
-    with Hydra's node to look is worth it: not when they are ``conf/config.yaml``'s own, which name
-    the moment they are made (``${now:...}``), and the command resumes nothing."""
+    """Whether the command's directories may hold its run(s) already, so that looking there (one
+    job directory per job of a sweep) is worth it: not when they are ``conf/config.yaml``'s own,
+    which name the moment they are made (``${now:...}``), and the command resumes nothing."""
     if any(job.lstrip("+~").startswith("hydra") for job in command.jobs[0]):
         return True  # a directory, a search path or a launcher of the command's own
     try:

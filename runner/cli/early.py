@@ -51,6 +51,8 @@ class ComposedCommand:
     jobs: list[list[str]] = field(default_factory=list)
     multirun: bool = False
     composed: list[ComposedJob] = field(default_factory=list)
+    #: the first job's config with Hydra's node (its directories), as composed for the check
+    first_with_hydra: DictConfig | None = None
     problems: list[str] = field(default_factory=list)
     other_mode: bool = False  #: Hydra prints help or a config: nothing is checked
 
@@ -89,6 +91,7 @@ def compose_command_line(argv: Sequence[str]) -> ComposedCommand:
             command.reject(num, job, str(exc))
             continue
         command.composed.append(ComposedJob(job, cfg, remote))
+    command.first_with_hydra = composer.first_with_hydra
     return command
 
 

@@ -28,8 +28,7 @@ from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import (FAILED, INTERRUPTED, OK, RUNNING, STATUS, find_sweep, job_entry,  # noqa: F401
-                                       read_record, state_line)  # (STATUS: tests read a job's status file by it)
+from runner.store.sweep_record import FAILED, INTERRUPTED, OK, RUNNING, find_sweep, job_entry, read_record, state_line
 
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,9 @@
 and its ``status.json`` with its entry of ``sweep.json`` (``write_status``).
 
 Used by the run (``runner.cli.execute``), the directory checks (``runner.cli.taken_dirs``) and the
-Slurm launcher plugin, which Hydra imports whenever it composes a config: so these import no torch.
+Slurm launcher plugin, which Hydra imports whenever it composes a config: so these import no torch,
+and the sweep's record (``runner.store.sweep_record``: pyarrow, through the manifest) only when a
+job's status is written or read, not when a command line is checked.
 """
 from __future__ import annotations
 
@@ -12,8 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
-
-from runner.store.sweep_record import FAILED, OK, STATUS, find_sweep, update_job
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
     ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
     did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
     """
+    from runner.store.sweep_record import FAILED, OK, STATUS
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = state or (FAILED if error else OK)
@@ -44,6 +46,8 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
 
 def read_status(out_dir: str | Path) -> dict | None:
     """A job's ``status.json``, or ``None`` when it wrote none (yet)."""
+    from runner.store.sweep_record import STATUS
+
     try:
         return json.loads((Path(out_dir) / STATUS).read_text())
     except (OSError, ValueError):
@@ -53,6 +57,8 @@ def read_status(out_dir: str | Path) -> dict | None:
 def record_entry(out_dir: str | Path, **fields) -> None:
     """Set ``fields`` in this job's entry of its sweep's ``sweep.json`` (none: a sweep without one);
     a disk that refuses it leaves the entry to ``sweep_record.reconcile``."""
+    from runner.store.sweep_record import find_sweep, update_job
+
     try:
         sweep_dir = find_sweep(out_dir)
         if sweep_dir is not None:

@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config.compose import CONF_DIR, compose_job
+from runner.config.compose import CONF_DIR, compose_job, compose_with_hydra, job_config
 
 _ABSENT = object()
 
@@ -39,6 +39,9 @@ class JobComposer:
         self._parser = OverridesParser.create()
         self._first: tuple[list[str], DictConfig, bool] | None = None
         self.derived = 0  #: jobs derived from the first rather than composed by Hydra
+        #: the first job's config as Hydra composed it, its ``hydra`` node kept (``hydra.run.dir``, ...):
+        #: the command-line check looks there for a run already done, without composing it again
+        self.first_with_hydra: DictConfig | None = None
 
     def compose(self, job: Sequence[str]) -> tuple[DictConfig, bool]:
         """``compose_job(job)``: derived from the first job when only replaced values differ, else Hydra's."""
@@ -47,9 +50,11 @@ class JobComposer:
         if derived is not None:
             self.derived += 1
             return derived, self._first[2]
-        cfg, remote = compose_job(job)
-        if self._first is None:
-            self._first = (job, copy.deepcopy(cfg), remote)
+        if self._first is not None:
+            return compose_job(job)
+        self.first_with_hydra = compose_with_hydra(job)
+        cfg, remote = job_config(copy.deepcopy(self.first_with_hydra))
+        self._first = (job, copy.deepcopy(cfg), remote)
         return cfg, remote
 
     def _derived(self, job: list[str]) -> DictConfig | None:

@@ -11,7 +11,7 @@ equals them, so it cannot drift from the code.
 A schema is kept as its base schema and the fields it adds or changes: name, type
 (``Optional[list[int]]``, an enum or a nested dataclass by name) and default; ``schemas()`` rebuilds each as a dataclass of the same name and shape, which
 OmegaConf types and checks as it checks the original. Stand-ins never replace a schema the real
-module already stored (``Registry.register(stand_in=True)``).
+module already stored (``stand_ins``).
 """
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def _copy(value: Any) -> Any:
 
 @functools.cache
 def stand_ins() -> dict[str, Registry]:
-    """A ``Registry`` per label of ``REGISTRIES`` holding the index's names and rebuilt schemas (no builder):
+    """A ``Registry`` per label of ``REGISTRIES`` holding the index's names (no builder, no schema):
     their ``get`` fails with the same line as the real one's. Stores each schema in Hydra's ConfigStore
     unless the real one is there already."""
     from runner.config.registered import INDEX
@@ -186,7 +186,9 @@ def stand_ins() -> dict[str, Registry]:
     for label, spec in INDEX["registries"].items():
         registry = Registry(spec["key"], spec["what"], spec["group"], spec["name_field"])
         for name, schema in spec["names"].items():
-            registry.register(name, built[schema] if schema else None, stand_in=True)(None)
+            registry.register(name)(None)  # the name alone: its schema is stored below, not held
+            if schema and registry.group and not registry.stored(name):  # the real module's, once imported, stays
+                registry.store(name, built[schema])
         registries[label] = registry
     return registries
 

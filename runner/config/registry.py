@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from common.errors import ConfigError
+from common.errors import ConfigError, choice_error
 from common.registry import Registry
 
 #: The key of a config node naming the module that registers its choice.
@@ -26,6 +26,13 @@ METRICS = Registry("metric.measures", "per-step measure")
 LOGGERS = Registry("logger", "logger", "logger_schema")
 #: Filled by ``runner.analysis.plots`` (imported by the gate only when pictures are asked for: matplotlib).
 PLOTS = Registry("plots", "plot")
+
+
+def check_model_name(name: object, models: Registry, torchvision_names: list[str]) -> None:
+    """The one line for a ``model.name`` neither in ``models`` nor one of torchvision's: the gate's and the
+    command line's (``runner.cli.choices``, with the static index's names before torchvision is imported)."""
+    if name not in models and name not in torchvision_names:
+        raise choice_error("model.name", name, [*models, *torchvision_names], "model")
 
 
 def import_named(node: Any, key: str) -> None:

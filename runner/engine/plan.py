@@ -433,9 +433,7 @@ def _check_plots(settings: RunConfig, hooks: Sequence[HookType], loss_fn: LossFn
     import runner.analysis.plots  # noqa: F401  (registers the pictures; matplotlib only when they are asked for)
     pictures = []
     for index, name in enumerate(settings.plots):
-        if name not in PLOTS:
-            raise choice_error(f"plots[{index}]", name, list(PLOTS), PLOTS.what)
-        pictures.append(PLOTS.get(name).build)
+        pictures.append(PLOTS.get(name, key=f"plots[{index}]").build)
         problem = pictures[-1].missing(hooks, loss_fn)
         if problem:
             raise ConfigError(f"plots: '{name}' needs {problem}")

@@ -9,9 +9,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from common.errors import ConfigError, choice_error
+from common.errors import ConfigError
 
-from runner.config.registry import MODELS
+from runner.config.registry import MODELS, check_model_name
 from runner.config.schema import MODEL_RUN_KEYS as RUN_KEYS
 from runner.config.schema import HFModel, NamedModel
 from runner.sources.hf import load_hf
@@ -136,9 +136,7 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
 
 def _named_model(name: str | None, weights: str | None) -> nn.Module:
-    known = torchvision.models.list_models()
-    if name not in known:
-        raise choice_error("model.name", name, [*MODELS, *known], "model")
+    check_model_name(name, MODELS, torchvision.models.list_models())
     try:
         return torchvision.models.get_model(name, weights=weights)
     except (ValueError, KeyError) as exc:

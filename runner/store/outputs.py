@@ -112,7 +112,8 @@ class ParquetSink:
 
         For a small file whose columns are known only at the end (``steps.parquet``'s measures).
         """
-        table = pq.read_table(self.tmp).drop_columns(list(names))
+        with pq.ParquetFile(self.tmp) as written:  # not pq.read_table: its dataset module imports pandas
+            table = written.read().drop_columns(list(names))
         self.schema = table.schema
         with naming(self.path):
             pq.write_table(table, self.tmp, **parquet_options(self.schema))
