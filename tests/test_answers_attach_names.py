@@ -79,3 +79,33 @@ def test_a_sample_without_a_name_is_refused_before_its_batch_runs(tmp_path):
         run.samples([0, 1])  # ids with names: fine
         model(images[:2])
         run.step()
+
+
+def test_top_units_reads_each_inputs_file_once_and_not_its_images(tmp_path, monkeypatch):
+    """``unit_inputs.parquet`` holds every kept image; naming the top inputs needs its names (and a text
+    sample's token ids) only: one read per file, without the ``input`` column."""
+    import pyarrow.parquet as pq
+
+    named_run(tmp_path / "run", "batch")
+    reads = []
+    opened, read_table = pq.ParquetFile, pq.read_table
+
+    class Recording(opened):
+        def __init__(self, source, *args, **kwargs):
+            super().__init__(source, *args, **kwargs)
+            self.source = str(source)
+
+        def read(self, columns=None, *args, **kwargs):
+            reads.append((self.source, columns))
+            return super().read(columns, *args, **kwargs)
+
+    def recording_read_table(source, *args, columns=None, **kwargs):
+        reads.append((str(source), columns))
+        return read_table(source, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", Recording)
+    monkeypatch.setattr(pq, "read_table", recording_read_table)
+    table = top_units(tmp_path / "run", k=2)
+    assert set(table.input) <= {name for name, _ in FILES}
+    inputs = [columns for source, columns in reads if source.endswith("unit_inputs.parquet")]
+    assert len(inputs) == 1 and inputs[0] is not None and "input" not in inputs[0] and "input_name" in inputs[0]

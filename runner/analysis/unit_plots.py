@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from runner.analysis.load import config_path, run_dirs
-from runner.analysis.units import classes_said, load_unit_examples, load_unit_inputs, load_unit_names
+from runner.analysis.units import classes_said, kept_inputs, load_unit_examples
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -80,7 +80,7 @@ class RunExamples:
 def run_examples(run_dir: str | Path) -> RunExamples:
     """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
     for a run that kept none), with its data's normalisation from its ``config.yaml``."""
-    examples, inputs, names = load_unit_examples(run_dir), load_unit_inputs(run_dir), load_unit_names(run_dir)
+    examples, (inputs, names) = load_unit_examples(run_dir), kept_inputs(run_dir)
     config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
     data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
     return RunExamples(examples, inputs, names, data.get("mean"), data.get("std"))
