@@ -291,7 +291,8 @@ def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
         assert float(above) == pytest.approx(rows.fraction_above.mean(), rel=1e-3)
         assert int(dead) == int((rows.above == 0).sum())
     assert int(cells[1][7]) > 0  # relu2 has units never above 0.5 over the digits
-    assert re.findall(r'<img alt="([^"]*)"', section)[0] == "unit means and dead fractions per layer"
+    pictures = re.findall(r'<img alt="([^"]*)"', section)  # the top examples first, as the summary names them
+    assert pictures[0].startswith("top samples of ") and pictures[-1] == "unit means and dead fractions per layer"
     assert "<h2>Activation patching</h2>" not in page and '<section id="patching">' not in page
     empty = run(make_config("model=digits_cnn", "data=digits", "steps=1", "hooks=stats", "progress=false"),
                 tmp_path / "plain")
