@@ -148,6 +148,28 @@ def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
     assert "lens.parquet" not in page and "among the 0 kept" not in page
 
 
+@pytest.mark.parametrize("index", ["15", None])
+def test_one_patching_run_prints_its_cell_s_recovered_fraction_from_its_steps(in_tmp, capsys, index):
+    """One job of README's patching sweep (each job's own clean pass) run alone, ``hooks=patch``: the printed
+    answer is its steps' means, its layer from the override, its index from the override or from none (all)."""
+    (sweep,) = commands("tutorials/patching.md", "Activation patching", "hooks.patch.source=clean")[:1]
+    words = [w for w in sweep[3:] if w != "-m" and not w.startswith(("hydra.", "hooks.patch.layers=",
+                                                                       "'hooks.patch.index", "hooks.patch.index"))]
+    words += ["hooks.patch.layers=transformer.h.3"] + ([f"hooks.patch.index={index}"] if index else [])
+    cli(words, in_tmp / "run")
+    printed = capsys.readouterr().out.splitlines()
+    steps = steps_of(in_tmp / "run")
+    patched, clean, corrupted = steps.logit_diff.mean(), steps.clean_logit_diff.mean(), steps.corrupted_logit_diff.mean()
+    recovered = (patched - corrupted) / (clean - corrupted)
+    line = (f"  patch: logit_diff patched at transformer.h.3 [{index or 'all'}] {patched:.4g}; clean {clean:.4g}, "
+            f"corrupted {corrupted:.4g}: recovered {round(recovered, 2) + 0.0:.2f}")
+    assert line in printed
+    assert recovered == pytest.approx(1.0)  # the last block at the last position (or at all): the clean output
+    table = answer_of(in_tmp / "run", "patch", "patch").table
+    assert table[["patched", "clean", "corrupted", "recovered"]].iloc[0].tolist() == pytest.approx(
+        [patched, clean, corrupted, recovered], rel=1e-12)
+
+
 def test_the_attribution_answer_is_the_kept_estimates(in_tmp):
     """README's attribution run: the cells the estimate says recover most, from the kept ``attribution`` tensors."""
     (attribution, _) = commands("tutorials/patching.md", "Attribution and path patching", "hooks=attribution")
