@@ -1,12 +1,14 @@
 """``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep, read top-down.
 
 First what a reader wants first: the summary the run printed (``runner.analysis.summary``: each
-entry's answer, a patching or steering sweep's answer for all its jobs, another sweep's table of jobs) and
-what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
-everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
-curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
-whole-dataset passes (``units.parquet``: per-layer tables and histograms, and the top examples of
-a few units: their maps and inputs as the run kept them, ``unit_examples.parquet``); first of all,
+entry's answer, a patching or steering sweep's answer for all its jobs, another sweep's table of jobs),
+right under it the picture of that answer in the same order (a steering run's KL, top-token change and
+metric per steered layer and scale; a patching sweep's heatmap and table), and what looks abnormal
+(NaN/Inf, gradients that are exactly zero, activations that are zero everywhere, dead units of
+non-negative outputs); then the pictures (a sweep's comparison and loss curves, each job's pictures)
+and the unit statistics of whole-dataset passes (``units.parquet``: the top examples of a few units
+first, as the summary names its top units, their maps and inputs as the run kept them,
+``unit_examples.parquet``; then per-layer tables and histograms); first of all,
 a sweep that did not complete says so (``sweep.json``); then the details, collapsed:
 the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
 recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
