@@ -143,7 +143,10 @@ def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
     page = render(path)
     first = page.split('<section id="abnormal">', 1)[0]
     assert text[2].strip() in first
+    assert page.index('<section id="summary">') < page.index('<section id="patching">') < page.index(
+        '<section id="abnormal">')  # the heatmap of the answer right under it, its colours said
     table = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert "red towards the clean metric (1: all of the gap), blue away from it" in table
     assert "<th>receiver</th>" not in table and "<th>kl</th>" not in table and "<th>recovered</th>" in table
     assert "lens.parquet" not in page and "among the 0 kept" not in page
 
