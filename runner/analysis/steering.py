@@ -49,7 +49,8 @@ def steer_jobs(path: str | Path, metric: str, steps: pd.DataFrame | None = None,
     rows = load_table(path, STEER, on_corrupt=on_corrupt)
     if rows.empty:
         return rows
-    rows["layers"] = rows["layers"].map(",".join)
+    rows["layers"] = pc.binary_join(pa.array(rows["layers"], type=pa.list_(pa.string())), ",").to_numpy(
+        zero_copy_only=False)
     rows["top_changed"] = pc.not_equal(_top_id(rows["steered_top_ids"]), _top_id(rows["unsteered_top_ids"])
                                        ).to_numpy(zero_copy_only=False)
     keys = ["run_dir", "hook", "method", "layers", "scale", *override_columns(rows)]
