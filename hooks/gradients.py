@@ -108,12 +108,18 @@ class GradTransform(Tap):
     @property
     def expected_kinds(self) -> set[str]:
         if self.spec.target == "params":
-            return {"param_grad"} if self.spec.record else set()
+            return {"param_grad"} if self.records_params else set()
         return super().expected_kinds
 
     @property
+    def records_params(self) -> bool:
+        """Whether the parameters' gradients are recorded (``target: params`` with ``record: true``, the
+        default): the one place ``record`` is read."""
+        return self.spec.target == "params" and self.spec.record
+
+    @property
     def acts_after_backward(self) -> bool:
-        if self.spec.target == "params" and not self.spec.record:  # nothing to record after backward
+        if self.spec.target == "params" and not self.records_params:  # nothing to record after backward
             return self.spec.max_calls is not None
         return super().acts_after_backward
 
@@ -146,7 +152,7 @@ class GradTransform(Tap):
     def _param_hook(self, recorder, layer: str, slot: str):
         where = f"{self.key} on '{layer}' param_grad {slot}"
         transform = narrowed(self.transform, self.index)
-        if not self.spec.record:
+        if not self.records_params:
             def edit_only(grad: torch.Tensor) -> torch.Tensor:
                 recorder.next_call((self.name, layer, slot))  # counted: max_calls and the manifest's calls
                 return apply_edit(transform, grad, where)
@@ -169,16 +175,14 @@ class GradTransform(Tap):
 
     def after_backward(self, recorder) -> None:
         super().after_backward(recorder)  # activation targets: fail if PyTorch dropped a hook
-        if not self.spec.record:
-            return
-        for layer, pname, p in self._params:
+        for layer, pname, p in self._params if self.records_params else ():
             grad = self._session.landed_grad(p)
             if grad is not None:
                 recorder.record(grad, hook=self.name, layer=layer, phase="after_backward",
                                 kind="param_grad", slot=pname, call=0)
 
     def grads_after_backward(self) -> list[nn.Parameter]:
-        return [p for _, _, p in self._params] if self.spec.record else []
+        return [p for _, _, p in self._params] if self.records_params else []
 
 
 @dataclass

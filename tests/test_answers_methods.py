@@ -8,6 +8,7 @@ fewer values where the README's sweep is long (named at each test). What is prin
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -142,9 +143,34 @@ def test_the_patching_answer_names_the_cells_that_recover_most(in_tmp):
     page = render(path)
     first = page.split('<section id="abnormal">', 1)[0]
     assert text[2].strip() in first
+    assert page.index('<section id="summary">') < page.index('<section id="patching">') < page.index(
+        '<section id="abnormal">')  # the heatmap of the answer right under it, its colours said
     table = page.split('<section id="patching">', 1)[1].split("</section>", 1)[0]
+    assert "red towards the clean metric (1: all of the gap), blue away from it" in table
     assert "<th>receiver</th>" not in table and "<th>kl</th>" not in table and "<th>recovered</th>" in table
     assert "lens.parquet" not in page and "among the 0 kept" not in page
+
+
+@pytest.mark.parametrize("index", ["15", None])
+def test_one_patching_run_prints_its_cell_s_recovered_fraction_from_its_steps(in_tmp, capsys, index):
+    """One job of README's patching sweep (each job's own clean pass) run alone, ``hooks=patch``: the printed
+    answer is its steps' means, its layer from the override, its index from the override or from none (all)."""
+    (sweep,) = commands("tutorials/patching.md", "Activation patching", "hooks.patch.source=clean")[:1]
+    words = [w for w in sweep[3:] if w != "-m" and not w.startswith(("hydra.", "hooks.patch.layers=",
+                                                                       "'hooks.patch.index", "hooks.patch.index"))]
+    words += ["hooks.patch.layers=transformer.h.3"] + ([f"hooks.patch.index={index}"] if index else [])
+    cli(words, in_tmp / "run")
+    printed = capsys.readouterr().out.splitlines()
+    steps = steps_of(in_tmp / "run")
+    patched, clean, corrupted = steps.logit_diff.mean(), steps.clean_logit_diff.mean(), steps.corrupted_logit_diff.mean()
+    recovered = (patched - corrupted) / (clean - corrupted)
+    line = (f"  patch: logit_diff patched at transformer.h.3 [{index or 'all'}] {patched:.4g}; clean {clean:.4g}, "
+            f"corrupted {corrupted:.4g}: recovered {round(recovered, 2) + 0.0:.2f}")
+    assert line in printed
+    assert recovered == pytest.approx(1.0)  # the last block at the last position (or at all): the clean output
+    table = answer_of(in_tmp / "run", "patch", "patch").table
+    assert table[["patched", "clean", "corrupted", "recovered"]].iloc[0].tolist() == pytest.approx(
+        [patched, clean, corrupted, recovered], rel=1e-12)
 
 
 def test_the_attribution_answer_is_the_kept_estimates(in_tmp):
@@ -170,21 +196,52 @@ def test_the_attribution_answer_is_the_kept_estimates(in_tmp):
 
 
 def test_the_steering_answer_is_the_kl_and_top_token_change_per_scale(in_tmp):
-    """README's steering sweep, block 0 at scales 0 and 32 (the README's: blocks 0 and 1 at 0, 16 and 32)."""
+    """README's steering sweep, blocks 0 and 1 at scales 0 and 32 (the README's: 0, 16 and 32); its report shows,
+    right under the summary, a picture of the same numbers in the same order, every colour in its legend."""
     plus, minus, sweep = commands("tutorials/steering.md", "Steering", "hooks.steer.positive")
     for words in (plus, minus):
         run_readme(words)
-    path = run_readme(sweep, {"hooks.steer.layers": "transformer.h.0", "hooks.steer.scale": "0,32"})
+    path = run_readme(sweep, {"hooks.steer.layers": "transformer.h.0,transformer.h.1", "hooks.steer.scale": "0,32"})
     text = summarize(path).splitlines()
-    cells = []
-    for job in (path / "0", path / "1"):
+    cells, by_hand = [], []
+    for job in sorted(path.iterdir(), key=lambda p: int(p.name)):  # layers x scales: the answer's order
         rows = pq.read_table(job / "steer.parquet").to_pandas()
         changed = np.mean([s[0] != u[0] for s, u in zip(rows.steered_top_ids, rows.unsteered_top_ids)])
         steps = steps_of(job)
-        cells.append(f"  transformer.h.0 scale {rows.scale.iloc[0]:g}: KL {rows.kl.mean():.3g}, top token changed "
+        layer = ",".join(rows.layers.iloc[0])
+        cells.append(f"  {layer} scale {rows.scale.iloc[0]:g}: KL {rows.kl.mean():.3g}, top token changed "
                      f"{100 * changed:.0f}%, {steps.logit_diff.mean():.4g} ({steps.corrupted_logit_diff.mean():.4g})")
-    assert text[2:4] == cells
+        by_hand.append((layer, rows.scale.iloc[0], rows.kl.mean(), 100 * changed, steps.logit_diff.mean()))
+    assert text[2:6] == cells
     assert cells[0].startswith("  transformer.h.0 scale 0: KL 0, top token changed 0%")
+
+    from runner.analysis.report import render
+    from runner.analysis.steering import steering_picture, steering_table
+
+    page = render(path)
+    assert page.index('<section id="summary">') < page.index('<section id="steering">') < page.index(
+        '<section id="abnormal">')  # the picture of the answer right under it
+    section = page.split('<section id="steering">', 1)[1].split("</section>", 1)[0]
+    assert section.count("<img") == 1 and "kl: the mean KL(unsteered || steered)" in section
+    shown = [(layer, float(scale)) for layer, scale in re.findall(r"<td>(transformer\.h\.\d)</td>\s*<td>([\d.]+)</td>",
+                                                                   section)]
+    assert shown == [(layer, scale) for layer, scale, *_ in by_hand]  # the table in the summary's order
+    fig = steering_picture(steering_table(path))
+    kl, changed, metric = fig.axes[:3]
+    for ax, column in ((kl, 2), (changed, 3), (metric, 4)):
+        solid = [line for line in ax.lines if line.get_linestyle() == "-"]
+        assert [list(line.get_ydata()) for line in solid] == [
+            pytest.approx([row[column] for row in by_hand if row[0] == layer], rel=1e-12)
+            for layer in ("transformer.h.0", "transformer.h.1")]
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["KL(unsteered || steered), next token", "top next token changed",
+                                                      "logit_diff, steered and unsteered"]
+    (legend,) = fig.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == ["steered layer transformer.h.0", "steered layer transformer.h.1", "logit_diff steered",
+                      "logit_diff unsteered"]
+    colours = {line.get_color() for ax in fig.axes[:3] for line in ax.lines}
+    assert colours == {handle.get_color() for handle in legend.legend_handles[:2]}  # every colour is a named layer
+    assert "scale (0, 32)" in fig.get_suptitle()
 
 
 def test_the_lens_answer_is_the_first_block_where_the_target_ranks_first(in_tmp):

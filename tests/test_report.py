@@ -43,8 +43,8 @@ def sweep_report(tmp_path_factory):
 @pytest.mark.slow
 def test_report_has_every_section_from_a_cli_sweep(sweep_report):
     page = sweep_report.read_text()
-    for key, heading in report.SECTIONS.items():  # no units entry and no patching: those are left out
-        assert (f'<section id="{key}"><h2>{heading}</h2>' in page) == (key not in ("units", "patching"))
+    for key, heading in report.SECTIONS.items():  # no units entry, no steering, no patching: those are left out
+        assert (f'<section id="{key}"><h2>{heading}</h2>' in page) == (key not in ("steering", "units", "patching"))
     assert "hooks.clip.max=1</td>" in page and "hooks.clip.max=0.001</td>" in page  # each job's own override
     assert "Common to every job: <code>model=convnet data=image" in page
     configs = re.findall(r"<pre>(.*?)</pre>", page, re.S)
@@ -115,6 +115,6 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PAT
 @needs_chromium
 def test_report_renders_in_headless_chromium(sweep_report, tmp_path):
     seen = render_in_chromium(sweep_report, tmp_path)
-    assert seen["sections"] == [h for key, h in report.SECTIONS.items() if key not in ("units", "patching")]
+    assert seen["sections"] == [h for key, h in report.SECTIONS.items() if key not in ("steering", "units", "patching")]
     assert seen["images"] == seen["decoded"] == PICTURES  # every embedded PNG decoded by the browser
     assert seen["rows"] > 0 and seen["height"] > 2000

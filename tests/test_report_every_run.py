@@ -96,7 +96,7 @@ def test_every_readme_run_and_sweep_gives_a_report(reports, name):
     assert "Traceback" not in page
     stats = analysis.load_stats(path)
     kept = not analysis.load_tensors(path, filters=[("kind", "=", "output")]).empty
-    has = {"summary": True, "abnormal": not stats.empty or kept, "pictures": "<img" in page, "units": False,
+    has = {"summary": True, "steering": False, "abnormal": not stats.empty or kept, "pictures": "<img" in page, "units": False,
            "patching": False, "jobs": True, "failed": len(analysis.run_dirs(path)) > 1, "layers": not stats.empty,
            "config": True}  # none of these units or patches: a section with nothing for the runs is left out
     assert _headings(page) == [(key, heading) for key, heading in report.SECTIONS.items() if has[key]]

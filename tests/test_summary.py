@@ -158,3 +158,33 @@ def test_stats_without_a_loss_suggests_recording_the_forward_pass_only(tmp_path,
         "error: hooks.stats: 'stats' needs a backward pass but loss=none; choose a loss (e.g. loss=sum), record the "
         "forward pass only (hooks.stats.kinds=[output]), or drop the entry\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_of_several_ranks_counts_the_run_total_rows_of_every_rank_s_part(tmp_path):
+    """An FSDP run writes each rank's ``units.parquet`` in its ``rank-N`` part: the summary counts them all
+    (the parts are two one-process runs committed as torchrun commits its ranks, as in test_summary_ranks)."""
+    import json
+    import shutil
+
+    from torch import nn
+
+    import runner
+    from common.records import CONFIG, MANIFEST
+    from runner.analysis.summary import summarize_run
+
+    run = tmp_path / "ranks"
+    for rank in range(2):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+        with runner.attach(model, hooks={"units": {"type": "units", "layers": "1"}}, out_dir=run / f"rank-{rank}") as r:
+            r.samples(torch.arange(4) + 4 * rank)
+            model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank)))
+            r.step()
+        manifest = json.loads((run / f"rank-{rank}" / MANIFEST).read_text())
+        (run / f"rank-{rank}" / MANIFEST).write_text(json.dumps({**manifest, "rank": rank, "world_size": 2}))
+    shutil.copy(run / "rank-0" / CONFIG, run / CONFIG)
+    (run / MANIFEST).write_text(json.dumps({"run_id": "hand-made", "files": {CONFIG: {}},
+                                            "ranks": {"0": "rank-0", "1": "rank-1"}}))
+    rows = sum(pq.ParquetFile(run / f"rank-{rank}" / "units.parquet").metadata.num_rows for rank in range(2))
+    assert rows == 16  # 8 units on each rank
+    assert f"    wrote {rows} rows of units.parquet" in summarize_run(run)

@@ -291,7 +291,8 @@ def test_the_report_has_a_unit_statistics_section_per_layer(tmp_path):
         assert float(above) == pytest.approx(rows.fraction_above.mean(), rel=1e-3)
         assert int(dead) == int((rows.above == 0).sum())
     assert int(cells[1][7]) > 0  # relu2 has units never above 0.5 over the digits
-    assert re.findall(r'<img alt="([^"]*)"', section)[0] == "unit means and dead fractions per layer"
+    pictures = re.findall(r'<img alt="([^"]*)"', section)  # the top examples first, as the summary names them
+    assert pictures[0].startswith("top samples of ") and pictures[-1] == "unit means and dead fractions per layer"
     assert "<h2>Activation patching</h2>" not in page and '<section id="patching">' not in page
     empty = run(make_config("model=digits_cnn", "data=digits", "steps=1", "hooks=stats", "progress=false"),
                 tmp_path / "plain")
@@ -334,8 +335,8 @@ def test_a_report_of_many_layers_draws_a_few_spread_in_the_model_s_order(tmp_pat
     section = units_section(report.render(out))
     assert "Histograms of 1 of the 2 layers, evenly spread in the model&#x27;s order" in section
     pictures = re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section)
-    assert png_size(pictures[0][1]) == (9 * DPI, (1.9 + 0.6) * DPI)  # one row of panels: relu2's, before fc
-    assert [alt for alt, _ in pictures[1:]] == [f"top samples of relu2 unit {u}" for u in
+    assert png_size(pictures[-1][1]) == (9 * DPI, (2.1 + 0.6) * DPI)  # one row of panels: relu2's, before fc
+    assert [alt for alt, _ in pictures[:-1]] == [f"top samples of relu2 unit {u}" for u in
                                                 load_units(out).query("layer == 'relu2'").nlargest(2, "max").unit]
     assert "of each of 1 of the 2 layers, evenly spread in the model" in section
 

@@ -96,47 +96,78 @@ def test_the_readme_units_run_prints_the_top_units_and_their_files_as_the_parque
     assert len(unit_lines) == 3 * len(expected)  # nothing but these units
 
 
-def test_top_units_is_the_table_the_lines_were_read_from(readme_run):
-    from runner.analysis.answers import answer_of
-
-    out, printed = readme_run
-    answer = answer_of(out, "units", "units")
-    table = top_units(out)
-    assert list(table.columns) == TOP_UNIT_COLUMNS
-    assert table.equals(answer.table)
-    lines = printed.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("run ")) + 1
-    assert [f"    {line}" if i else f"  units: {line}" for i, line in enumerate(answer.lines)] == \
-        lines[first:first + len(answer.lines)]
-    expected = expected_answer(out, out.parent / "crops")
-    for layer, (count, dead, units) in expected.items():
-        rows = table[table.layer == layer]
-        assert (rows.layer_units == count).all() and (rows.layer_dead_units == dead).all()
-        assert list(dict.fromkeys(rows.unit)) == [unit for unit, *_ in units]
-        for unit, most, mean, dead_fraction, named, _ in units:
-            of = rows[rows.unit == unit]
-            assert list(zip(of.input, of.value)) == named
-            assert (of["max"] == most).all() and (of.dead_fraction == dead_fraction).all()
-
-
-def test_each_named_file_read_again_gives_the_unit_its_recorded_value(readme_run):
-    """The name is the right file: the file at that path, through the model the run built from its seed,
-    gives the unit its recorded value (max over positions), and its class is its folder's."""
+def readme_model(out: Path):
+    """The model and image transform the README's units run built (its seed, its config), and its folder."""
     from runner.engine.plan import compile_plan
     from runner.sources.batches import imagenet_transform
     from runner.sources.models import build_model
 
-    out, _ = readme_run
     folder = out.parent / "crops"
     words = [f"data.path={folder}" if w.startswith("data.path=") else w for w in readme_units_command()[3:]
              if not w.startswith("hydra.")]
     plan = compile_plan(make_config(*words))
     torch.manual_seed(0)
-    model = build_model(plan.model).eval()
+    return build_model(plan.model).eval(), imagenet_transform(plan.data.data), folder
+
+
+@pytest.fixture(scope="module")
+def float64_outputs(readme_run):
+    """Plain PyTorch in float64: the README run's model over every image of the folder (ImageFolder's order:
+    the run's sample ids), layer3's and layer4's outputs ``[samples, units, h, w]``."""
+    model, transform, folder = readme_model(readme_run[0])
+    model = model.double()
+    files = datasets.ImageFolder(str(folder), transform=transform)
+    kept = {"layer3": [], "layer4": []}
+    for name in kept:
+        getattr(model, name).register_forward_hook(lambda m, a, output, name=name: kept[name].append(output))
+    with torch.no_grad():
+        for x, _ in torch.utils.data.DataLoader(files, batch_size=16):
+            model(x.double())
+    return {name: torch.cat(outputs) for name, outputs in kept.items()}, files
+
+
+def test_the_answer_s_table_is_the_float64_forward_s_top_units_and_their_files(readme_run, float64_outputs):
+    """Per layer, from a float64 forward in plain PyTorch: its units and dead units, its 3 units of the largest
+    max (ties: the lower unit), their mean and dead fraction, and the 4 files on which each peaks highest."""
+    from runner.analysis.answers import answer_of
+
+    out, printed = readme_run
+    answer = answer_of(out, "units", "units")
+    table = answer.table
+    assert list(table.columns) == TOP_UNIT_COLUMNS
+    outputs, files = float64_outputs
+    for layer, acts in outputs.items():
+        peaks = acts.amax((2, 3))  # [samples, units]: each sample's value is its max over positions
+        most, dead = peaks.amax(0), (acts <= 0).double().mean((0, 2, 3))
+        rows = table[table.layer == layer]
+        assert (rows.layer_units == acts.shape[1]).all()
+        assert (rows.layer_dead_units == int((most <= 0).sum())).all()
+        best = sorted(range(acts.shape[1]), key=lambda u: (-float(most[u]), u))[:3]
+        assert list(dict.fromkeys(rows.unit)) == best
+        for unit in best:
+            of = rows[rows.unit == unit]
+            top = sorted(range(len(peaks)), key=lambda s: (-float(peaks[s, unit]), s))[:4]
+            assert list(of["sample"]) == top
+            assert list(of.input) == [Path(files.samples[s][0]).relative_to(files.root).as_posix() for s in top]
+            assert list(of["class"]) == [files.classes[files.samples[s][1]] for s in top]
+            np.testing.assert_allclose(of.value, peaks[top, unit].numpy(), rtol=1e-5)
+            np.testing.assert_allclose(of["max"], float(most[unit]), rtol=1e-5)
+            np.testing.assert_allclose(of["mean"], float(acts[:, unit].mean()), rtol=1e-5)
+            np.testing.assert_allclose(of.dead_fraction, float(dead[unit]), atol=2 / acts[:, unit].numel())
+    lines = printed.splitlines()  # what the run printed are the answer's lines, read from that table
+    first = next(i for i, line in enumerate(lines) if line.startswith("run ")) + 1
+    assert [f"    {line}" if i else f"  units: {line}" for i, line in enumerate(answer.lines)] == \
+        lines[first:first + len(answer.lines)]
+
+
+def test_each_named_file_read_again_gives_the_unit_its_recorded_value(readme_run):
+    """The name is the right file: the file at that path, through the model the run built from its seed,
+    gives the unit its recorded value (max over positions), and its class is its folder's."""
+    out, _ = readme_run
+    model, transform, folder = readme_model(out)
     table = top_units(out, "layer3")
     kept = []
     model.layer3.register_forward_hook(lambda m, a, output: kept.append(output))
-    transform = imagenet_transform(plan.data.data)
     images = torch.stack([transform(Image.open(folder / name).convert("RGB")) for name in table.input])
     with torch.no_grad():
         model(images)

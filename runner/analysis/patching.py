@@ -77,6 +77,24 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
         raise ValueError(f"two results for {dict(twice.iloc[0][cell].dropna())}: load those runs apart")
     if (table["clean"] == table["corrupted"]).any():
         raise ValueError(f"clean and corrupted runs have the same {metric} ({table['clean'].iloc[0]}): nothing to recover")
+    return _recovered(table, metric)
+
+
+def job_patching_table(run_dir: str | Path, entry: str, metric: str = "logit_diff") -> pd.DataFrame:
+    """``patching_table``'s row of one patching job (entry ``entry`` of the run at ``run_dir``), its cell
+    (layer, receiver, index) and source from its saved config, so a run that named them in no override has
+    one too; patched from a stored clean run, its ``corrupted`` and ``recovered`` are missing (NaN)."""
+    spec = OmegaConf.load(config_path(run_dir)).hooks[entry]
+    cell = {LAYER: str(spec.layers), RECEIVER: spec.get("receiver")}
+    if spec.get("index") is not None:
+        cell[INDEX] = spec.index
+    source = str(spec.source)
+    rows = _patch_rows(run_dir, load_steps(run_dir).assign(**cell), None if source == CLEAN else source, None, metric)
+    return _recovered(rows.reindex(columns=PATCHING_COLUMNS), metric)
+
+
+def _recovered(table: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``table`` with its ``recovered`` fraction of the clean-vs-corrupted gap, and ``metric`` in its attrs."""
     table["recovered"] = (table["patched"] - table["corrupted"]) / (table["clean"] - table["corrupted"])
     table.attrs["metric"] = metric
     return table

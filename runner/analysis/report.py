@@ -1,12 +1,14 @@
 """``python -m runner.report PATH``: one self-contained HTML page about a run or a sweep, read top-down.
 
 First what a reader wants first: the summary the run printed (``runner.analysis.summary``: each
-entry's answer, a patching or steering sweep's answer for all its jobs, another sweep's table of jobs) and
-what looks abnormal (NaN/Inf, gradients that are exactly zero, activations that are zero
-everywhere, dead units of non-negative outputs); then the pictures (a sweep's comparison and loss
-curves, a patching sweep's heatmap and table, each job's pictures) and the unit statistics of
-whole-dataset passes (``units.parquet``: per-layer tables and histograms, and the top examples of
-a few units: their maps and inputs as the run kept them, ``unit_examples.parquet``); first of all,
+entry's answer, a patching or steering sweep's answer for all its jobs, another sweep's table of jobs),
+right under it the picture of that answer in the same order (a steering run's KL, top-token change and
+metric per steered layer and scale; a patching sweep's heatmap and table), and what looks abnormal
+(NaN/Inf, gradients that are exactly zero, activations that are zero everywhere, dead units of
+non-negative outputs); then the pictures (a sweep's comparison and loss curves, each job's pictures)
+and the unit statistics of whole-dataset passes (``units.parquet``: the top examples of a few units
+first, as the summary names its top units, their maps and inputs as the run kept them,
+``unit_examples.parquet``; then per-layer tables and histograms); first of all,
 a sweep that did not complete says so (``sweep.json``); then the details, collapsed:
 the jobs and their overrides with a train/eval summary, the failed jobs, the table of every
 recorded layer and statistic, each job's resolved config. Pictures are ``runner.plots``' embedded
@@ -45,6 +47,8 @@ from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, 
                                   load_tensors, overrides_of, run_dirs)
 from runner.analysis.sweep_jobs import IncompleteSweepWarning, incomplete, listed_states
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
+from runner.analysis.answers.methods import measured_metric
+from runner.analysis.steering import steering_picture, steering_table
 from runner.analysis.summary import summarize
 from runner.analysis.unit_plots import RunExamples, layer_histograms, run_examples, top_images_of_run, top_tokens_of_run
 from runner.analysis.units import load_units, recorded_layers
@@ -54,8 +58,9 @@ from runner.store.sweep_record import OK, RUNNING
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order: summary, pictures, details (each only
 #: where it has something for the runs).
-SECTIONS = {"summary": "Summary", "abnormal": "Abnormalities", "pictures": "Pictures",
-            "units": "Unit statistics", "patching": "Activation patching", "jobs": "Jobs and overrides", "failed": "Failed jobs",
+SECTIONS = {"summary": "Summary", "steering": "Steering", "patching": "Activation patching",
+            "abnormal": "Abnormalities", "pictures": "Pictures", "units": "Unit statistics",
+            "jobs": "Jobs and overrides", "failed": "Failed jobs",
             "layers": "Recorded layers and statistics", "config": "Resolved config"}
 #: Jobs whose own pictures are drawn (the first, in job order), and whose configs are shown.
 MOST_JOB_PICTURES = 8
@@ -103,10 +108,11 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
     outputs = load_tensors(path, filters=[("kind", "=", "output")], on_corrupt=on_corrupt)
     body = {
         "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt, corrupted))}</pre>',
+        "steering": _steering(path, steps, on_corrupt),
+        "patching": _patching(path, steps, corrupted, on_corrupt),
         "abnormal": _abnormal(stats, outputs, job),
         "pictures": _pictures(runs, job, stats, steps, patching),
         "units": _units(path, runs, on_corrupt),
-        "patching": _patching(path, steps, corrupted, on_corrupt),
         "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
         "failed": _failed(path) if runs != [path] else None,  # a single run: complete, or no page
         "layers": _layers(stats, many=len(runs) > MOST_TABLE_JOBS),
@@ -282,7 +288,8 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
     layer: its units, the values each unit saw, the mean of the unit means, the units never above
     the threshold (dead); then the histograms of unit means and dead fractions of up to
-    ``MOST_HISTOGRAM_LAYERS`` layers, and the top examples of a few units (``_top_examples``)."""
+    ``MOST_HISTOGRAM_LAYERS`` layers; the top examples of a few units (``_top_examples``) first, as the
+    summary names its top units first."""
     try:
         units = load_units(path, on_corrupt)
     except FileNotFoundError:
@@ -296,12 +303,12 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
     capped = (_note(f"Histograms of {len(drawn)} of the {layers} layers, evenly spread in the model's order; "
                     f"every layer: runner.analysis.unit_plots.layer_histograms(load_units(PATH)).")
               if len(drawn) < layers else "")
-    return ("<p>Per layer: <code>values</code> each unit saw (samples x positions), <code>never_above</code> the "
-            "units never above their entry's threshold (dead). Every unit's numbers and top samples: "
+    return ("<h3>Top examples</h3>\n" + _top_examples(path, units, order, on_corrupt)  # as the summary: top units first
+            + "<h3>Per layer</h3>\n<p><code>values</code> each unit saw (samples x positions), <code>never_above</code> "
+            "the units never above their entry's threshold (dead). Every unit's numbers and top samples: "
             f"<code>load_units({html.escape(repr(str(path)))})</code>.</p>\n" + _table(table)
             + _img(layer_histograms(pd.concat([units[units.layer == layer] for layer in drawn])),
-                   "unit means and dead fractions per layer") + capped
-            + "<h3>Top examples</h3>\n" + _top_examples(path, units, order, on_corrupt))
+                   "unit means and dead fractions per layer") + capped)
 
 
 def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]:
@@ -438,16 +445,30 @@ def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_
                 return _note("Left out: the recovered fraction needs the corrupted run: --corrupted RUN_DIR.")
             stored = (sources[0], corrupted)
     try:
-        table = patching_table(path, *(stored or (None, None)), _patching_metric(steps), on_corrupt)
+        table = patching_table(path, *(stored or (None, None)), measured_metric(steps) or "logit", on_corrupt)
     except (FileNotFoundError, ValueError) as exc:
         return _note(f"Left out: {exc}")
     return (_img(plots.patching_heatmap(table), "recovered fraction per layer and index")
+            + _note("Colour: the recovered fraction, (patched - corrupted) / (clean - corrupted): red towards the "
+                    "clean metric (1: all of the gap), blue away from it, white where the patch changed nothing.")
             + _table(table.dropna(axis=1, how="all")))  # a patching sweep's receiver, scale, kl: no row has one
 
 
-def _patching_metric(steps: pd.DataFrame) -> str:
-    """``logit_diff`` when the jobs measured it, else ``logit``."""
-    return "logit_diff" if "logit_diff" in steps and steps["logit_diff"].notna().any() else "logit"
+def _steering(path: Path, steps: pd.DataFrame, on_corrupt: str) -> str | None:
+    """A steering run's or sweep's picture and table (``steering_table``: per steered layer and scale the KL,
+    how often the top token changed and the metric, as the summary says them); ``None`` for runs that
+    steered nothing."""
+    metric = measured_metric(steps) or "logit_diff"
+    try:
+        table = steering_table(path, metric, steps, on_corrupt)
+    except ValueError:  # no steer.parquet
+        return None
+    shown = table[[c for c in ("layers", "scale", "kl", "top_changed", "steered", "unsteered") if c in table]]
+    return (_img(steering_picture(table), "KL, top-token change and metric per steered layer and scale")
+            + _note("kl: the mean KL(unsteered || steered) of the next-token distribution, in nats; top_changed: the "
+                    f"fraction of samples and steps whose top next token the vector changed"
+                    + (f"; steered, unsteered: {metric}, the mean over the steps." if "steered" in table else "."))
+            + _table(shown))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,18 +2,25 @@
 distribution (``kl``: the mean of ``steer.parquet``'s KL(unsteered || steered); ``top_changed``: how often
 the top next token differs) and the metric with and
 without the vector (the step rows' metric and its ``corrupted_*`` column, the unsteered pass beside each step);
-``steering_picture`` draws both against the scale, a line per steered layer.
+``steering_picture`` draws the three against the scale, a line per steered layer, in the order the
+run's answer says them (``runner.analysis.answers.methods``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from common.records import STEER
 from runner.analysis.load import load_steps, load_table, override_columns
 from runner.analysis.order import natural_key
+
+#: Each steered layer's marker (each smaller, drawn over the ones before): lines of equal values stay visible.
+MARKERS = ["o", "s", "^", "D", "v", "P"]
 
 
 def steering_table(path: str | Path, metric: str = "logit_diff", steps: pd.DataFrame | None = None,
@@ -42,9 +49,10 @@ def steer_jobs(path: str | Path, metric: str, steps: pd.DataFrame | None = None,
     rows = load_table(path, STEER, on_corrupt=on_corrupt)
     if rows.empty:
         return rows
-    rows["layers"] = rows["layers"].map(",".join)
-    rows["top_changed"] = [steered[0] != unsteered[0] for steered, unsteered in
-                           zip(rows["steered_top_ids"], rows["unsteered_top_ids"])]
+    rows["layers"] = pc.binary_join(pa.array(rows["layers"], type=pa.list_(pa.string())), ",").to_numpy(
+        zero_copy_only=False)
+    rows["top_changed"] = pc.not_equal(_top_id(rows["steered_top_ids"]), _top_id(rows["unsteered_top_ids"])
+                                       ).to_numpy(zero_copy_only=False)
     keys = ["run_dir", "hook", "method", "layers", "scale", *override_columns(rows)]
     table = rows.groupby(keys, observed=True, dropna=False)[["kl", "top_changed"]].mean().reset_index()
     steps = load_steps(path, on_corrupt=on_corrupt) if steps is None else steps
@@ -57,23 +65,41 @@ def steer_jobs(path: str | Path, metric: str, steps: pd.DataFrame | None = None,
     return table
 
 
+def _top_id(lists: pd.Series) -> pa.Array:
+    """The first (top) id of each row's list of top token ids."""
+    return pc.list_element(pa.array(lists, type=pa.list_(pa.int64())), 0)
+
+
 def steering_picture(table: pd.DataFrame, title: str = "") -> Figure:
-    """Per steered layer (one line each) against ``scale``: the mean KL(unsteered || steered) of the
-    next-token distribution and, when measured, the metric steered (the unsteered one dashed)."""
+    """``steering_table``'s rows against ``scale``, one colour (and marker: equal values stay visible) per
+    steered layer, as the answer says them: the mean KL(unsteered || steered) of the next-token distribution,
+    how often the top next token changed, and, when measured, the metric steered (solid) and unsteered (dashed).
+    One legend under the panels explains every colour and line."""
     measured = "steered" in table.columns
-    fig = Figure(figsize=(5.0 * (1 + measured), 3.6), layout="constrained")
-    axes = fig.subplots(1, 1 + measured, squeeze=False)[0]
-    for layers, rows in table.groupby("layers", sort=False):
+    metric = table.attrs.get("metric", "metric")
+    fig = Figure(figsize=(4.3 * (2 + measured), 3.9), layout="constrained")
+    axes = fig.subplots(1, 2 + measured, squeeze=False)[0]
+    handles = []
+    for i, (layers, rows) in enumerate(table.groupby("layers", sort=False)):
         rows = rows.sort_values("scale")
-        line = axes[0].plot(rows["scale"], rows["kl"], marker="o", label=layers)[0]
+        style = dict(marker=MARKERS[i % len(MARKERS)], markersize=max(11 - 3 * i, 4))
+        handles.append(axes[0].plot(rows["scale"], rows["kl"], label=f"steered layer {layers}", **style)[0])
+        colour = handles[-1].get_color()
+        axes[1].plot(rows["scale"], 100 * rows["top_changed"], color=colour, **style)
         if measured:
-            axes[1].plot(rows["scale"], rows["steered"], marker="o", color=line.get_color(), label=layers)
-            axes[1].plot(rows["scale"], rows["unsteered"], linestyle="--", color=line.get_color(), linewidth=0.8)
-    axes[0].set_ylabel("KL(unsteered || steered), nats")
+            axes[2].plot(rows["scale"], rows["steered"], color=colour, **style)
+            axes[2].plot(rows["scale"], rows["unsteered"], linestyle="--", color=colour, linewidth=0.8)
+    axes[0].set(title="KL(unsteered || steered), next token", ylabel="KL, nats")
+    axes[1].set(title="top next token changed", ylabel="% of samples and steps", ylim=(-5, 105))
     if measured:
-        axes[1].set_ylabel(f"{table.attrs.get('metric', 'metric')} (dashed: unsteered)")
+        axes[2].set(title=f"{metric}, steered and unsteered", ylabel=metric)
+        handles += [Line2D([], [], color="grey", label=f"{metric} steered"),
+                    Line2D([], [], color="grey", linestyle="--", linewidth=0.8, label=f"{metric} unsteered")]
     for ax in axes:
-        ax.set_xlabel("scale")
-        ax.legend(title="steered layer", fontsize="small")
-    fig.suptitle(title or "steering: next-token KL and metric against the scale")
+        ax.set_xlabel("scale (times the vector)")
+        ax.set_xticks(sorted(table["scale"].unique()))
+        ax.grid(True, alpha=0.3)
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize="small")
+    fig.suptitle(title or f"steering, per steered layer ({table['layers'].nunique()}) and scale "
+                 f"({', '.join(f'{s:g}' for s in sorted(table['scale'].unique()))})")
     return fig

@@ -64,14 +64,19 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
 
 
 def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:
-    """Per entry, a line per run-total file it wrote rows to (``units.parquet``, ``lens.parquet``, ...)."""
+    """Per entry, a line per run-total file it wrote rows to (``units.parquet``, ``lens.parquet``, ...), over
+    the run's ranks' parts (``rank-N``) when it ran on several."""
+    from runner.store.ranks import rank_files  # imported here: the summary's imports are kept few (start-up)
+
     out: dict[str, list[str]] = {}
     for name in RUN_TOTAL_SCHEMAS:
-        if (run_dir / name).is_file():
-            with pq.ParquetFile(run_dir / name) as written:  # not pq.read_table: its dataset module imports pandas
-                counts = written.read(columns=["hook"]).column("hook").value_counts().to_pylist()
-            for count in counts:
-                out.setdefault(count["values"], []).append(f"wrote {count['counts']} rows of {name}")
+        counts: dict[str, int] = {}
+        for _, file in rank_files(run_dir, name):
+            with pq.ParquetFile(file) as written:  # not pq.read_table: its dataset module imports pandas
+                for count in written.read(columns=["hook"]).column("hook").value_counts().to_pylist():
+                    counts[count["values"]] = counts.get(count["values"], 0) + count["counts"]
+        for hook, rows in counts.items():
+            out.setdefault(hook, []).append(f"wrote {rows} rows of {name}")
     return out
 
 
@@ -138,24 +143,18 @@ def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
 
 
 def _statistics(stats: pd.DataFrame, runs: list[str]) -> dict[str, np.ndarray]:
-    """Each job's candidate headline statistics, by name: ``clipped`` when any job clipped, and
-    ``largest KIND l2`` per kind of ``NORM_KINDS`` recorded."""
-    from runner.analysis.answers.statistics import NORM_KINDS
+    """Each job's candidate headline statistics, by name: ``clipped`` (``answers.statistics.clipped``) when
+    any job clipped, and ``largest KIND l2`` (the largest of ``answers.statistics.norms``) per kind of
+    ``NORM_KINDS`` recorded; NaN for a job without it."""
+    from runner.analysis.answers.statistics import NORM_KINDS, clipped, norms  # imported here, as rank_files above
 
+    by_run = {str(run): rows for run, rows in stats.groupby("run_dir", observed=True)}
+    of = [by_run.get(run, stats.iloc[:0]) for run in runs]
     found = {}
     if (stats["kind"] == "clipped").any():
-        rows = stats[stats["kind"] == "clipped"]
-        elements = np.rint(rows["numel"] * (1 - rows["zero_frac"]))
-        counts = rows[["run_dir"]].assign(numel=rows["numel"], elements=elements)
-        sums = counts.groupby("run_dir", observed=True)[["elements", "numel"]].sum().reindex(runs)
-        found["clipped"] = (sums["elements"] / sums["numel"]).to_numpy()
+        found["clipped"] = np.array([clipped(rows).fraction for rows in of], dtype=np.float64)
     for kind in (k for k in NORM_KINDS if (stats["kind"] == k).any()):
-        rows = stats[stats["kind"] == kind]
-        if kind == "param_grad" and (rows["phase"] == "after_backward").any():
-            rows = rows[rows["phase"] == "after_backward"]
-        per_tensor = rows.groupby(["run_dir", "layer", "slot", "call"], observed=True)["l2"].mean()
-        largest = per_tensor.groupby(level="run_dir", observed=True).max()
-        found[f"largest {kind} l2"] = largest.reindex(runs).to_numpy(np.float64)
+        found[f"largest {kind} l2"] = np.array([norms(rows, kind).max() for rows in of], dtype=np.float64)
     return found
 
 

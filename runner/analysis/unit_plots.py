@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from runner.analysis.load import config_path, run_dirs
-from runner.analysis.units import classes_said, load_unit_examples, load_unit_inputs, load_unit_names
+from runner.analysis.units import classes_said, kept_inputs, load_unit_examples
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -80,7 +80,7 @@ class RunExamples:
 def run_examples(run_dir: str | Path) -> RunExamples:
     """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
     for a run that kept none), with its data's normalisation from its ``config.yaml``."""
-    examples, inputs, names = load_unit_examples(run_dir), load_unit_inputs(run_dir), load_unit_names(run_dir)
+    examples, (inputs, names) = load_unit_examples(run_dir), kept_inputs(run_dir)
     config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
     data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
     return RunExamples(examples, inputs, names, data.get("mean"), data.get("std"))
@@ -235,16 +235,19 @@ def top_tokens(units: pd.DataFrame, layer: str, unit: int, tokens: np.ndarray | 
 def layer_histograms(units: pd.DataFrame, bins: int = 40) -> Figure:
     """Per layer (a row of two panels): its units' means, and their dead fractions (1 - ``fraction_above``)."""
     layers = list(dict.fromkeys(units.layer))
-    fig = Figure(figsize=(9, 1.9 * len(layers) + 0.6), layout="constrained")
+    fig = Figure(figsize=(9, 2.1 * len(layers) + 0.6), layout="constrained")
     axes = np.array(fig.subplots(len(layers), 2, squeeze=False))
     for (mean_ax, dead_ax), layer in zip(axes, layers):
         rows = units[units.layer == layer]
         dead = 1 - rows.fraction_above
         mean_ax.hist(rows["mean"][np.isfinite(rows["mean"])], bins=bins, color="tab:blue")  # a NaN mean: no bar
         dead_ax.hist(dead, bins=np.linspace(0, 1, bins + 1), color="tab:red")
-        mean_ax.set_ylabel(f"{layer}\n({len(rows)} units)", fontsize=9)
-        dead_ax.set_title(f"{(dead >= 1).sum()} never above {rows.threshold.iloc[0]:g}", fontsize=8, loc="right")
+        threshold = rows.threshold.iloc[0]
+        mean_ax.set_title(f"{layer}: mean over the dataset, of {len(rows)} units", fontsize=9)
+        dead_ax.set_title(f"{layer}: dead fraction (values <= {threshold:g}); {(dead >= 1).sum()} never above",
+                          fontsize=9)
+        mean_ax.set_ylabel("units", fontsize=9)
     axes[-1, 0].set_xlabel("unit mean over the dataset")
     axes[-1, 1].set_xlabel("dead fraction (values <= threshold)")
-    fig.suptitle("Units per layer: means and dead fractions")
+    fig.suptitle("Units per layer: how many units have each mean (blue) and each dead fraction (red)")
     return fig

@@ -71,32 +71,34 @@ def load_unit_examples(path: str | Path, on_corrupt: str = "error") -> pd.DataFr
 def load_unit_inputs(path: str | Path, on_corrupt: str = "error") -> dict[tuple[str, int], np.ndarray]:
     """The inputs the runs at or under ``path`` kept for their top examples (``unit_inputs.parquet``), by
     ``(hook, sample)``: an image as ``[C, H, W]`` float32, token ids as 1-D int64."""
-    found = {}
-    for row in _input_rows(path, on_corrupt, ["hook", "sample", "input_shape", "input", "input_ids"]):
-        if row["input"] or row["input_ids"]:  # a row may hold the sample's name alone
-            values = (np.asarray(row["input"], np.float32) if row["input"] else np.asarray(row["input_ids"], np.int64))
-            found[(row["hook"], row["sample"])] = values.reshape(row["input_shape"])
-    return found
+    return kept_inputs(path, on_corrupt)[0]
 
 
 def load_unit_names(path: str | Path, on_corrupt: str = "error") -> dict[tuple[str, int], tuple[str, str]]:
     """The names the runs at or under ``path`` kept for their top examples' samples, by ``(hook, sample)``:
     ``(name, class)`` as the data give them (an ``imagefolder`` file's path under the folder and its class
     folder); a sample the data name nothing for is not in it (files written before the names were kept neither)."""
-    found = {}
-    for row in _input_rows(path, on_corrupt, ["hook", "sample", "input_name", "input_class"]):
-        if row.get("input_name") or row.get("input_class"):
-            found[(row["hook"], row["sample"])] = (row["input_name"] or "", row["input_class"] or "")
-    return found
+    return kept_inputs(path, on_corrupt, images=False)[1]
 
 
-def _input_rows(path: str | Path, on_corrupt: str, columns: list[str]) -> list[dict]:
-    """The rows of every ``unit_inputs.parquet`` at or under ``path``, the ``columns`` each file has."""
-    rows = []
+def kept_inputs(path: str | Path, on_corrupt: str = "error", images: bool = True
+                ) -> tuple[dict[tuple[str, int], np.ndarray], dict[tuple[str, int], tuple[str, str]]]:
+    """``load_unit_inputs``' and ``load_unit_names``' dicts from one read of each ``unit_inputs.parquet``;
+    ``images=False`` leaves the image values unread (token ids and names only: what names a sample)."""
+    columns = ["hook", "sample", "input_shape", "input_ids", "input_name", "input_class"] + (["input"] if images else [])
+    inputs, names = {}, {}
     for run in run_dirs(path, on_corrupt):
         for _, file in rank_files(run, UNIT_INPUTS):
-            rows += pq.read_table(file, columns=[c for c in columns if c in pq.read_schema(file).names]).to_pylist()
-    return rows
+            parquet = pq.ParquetFile(file)
+            for row in parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]).to_pylist():
+                key = (row["hook"], row["sample"])
+                if row.get("input") or row["input_ids"]:  # a row may hold the sample's name alone
+                    values = np.asarray(row["input"], np.float32) if row.get("input") else \
+                        np.asarray(row["input_ids"], np.int64)
+                    inputs[key] = values.reshape(row["input_shape"])
+                if row.get("input_name") or row.get("input_class"):
+                    names[key] = (row["input_name"] or "", row["input_class"] or "")
+    return inputs, names
 
 
 #: ``top_units``' columns: the unit, its rank in its layer by largest response, its statistics, and one
@@ -129,7 +131,7 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
             raise KeyError(f"no layer '{layer}' in the units of '{path}'; "
                            f"layers: {', '.join(dict.fromkeys(units.layer))}")
         units = units[units.layer == layer]
-    names, inputs = load_unit_names(path, on_corrupt), load_unit_inputs(path, on_corrupt)
+    inputs, names = kept_inputs(path, on_corrupt, images=False)  # a text sample's ids name it; images do not
     first = next(run for run in run_dirs(path, on_corrupt) if rank_files(run, UNITS))
     order = {name: i for i, name in enumerate(recorded_layers(first))}  # the model's order, not the names'
     groups = sorted(units.groupby(["hook", "layer", "call"], sort=False),

@@ -18,7 +18,7 @@ records its own part of the run (``runner.store.ranks``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -44,6 +44,11 @@ from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
 
 Hooks = Sequence[str] | Mapping[str, Mapping]
+#: A sample's name as the user knows it: a name (a file path, a caption), or ``(name, class)``.
+Name = str | tuple[str, str]
+#: ``attach(names=...)``: the names of the dataset ids ``run.samples`` gives, by id (a sequence, e.g. an
+#: ``ImageFolder``'s ``samples``, whose ``(path, class index)`` pairs are names), or a function of the id.
+Names = Sequence[Name] | Callable[[int], Name]
 #: Live loggers, as ``attach(logger=...)`` takes them: names, or settings by name.
 Loggers = Sequence[str] | Mapping[str, Mapping]
 
@@ -59,6 +64,42 @@ class EvalResult:
     def set(self, loss: torch.Tensor | float | None = None, **metrics: float) -> None:
         """The eval passes' loss (their mean, as the CLI writes it) and ``metrics`` among the run's measures."""
         self.loss, self.metrics = _value(loss), _checked(metrics, self.measures, "set")
+
+
+class SampleNames:
+    """A sample id's ``(name, class)`` for the ``units`` entries' top inputs (``Recorder.sample_names``): the
+    names ``run.samples(ids, names=...)`` gave the batch, else those ``attach(names=...)`` gives by id."""
+
+    def __init__(self, names: Names | None = None) -> None:
+        self.names = names
+        self.batch: dict[int, tuple[str, str]] = {}
+
+    def given(self, ids: list[int], names: Sequence[Name] | None) -> None:
+        """The batch's ids, and their ``names`` when the loop gives them (one per id); a name ``attach``'s
+        sequence cannot give is refused here, before the batch runs."""
+        if names is not None and len(names) != len(ids):
+            raise ConfigError(f"run.samples(ids, names=...): {len(names)} names for {len(ids)} ids; give one name "
+                              f"(or (name, class)) per id")
+        if names is None and isinstance(self.names, Sequence) and ids and not 0 <= min(ids) <= max(ids) < len(self.names):
+            raise ConfigError(f"run.samples(ids): id {max(ids) if max(ids) >= 0 else min(ids)} has no name in "
+                              f"attach(names=...) (its {len(self.names)} names are ids 0..{len(self.names) - 1})")
+        self.batch = {} if names is None else {i: _pair(name) for i, name in zip(ids, names)}
+
+    def __call__(self, sample: int) -> tuple[str, str]:
+        if sample in self.batch:
+            return self.batch[sample]
+        if self.names is None:
+            return "", ""
+        return _pair(self.names(sample) if callable(self.names) else self.names[sample])
+
+
+def _pair(name: Name) -> tuple[str, str]:
+    """``(name, class)`` of a name or a pair (an ``ImageFolder`` sample's ``(path, class index)`` too)."""
+    if isinstance(name, (str, Path)):
+        return str(name), ""
+    if isinstance(name, Sequence) and len(name) == 2:
+        return str(name[0]), str(name[1])
+    raise ConfigError(f"a sample's name is a str or a (name, class) pair, not {name!r}")
 
 
 class AttachedRun:
@@ -80,11 +121,19 @@ class AttachedRun:
         self.lifetimes = self.session.lifetimes()
         self.begin_step()
 
-    def samples(self, ids: torch.Tensor | Sequence[int]) -> None:
+    def samples(self, ids: torch.Tensor | Sequence[int], names: Sequence[Name] | None = None) -> None:
         """The dataset ids of the rows of the batches the model gets next (``units`` and ``store`` keep
         them beside each row), until the next call; without them a row is numbered by its place in the
-        run, which under ``torch.distributed`` every rank would number from 0."""
-        self.session.recorder.samples = torch.as_tensor(ids, dtype=torch.int64).view(-1)
+        run, which under ``torch.distributed`` every rank would number from 0. ``names``: one per id, a
+        name or ``(name, class)`` (a file path and its class): what ``top_units`` and the answer call the
+        ``units`` entries' top inputs (else ``attach(names=...)``'s, else ``sample ID``)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64).view(-1)
+        recorder = self.session.recorder
+        if names is not None or recorder.sample_names is not None:
+            if not isinstance(recorder.sample_names, SampleNames):  # the names the data give, if any, after these
+                recorder.sample_names = SampleNames(recorder.sample_names)
+            recorder.sample_names.given(ids.tolist(), names)
+        recorder.samples = ids
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` through the session: checkpoint recomputes are labelled as
@@ -165,7 +214,8 @@ def _checked(metrics: dict[str, float], measures: Sequence[str], method: str) ->
 @contextlib.contextmanager
 @python_remedies
 def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), out_dir: str | Path = "runs/attach",
-           logger: Loggers = (), sinks: Mapping[str, Sink] | None = None, **settings) -> Iterator[AttachedRun]:
+           logger: Loggers = (), sinks: Mapping[str, Sink] | None = None, names: Names | None = None,
+           **settings) -> Iterator[AttachedRun]:
     """Attach hook entries to ``model`` for the block and record them into ``out_dir``.
 
     ``hooks``: preset names (``["clip", "stats"]``, as ``hooks=[clip,stats]``) or a mapping of
@@ -175,7 +225,10 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     ``sinks``: some of those loggers already open, by name (the Lightning and Hugging Face callbacks pass
     the trainer's own: the run logs through them); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
     ``overwrite``, ``sample`` (a dict), ``output`` (a dict), ``memory`` (a dict: ``{"budget": "2GiB"}``
-    refuses, at the model's first call and before it computes anything, entries that would hold more).
+    refuses, at the model's first call and before it computes anything, entries that would hold more);
+    ``names``: what the dataset ids ``run.samples(ids)`` gives are called (by id: a sequence such as an
+    ``ImageFolder``'s ``samples``, or a function of the id; each a name or ``(name, class)``), so that
+    ``top_units`` and the run's answer name the ``units`` entries' top inputs as the user knows them.
 
     Raises:
         ConfigError: a bad entry, override or setting, in one line, before anything is attached or written.
@@ -196,6 +249,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with open_run(model, hooks_built, s, config_yaml, lines, Path(out_dir), device, rehearse=True,
                   sinks=sinks) as run:
+        if names is not None:
+            run.session.recorder.sample_names = SampleNames(names)
         yield run
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from common.records import METHOD
 from runner.analysis.answers import Answer
-from runner.analysis.load import config_path, load_steps
-from runner.analysis.patching import CLEAN, attribution_against_patching, mean_metric, patching_table
+from runner.analysis.load import load_steps
+from runner.analysis.patching import CLEAN, attribution_against_patching, job_patching_table, patching_table
 from runner.analysis.steering import steering_table
 
 #: Cells named per method: those that recover most.
@@ -40,25 +39,16 @@ def measured_metric(steps: pd.DataFrame) -> str | None:
 
 def patch_answer(run_dir: Path, entry: str) -> Answer | None:
     """One patching job: the metric patched, and clean and corrupted (its own passes beside each step,
-    ``source: clean``; or the stored clean run's) with the fraction recovered."""
-    train = load_steps(run_dir).query("split == 'train'")
-    metric = measured_metric(train)
+    ``source: clean``; or the stored clean run's) with the fraction recovered (``job_patching_table``)."""
+    metric = measured_metric(load_steps(run_dir).query("split == 'train'"))
     if metric is None:
         return None
-    spec = OmegaConf.load(config_path(run_dir)).hooks[entry]
-    cell = f"{spec.layers}{f' → {spec.receiver}' if spec.get('receiver') else ''}" \
-           f"{'' if spec.get('index') is None else f' [{spec.index}]'}"
-    patched = float(train[metric].mean())
-    if f"clean_{metric}" in train.columns and train[f"clean_{metric}"].notna().all():
-        clean, corrupted = float(train[f"clean_{metric}"].mean()), float(train[f"corrupted_{metric}"].mean())
-    else:  # patched from a stored clean run: its metric is the clean one; no corrupted run is known here
-        clean, corrupted = mean_metric(spec.source, metric), np.nan
-    recovered = (patched - corrupted) / (clean - corrupted)
-    table = pd.DataFrame({"cell": [cell], "patched": patched, "clean": clean, "corrupted": corrupted,
-                          "recovered": recovered})
-    gap = f", corrupted {corrupted:.4g}: recovered {recovered:.2f}" if not np.isnan(corrupted) else \
+    table = job_patching_table(run_dir, entry, metric)
+    row = next(table.itertuples())
+    gap = f", corrupted {row.corrupted:.4g}: recovered {fraction(row.recovered)}" if not np.isnan(row.corrupted) else \
         " (the corrupted run's is not known to a patching job: patching_table(..., corrupted=RUN))"
-    return Answer([f"{metric} patched at {cell} {patched:.4g}; clean {clean:.4g}{gap}"], table)
+    return Answer([f"{metric} patched at {cell_name(row)} {row.patched:.4g}; clean {row.clean:.4g}{gap}"],
+                  table.dropna(axis=1, how="all"))
 
 
 def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, on_corrupt: str = "error"

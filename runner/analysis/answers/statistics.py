@@ -126,7 +126,7 @@ def clamp_answer(run_dir: Path, entry: str) -> Answer | None:
 
 def recorded_answer(run_dir: Path, entry: str, rows: pd.DataFrame | None = None) -> Answer | None:
     """Of any entry that recorded statistics: the largest and smallest norm of the first of
-    ``NORM_KINDS`` it recorded, and the layers that look dead or non-finite (the table: each
+    ``NORM_KINDS`` it recorded (its one norm when it recorded one tensor), and the layers that look dead or non-finite (the table: each
     tensor's mean l2 by label, in depth order); ``None`` when it recorded no row."""
     rows = entry_rows(run_dir, entry) if rows is None else rows
     if rows.empty:
@@ -136,8 +136,10 @@ def recorded_answer(run_dir: Path, entry: str, rows: pd.DataFrame | None = None)
         return Answer([f"{len(rows)} rows of kinds {', '.join(sorted(map(str, rows['kind'].unique())))}"])
     norm = norms(rows, kinds[0])
     what = "gradient" if kinds[0] in GRADIENT_KINDS else "activation"
-    return Answer([f"{what} l2 ({kinds[0]}, {len(norm)} tensors): largest {norm.idxmax()} {norm.max():.3g}, "
-                   f"smallest {norm.idxmin()} {norm.min():.3g}", _problems(rows)],
+    said = (f"{what} l2 ({kinds[0]}) of {norm.index[0]}: {norm.iloc[0]:.3g}" if len(norm) == 1 else
+            f"{what} l2 ({kinds[0]}, {len(norm)} tensors): largest {norm.idxmax()} {norm.max():.3g}, "
+            f"smallest {norm.idxmin()} {norm.min():.3g}")
+    return Answer([said, _problems(rows)],
                   norm.rename("l2").rename_axis("label").reset_index())
 
 
