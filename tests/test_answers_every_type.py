@@ -41,7 +41,8 @@ RECORDING = {
     "shift": ("shift", (*CONVNET, "hooks=shift")),
 }
 #: Types answered elsewhere (the module's doc), by the test that checks them.
-ANSWERED_ELSEWHERE = {"clamp", "stats", "store", "patch", "attribution", "steer", "logit_lens", "units"}
+ANSWERED_ELSEWHERE = {"clamp", "stats", "store", "patch", "attribution", "steer", "logit_lens", "units",
+                      "dla"}  # tests/test_dla.py: the printed parts and heads against dla.parquet
 GRADIENTS = ("grad_output", "param_grad", "grad_input")
 
 

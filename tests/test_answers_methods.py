@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 from conftest import cli, make_config, run
 from runner.analysis.answers import answer_of
 from runner.analysis.summary import summarize
-from runner.cli.commandline import expand
+from runner.cli.early import expand
 from docs_text import blocks, everything, section
 
 ROOT = Path(__file__).resolve().parents[1]

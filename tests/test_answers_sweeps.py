@@ -14,7 +14,7 @@ import runner.analysis as analysis
 from conftest import make_config, run
 from runner.analysis.report import render
 from runner.analysis.summary import spread, summarize, sweep_table
-from runner.cli.commandline import expand
+from runner.cli.early import expand
 
 
 def sweep_of(tmp_path: Path, argv: list[str]) -> Path:

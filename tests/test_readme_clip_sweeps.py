@@ -9,7 +9,7 @@ import re
 import shlex
 
 from conftest import make_config
-from runner.cli.commandline import expand
+from runner.cli.early import expand
 from docs_text import everything
 
 TEXT = everything()

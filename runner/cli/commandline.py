@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line
-from runner.cli.early import expand  # noqa: F401  (test_readme_clip_sweeps, test_answers_*: to import it from early)
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
 from runner.config.compose import CONF_DIR
