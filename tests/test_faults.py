@@ -69,7 +69,7 @@ CONFIG_ERRORS = [
                             "seed, shape, targets"),
     (["+loss.reduction=sum"], "loss.reduction: unknown key for loss 'reduction'; valid: _module_, name, target_class"),
     (["data.kind=gauss"], "data.kind: unknown data kind 'gauss'; valid: dataset, digits, fake, image, imagefolder, "
-                          "ones, randn, tokens"),
+                          "ones, randn, text, tokens"),
     (["data.shape=[-2,3,8,8]"], "data.shape: [-2, 3, 8, 8] must be a list of positive integers"),
     (["data.shape=[nan,3]"], "data.shape[0]: nan is not an integer"),
     (["data.shape=[0,3]"], "data.shape: [0, 3] must be a list of positive integers"),
@@ -79,7 +79,7 @@ CONFIG_ERRORS = [
     (["steps=-3"], "steps: -3 must be at least 1"),
     (["steps=1.5"], "steps: 1.5 is not an integer"),
     (["seed=abc"], "seed: 'abc' is not an integer"),
-    (["mode=training"], "mode: unknown mode 'training'; valid: eval, train; did you mean 'train'?"),
+    (["mode=training"], "mode: unknown mode 'training'; valid: eval, generate, train; did you mean 'train'?"),
     (["device=tpu"], "device: unknown device 'tpu'; valid: auto, cpu, cuda"),
     (["on_nonfinite=eror"], "on_nonfinite: unknown policy 'eror'; valid: error, ignore, warn; did you mean 'error'?"),
     (["overwrite=maybe"], "overwrite: 'maybe' must be true or false"),
