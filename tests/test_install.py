@@ -16,6 +16,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from docs_text import blocks, everything, page, section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +125,7 @@ main()
 """
 
 
+@pytest.mark.slow  # a fresh interpreter running the example (about 30 s on two cores): the slow group runs it
 def test_the_digits_training_example_runs_with_only_what_the_first_line_installs(tmp_path):
     installed = closure(PROJECT["dependencies"])
     optional = set().union(*(closure(r) for e, r in PROJECT["optional-dependencies"].items() if e != "test"))

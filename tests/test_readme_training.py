@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 import runner.analysis as analysis
@@ -38,6 +39,7 @@ def _numbers(text: str) -> list[float]:
     return [float(n) for n in re.findall(r"\d+\.\d+", text)]
 
 
+@pytest.mark.slow  # 600 training steps as written (40-80 s on two cores): the slow group runs it
 def test_the_training_example_runs_as_written_and_shows_what_the_readme_says(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / re.search(r"hydra\.sweep\.dir=(\S+)", COMMAND).group(1)
     for num, overrides in enumerate(_jobs()):
