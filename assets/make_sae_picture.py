@@ -35,7 +35,7 @@ def feature_tokens(run: Path, feature: int) -> tuple[list[str], list[list[str]],
     ids = load_unit_inputs(run)
     tokenizer = load_tokenizer(OmegaConf.load(config_path(run)).data.tokenizer)
     tokens = [tokenizer.convert_ids_to_tokens(ids[("units", int(s))].tolist()) for s in top["sample"]]
-    return list(top["input"]), tokens, features[top["sample"].to_numpy()]
+    return list(top["input"]), tokens, np.roll(features[top["sample"].to_numpy()], 1, axis=1)
 
 
 def draw(run: Path, sweep: Path, feature: int, out: Path) -> None:

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from safetensors.torch import load_file
 
@@ -59,7 +58,7 @@ def hand_features(prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = tokenizer(prompts, padding=True, return_tensors="pt")["input_ids"]
     model = hand_model().double()
     kept = []
-    model.transformer.h[0].register_forward_hook(lambda m, a, out: kept.append(out[0] if isinstance(out, tuple) else out))
+    model.transformer.h[0].register_forward_hook(lambda m, a, out: kept.append(out))  # a block returns a tensor
     with torch.no_grad():
         model(ids)
     w = {k: v.double() for k, v in load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors").items()}
@@ -76,8 +75,7 @@ def hand_generated(prompts: list[str], feature: int, value: float, new: int) -> 
     enc = tokenizer(prompts, padding=True, return_tensors="pt")
     model = hand_model()
     row = load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors")["W_dec"][feature]
-    model.transformer.h[0].register_forward_hook(
-        lambda m, a, out: (out[0] + value * row, *out[1:]) if isinstance(out, tuple) else out + value * row)
+    model.transformer.h[0].register_forward_hook(lambda m, a, out: out + value * row)
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=new, pad_token_id=0, do_sample=False)
     return [tokenizer.decode(r, skip_special_tokens=True) for r in out[:, enc["input_ids"].shape[1]:]]
@@ -121,7 +119,7 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
                   .split("=[")[1].rstrip("]"))
     assert feature == shown_units[0]  # the top feature is the one steered
     texts = load_table("runs/sae_steer", "generations.parquet")
-    steered = [prompt for prompt in texts.prompt.unique()]
+    steered = list(texts.prompt.unique())
     assert steered == [prompts[i] for i in sorted(range(len(prompts)), key=lambda i: -float(per_prompt[i, feature]))[:2]]
     for value, rows in texts.groupby("hooks.sae.value"):
         assert list(rows.sort_values("sample").generated_text) == hand_generated(steered, feature, float(value), 5)
@@ -130,6 +128,11 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
     picture = words(picture_command)
     assert picture[:2] == ["python", "docs/assets/make_sae_picture.py"]
     monkeypatch.setattr(sys, "argv", picture[1:])
-    runpy.run_path(str(ROOT / picture[1]), run_name="__main__")
+    script = runpy.run_path(str(ROOT / picture[1]), run_name="__main__")
     assert Path(picture[-1]).stat().st_size > 20_000
+    drawn_prompts, tokens, values = script["feature_tokens"](Path(picture[2]), feature)  # what the picture shows
+    order = sorted(range(len(prompts)), key=lambda i: (-float(per_prompt[i, feature]), i))[:4]
+    assert drawn_prompts == [prompts[i] for i in order]
+    assert [t[:len(p.split())] for t, p in zip(tokens, drawn_prompts)] == [p.split() for p in drawn_prompts]
+    np.testing.assert_allclose(values, features[order, :, feature].numpy(), rtol=1e-5, atol=1e-6)
     assert f"![Feature {feature}'s activation" in STORY and f"(../assets/{Path(picture[-1]).name})" in STORY
