@@ -1,6 +1,6 @@
 """The picture of the docs' SAE tutorial (docs/tutorials/sae.md), drawn from two runs' files alone.
 
-``python docs/assets/make_sae_picture.py UNITS_RUN SWEEP FEATURE OUT.png``: above, feature ``FEATURE``'s
+``python assets/make_sae_picture.py UNITS_RUN SWEEP FEATURE OUT.png``: above, feature ``FEATURE``'s
 activation at every token of its top prompts (``top_units`` of ``UNITS_RUN``, the values from its ``extract``
 entry's ``tensors.parquet``, the tokens named by the run's ``data.tokenizer``); below, the text
 ``SWEEP`` generated from each prompt at each steering value (``generations.parquet``).
@@ -35,7 +35,7 @@ def feature_tokens(run: Path, feature: int) -> tuple[list[str], list[list[str]],
     ids = load_unit_inputs(run)
     tokenizer = load_tokenizer(OmegaConf.load(config_path(run)).data.tokenizer)
     tokens = [tokenizer.convert_ids_to_tokens(ids[("units", int(s))].tolist()) for s in top["sample"]]
-    return list(top["input"]), tokens, np.roll(features[top["sample"].to_numpy()], 1, axis=1)
+    return list(top["input"]), tokens, features[top["sample"].to_numpy()]
 
 
 def draw(run: Path, sweep: Path, feature: int, out: Path) -> None:

@@ -126,7 +126,7 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
     assert texts["generated_text"].nunique() > 2  # the steering changed the text
 
     picture = words(picture_command)
-    assert picture[:2] == ["python", "docs/assets/make_sae_picture.py"]
+    assert picture[:2] == ["python", "assets/make_sae_picture.py"]
     monkeypatch.setattr(sys, "argv", picture[1:])
     script = runpy.run_path(str(ROOT / picture[1]), run_name="__main__")
     assert Path(picture[-1]).stat().st_size > 20_000
