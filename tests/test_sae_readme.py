@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from conftest import run_main
 from docs_text import blocks, section
 from runner.analysis.load import load_table
-from runner.analysis.units import load_units, top_units
+from runner.analysis.units import load_unit_examples, load_units, top_units
 from runner.sources.models import gpt2_tiny
 from test_readme_steering import run_cli
 
@@ -107,6 +107,9 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
         order = sorted(range(len(prompts)), key=lambda i: (-float(per_prompt[i, unit]), i))[:len(rows)]
         assert list(rows.sort_values("rank").input) == [prompts[i] for i in order], unit
         np.testing.assert_allclose(rows.sort_values("rank").value, per_prompt[order, unit].numpy(), rtol=1e-5)
+    examples = load_unit_examples("runs/sae_prompts")
+    examples = examples[examples.value > 0]  # the pads are scored too: no top example is a pad's value
+    assert all(position < len(prompts[sample].split()) for sample, position in zip(examples["sample"], examples.position))
     alive = per_prompt.max(dim=0).values > 0
     shown_units = [int(line.split()[1].rstrip(":")) for line in units_shown.splitlines() if line.strip().startswith("unit ")]
     assert shown_units == sorted(np.flatnonzero(alive.numpy()), key=lambda u: -float(per_prompt[:, u].max()))[:3]
