@@ -109,9 +109,11 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
         np.testing.assert_allclose(rows.sort_values("rank").value, per_prompt[order, unit].numpy(), rtol=1e-5)
     examples = load_unit_examples("runs/sae_prompts")
     examples = examples[examples.value > 0]  # the pads are scored too: no top example is a pad's value
-    assert all(position < len(prompts[sample].split()) for sample, position in zip(examples["sample"], examples.position))
+    assert all(position < len(prompts[sample].split())
+               for sample, position in zip(examples["sample"], examples.position))
     alive = per_prompt.max(dim=0).values > 0
-    shown_units = [int(line.split()[1].rstrip(":")) for line in units_shown.splitlines() if line.strip().startswith("unit ")]
+    shown_units = [int(line.split()[1].rstrip(":")) for line in units_shown.splitlines()
+                   if line.strip().startswith("unit ")]
     assert shown_units == sorted(np.flatnonzero(alive.numpy()), key=lambda u: -float(per_prompt[:, u].max()))[:3]
     assert f"8 units, {int((~alive).sum())} dead" in units_shown
 
@@ -123,7 +125,8 @@ def test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prom
     assert feature == shown_units[0]  # the top feature is the one steered
     texts = load_table("runs/sae_steer", "generations.parquet")
     steered = list(texts.prompt.unique())
-    assert steered == [prompts[i] for i in sorted(range(len(prompts)), key=lambda i: -float(per_prompt[i, feature]))[:2]]
+    by_feature = sorted(range(len(prompts)), key=lambda i: (-float(per_prompt[i, feature]), i))
+    assert steered == [prompts[i] for i in by_feature[:2]]  # its two top prompts
     for value, rows in texts.groupby("hooks.sae.value"):
         assert list(rows.sort_values("sample").generated_text) == hand_generated(steered, feature, float(value), 5)
     assert texts["generated_text"].nunique() > 2  # the steering changed the text
