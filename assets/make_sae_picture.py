@@ -66,8 +66,7 @@ def draw(run: Path, sweep: Path, feature: int, out: Path) -> None:
     right.set_title(f"generated text, feature {feature} steered ({by})", fontsize=9)
     cfg = OmegaConf.load(config_path(run))
     model = load_tensors(run, columns=["model"]).model.iloc[0]
-    fig.suptitle(f"{model}, sae {Path(cfg.hooks.sae.path).name} at {cfg.hooks.sae.layers} (random weights)",
-                 fontsize=10)
+    fig.suptitle(f"{model}, sae {Path(cfg.hooks.sae.path).name} at {cfg.hooks.sae.layers}", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
