@@ -406,7 +406,7 @@ def test_the_report_shows_a_token_model_s_top_tokens_in_context(tmp_path):
     expected = []
     for layer in ("transformer.h.0.mlp", "lm_head"):
         rows = units[units.layer == layer]
-        expected += [(layer, rows.unit.iloc[i]) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+        expected += [(layer, rows.unit.iloc[i]) for i in np.lexsort((rows.unit, -rows["max"]))[:3]]
     assert re.findall(r'<img alt="top samples of (\S+) unit (\d+)"', section) == [(l, str(u)) for l, u in expected]
     assert "(token ids as numbers: the run keeps no tokenizer)" in section
     tokens = torch.randint(0, 100, (10, 16), generator=torch.Generator().manual_seed(0))
