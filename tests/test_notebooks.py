@@ -111,7 +111,8 @@ def test_clip_notebook_matches_plain_pytorch(tmp_path):
 def test_units_notebook_matches_plain_pytorch(tmp_path):
     digits = load_digits()
     notebook = executed("units.py", tmp_path,
-                        'print(top[["layer", "unit", "max", "dead_fraction", "input", "value"]].to_json(orient="records"))')
+                        'print(top[["layer", "unit", "max", "dead_fraction", "input", "class", "value"]]'
+                        '.to_json(orient="records"))')
     rows = json.loads(stdout_of(notebook.cells[-1]))
 
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16
@@ -127,15 +128,16 @@ def test_units_notebook_matches_plain_pytorch(tmp_path):
         dead = (out <= 0.0).float().mean(dim=(0, 2, 3))             # of every value, at or below the threshold
         for unit in per_sample.amax(0).topk(3).indices.tolist():
             values, samples = per_sample[:, unit].topk(4)
-            expected += [(layer, unit, values[0].item(), dead[unit].item(), f"sample {sample}", value)
+            expected += [(layer, unit, values[0].item(), dead[unit].item(), f"digits[{sample}]", value,
+                          str(digits.target[sample]))
                          for sample, value in zip(samples.tolist(), values.tolist())]
     assert len(rows) == len(expected) == 24
-    for row, (layer, unit, peak, dead_fraction, name, value) in zip(rows, expected):
-        assert (row["layer"], row["unit"], row["input"]) == (layer, unit, name)
+    for row, (layer, unit, peak, dead_fraction, name, value, digit) in zip(rows, expected):
+        assert (row["layer"], row["unit"], row["input"], row["class"]) == (layer, unit, name, digit)
         assert row["max"] == pytest.approx(peak, rel=1e-5)
         assert row["value"] == pytest.approx(value, rel=1e-5)
         assert row["dead_fraction"] == pytest.approx(dead_fraction, abs=1e-6)
-    assert "sample " in stdout_of(cell_with(notebook, "print(top[")) and has_picture(cell_with(notebook, "plt.subplots"))
+    assert "digits[" in stdout_of(cell_with(notebook, "print(top[")) and has_picture(cell_with(notebook, "plt.subplots"))
 
 
 SETUP = f"""

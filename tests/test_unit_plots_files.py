@@ -34,7 +34,7 @@ def test_a_trained_run_s_drawn_maps_peak_at_its_recorded_top_values(trained):
     out, units = trained
     chosen = report.chosen_units(units, ["conv1", "conv2"])
     drawn = [("conv1", 0)] + list(zip(chosen.layer, chosen.unit))
-    assert len(drawn) == 5
+    assert len(drawn) == 7  # conv1's unit 0, then 3 units of each of the 2 layers
     for layer, unit in drawn:
         row = units[(units.layer == layer) & (units.unit == unit)].iloc[0]
         fig = top_images_of_run(out, units, layer, int(unit))

@@ -141,13 +141,13 @@ def test_a_resnet18_report_draws_each_layer_s_best_unit_within_its_budget_under_
     assert len(page.encode()) < 1_000_000
     section = units_section(page)
     units = load_units(resnet_units)
-    chosen = []  # 4 of the 5 layers, evenly spread in the model's order (layer3 before layer4.1.conv2); 2 units each
+    chosen = []  # 4 of the 5 layers, evenly spread in the model's order (layer3 before layer4.1.conv2); 3 units each, as the answer
     for layer in ("conv1", "layer1.0.conv1", "layer4.1.conv2", "fc"):
         rows = units[units.layer == layer]
-        chosen += [(layer, str(rows.unit.iloc[i])) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+        chosen += [(layer, str(rows.unit.iloc[i])) for i in np.lexsort((rows.unit, -rows["max"]))[:3]]
     grids = re.findall(r'<img alt="top samples of (\S+) unit (\d+)" src="data:image/png;base64,([^"]+)"', section)
     drawn = [(layer, unit) for layer, unit, _ in grids]
-    assert drawn == [c for c in chosen if c in drawn] and set(chosen[::2]) <= set(drawn)  # every layer's best
+    assert drawn == [c for c in chosen if c in drawn] and set(chosen[::3]) <= set(drawn)  # every layer's best
     assert sum(len(base64.b64decode(data)) for *_, data in grids) <= report.MOST_TOP_EXAMPLE_BYTES
     assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for *_, data in grids)
     left = [f"{layer} unit {unit}" for layer, unit in chosen if (layer, unit) not in drawn]
@@ -309,10 +309,10 @@ def test_the_report_draws_the_top_digits_of_the_units_with_the_largest_max_of_ea
     expected = []
     for layer in ("relu2", "fc"):  # the model's order; two layers: both drawn
         rows = units[units.layer == layer]
-        expected += [f"{layer} unit {rows.unit.iloc[i]}" for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+        expected += [f"{layer} unit {rows.unit.iloc[i]}" for i in np.lexsort((rows.unit, -rows["max"]))[:3]]
     grids = re.findall(r'<img alt="top samples of ([^"]*)" src="data:image/png;base64,([^"]+)"', section)
     assert [name for name, _ in grids] == expected
-    assert f"Drawn: {', '.join(expected)}: the 2 units with the largest max of each layer" in section
+    assert f"Drawn: {', '.join(expected)}: the 3 units with the largest max of each layer" in section
     # top_k=2 samples in a row of 4 cells (2.4 x 2.6 inches) under a 0.4-inch title band
     assert all(png_size(data) == (4 * 2.4 * DPI, (2.6 + 0.4) * DPI) for _, data in grids)
 
@@ -337,7 +337,7 @@ def test_a_report_of_many_layers_draws_a_few_spread_in_the_model_s_order(tmp_pat
     pictures = re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section)
     assert png_size(pictures[-1][1]) == (9 * DPI, (2.1 + 0.6) * DPI)  # one row of panels: relu2's, before fc
     assert [alt for alt, _ in pictures[:-1]] == [f"top samples of relu2 unit {u}" for u in
-                                                load_units(out).query("layer == 'relu2'").nlargest(2, "max").unit]
+                                                load_units(out).query("layer == 'relu2'").nlargest(3, "max").unit]
     assert "of each of 1 of the 2 layers, evenly spread in the model" in section
 
 
@@ -406,7 +406,7 @@ def test_the_report_shows_a_token_model_s_top_tokens_in_context(tmp_path):
     expected = []
     for layer in ("transformer.h.0.mlp", "lm_head"):
         rows = units[units.layer == layer]
-        expected += [(layer, rows.unit.iloc[i]) for i in np.lexsort((rows.unit, -rows["max"]))[:2]]
+        expected += [(layer, rows.unit.iloc[i]) for i in np.lexsort((rows.unit, -rows["max"]))[:3]]
     assert re.findall(r'<img alt="top samples of (\S+) unit (\d+)"', section) == [(l, str(u)) for l, u in expected]
     assert "(token ids as numbers: the run keeps no tokenizer)" in section
     tokens = torch.randint(0, 100, (10, 16), generator=torch.Generator().manual_seed(0))

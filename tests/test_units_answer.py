@@ -259,3 +259,53 @@ def test_the_classes_of_some_examples_are_said_once():
     assert classes_said(["top", "bottom", "top"]) == "classes top 2, bottom 1"
     assert classes_said(["top", None]) == "classes top 1"  # one example's class is not known: not "all"
     assert classes_said([None, None]) == ""
+
+
+def test_the_how_to_s_own_loop_names_its_top_inputs_by_file_and_class(readme_run):
+    """The "Names in your own loop" block of docs/how-to/whole-datasets.md, run as written over the tutorial's
+    crops: its top units and inputs are a plain forward's, each named by the file and class ``names=`` gave."""
+    from torchvision import models, transforms
+
+    out, _ = readme_run
+    where = out.parent.parent
+    code = blocks(section("how-to/whole-datasets.md", "Whole datasets and stores").split("**Names in your own loop.**")[1],
+                  "python")[0]
+    before = os.getcwd()
+    os.chdir(where)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(code, "docs/how-to/whole-datasets.md", "exec"), {})
+    finally:
+        os.chdir(before)
+    table = top_units(where / "runs/crops", "layer3", k=3)
+    crops = datasets.ImageFolder(str(where / "outputs/crops"),
+                                 transforms.Compose([transforms.Resize(64), transforms.ToTensor()]))
+    assert list(table.input) == [Path(crops.samples[s][0]).relative_to(where).as_posix() for s in table["sample"]]
+    assert list(table["class"]) == [crops.classes[crops.samples[s][1]] for s in table["sample"]]
+    torch.manual_seed(0)
+    model, seen = models.resnet18().eval(), []
+    model.layer3.register_forward_hook(lambda module, args, output: seen.append(output.amax(dim=(2, 3))))
+    with torch.no_grad():
+        for ids in torch.arange(len(crops)).split(16):  # the page's batches: the same float32 activations
+            model(torch.stack([crops[i][0] for i in ids]))
+    per_sample = torch.cat(seen)
+    units = per_sample.amax(0).topk(3).indices.tolist()
+    assert list(dict.fromkeys(table.unit)) == units
+    for unit in units:
+        values, samples = per_sample[:, unit].topk(4)
+        assert list(table[table.unit == unit]["sample"]) == samples.tolist()
+
+
+def test_the_report_draws_the_top_examples_of_the_units_the_answer_names(readme_run):
+    from runner.analysis import report
+
+    out, printed = readme_run
+    named = re.findall(r"^(?:    (\w+): \d+ units|      unit (\d+): )", printed, re.M)
+    said, layer = [], None
+    for new_layer, unit in named:
+        layer = new_layer or layer
+        said += [f"{layer} unit {unit}"] if unit else []
+    units = report.render(out).split('<section id="units">', 1)[1].split("</section>", 1)[0]
+    drawn = re.search(r"<p>Drawn: (.*?): the ", units).group(1).split(", ")
+    assert len(said) == 6 and sorted(drawn) == sorted(said)
+    assert units.count('alt="top samples of ') == len(said)

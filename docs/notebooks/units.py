@@ -35,12 +35,16 @@ model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16,
 # %% [markdown]
 # ## One pass over every digit
 #
-# `run.samples(ids)` names each batch's rows by their dataset index, so a top sample is a digit you can
-# look up whatever order the loader gives them in; without gradients, as an evaluation pass runs.
+# `run.samples(ids)` gives each batch's rows their dataset index, so a top sample is a digit you can
+# look up whatever order the loader gives them in; `names=` says what each index is called, by index: a
+# name and a class (for an `ImageFolder`, its `samples`: each file's path and class), so that `top_units`
+# names the top inputs as you know them. Without gradients, as an evaluation pass runs.
 
 # %%
+names = [(f"digits[{i}]", str(digit)) for i, digit in enumerate(digits.target)]   # (name, class) of each index
 order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))   # a shuffled pass, as a loader's
-with torch.no_grad(), runner.attach(model, hooks=["units"], out_dir="runs/units", overwrite=True) as run:
+with torch.no_grad(), runner.attach(model, hooks=["units"], out_dir="runs/units", overwrite=True,
+                                    names=names) as run:
     for ids in order.split(256):
         run.samples(ids)
         model(images[ids])
@@ -50,13 +54,12 @@ with torch.no_grad(), runner.attach(model, hooks=["units"], out_dir="runs/units"
 # ## The strongest units and their top digits
 #
 # `top_units` gives one row per unit and top sample: the unit's `max` over the dataset (a sample's
-# value is its maximum over positions), its top samples (`input` is `sample N`, the dataset index)
-# and their `value`.
+# value is its maximum over positions), its top samples (`input` and `class`: the names given, `sample`
+# the dataset index) and their `value`.
 
 # %%
 top = top_units("runs/units", k=3, examples=4)
-top["digit"] = [int(digits.target[int(name.split()[-1])]) for name in top.input]
-print(top[["layer", "unit", "max", "dead_fraction", "input", "digit", "value"]].to_string(index=False))
+print(top[["layer", "unit", "max", "dead_fraction", "input", "class", "value"]].to_string(index=False))
 
 # %%
 units = load_units("runs/units")           # one row per layer and unit
@@ -70,7 +73,7 @@ first = int(best.unit.iloc[0])
 shown = best[best.unit == first]
 fig, axes = plt.subplots(1, len(shown), figsize=(2 * len(shown), 2.2))
 for ax, (_, row) in zip(axes, shown.iterrows()):
-    ax.imshow(digits.images[int(row.input.split()[-1])], cmap="gray_r")
-    ax.set_title(f"{row.input}: {row.value:.2f}", fontsize=8)
+    ax.imshow(digits.images[int(row["sample"])], cmap="gray_r")
+    ax.set_title(f"{row.input} (a {row['class']}): {row.value:.2f}", fontsize=8)
     ax.axis("off")
 _ = fig.suptitle(f"top digits of unit {first} of layer 2")

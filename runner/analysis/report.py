@@ -48,6 +48,7 @@ from runner.analysis.load import (abnormal, config_of, dead_units, failed_jobs, 
 from runner.analysis.sweep_jobs import IncompleteSweepWarning, incomplete, listed_states
 from runner.analysis.patching import ATTRIBUTION, CLEAN, LAYER, patching_table
 from runner.analysis.answers.methods import measured_metric
+from runner.analysis.answers.units import INPUTS_SHOWN, UNITS_SHOWN
 from runner.analysis.steering import steering_picture, steering_table
 from runner.analysis.summary import summarize
 from runner.analysis.unit_plots import RunExamples, layer_histograms, run_examples, top_images_of_run, top_tokens_of_run
@@ -69,11 +70,11 @@ MOST_CONFIGS = 16
 MOST_LINES = 24
 #: Jobs whose per-layer rows the table keeps apart; a larger sweep's table is over all its jobs.
 MOST_TABLE_JOBS = 16
-#: Units whose top examples are drawn: this many per layer (the largest max), of this many layers
-#: spread over the recorded ones in the model's order, each with its first top samples.
-UNITS_PER_LAYER = 2
+#: Units whose top examples are drawn: the units the answer names per layer (the largest max), of this
+#: many layers spread over the recorded ones in the model's order, each with the inputs the answer names.
+UNITS_PER_LAYER = UNITS_SHOWN
 MOST_UNIT_LAYERS = 4
-MOST_TOP_EXAMPLES = 4
+MOST_TOP_EXAMPLES = INPUTS_SHOWN
 #: PNG bytes of all top-example grids together: each layer's best unit is drawn first, then its
 #: second; a grid that would pass the budget is left out (photos or noise make large grids).
 MOST_TOP_EXAMPLE_BYTES = 600_000
@@ -322,9 +323,10 @@ def spread_layers(units: pd.DataFrame, order: list[str], most: int) -> list[str]
 
 def chosen_units(units: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """The rows of the units whose top examples the report draws, layer by layer: the ``UNITS_PER_LAYER``
-    with the largest max (first call) of ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``),
-    ``rank`` 0 for each layer's largest."""
-    return pd.concat([units[(units.layer == layer) & (units.call == 0)].nlargest(UNITS_PER_LAYER, "max")
+    with the largest max (first call; ties: the lower unit, as ``top_units`` and the answer) of
+    ``MOST_UNIT_LAYERS`` layers (``spread_layers`` in ``order``), ``rank`` 0 for each layer's largest."""
+    return pd.concat([units[(units.layer == layer) & (units.call == 0)]
+                      .sort_values(["max", "unit"], ascending=[False, True]).head(UNITS_PER_LAYER)
                       .assign(rank=lambda rows: range(len(rows)))
                       for layer in spread_layers(units, order, MOST_UNIT_LAYERS)], ignore_index=True)
 
