@@ -280,7 +280,7 @@ def test_the_how_to_s_own_loop_names_its_top_inputs_by_file_and_class(readme_run
     table = top_units(where / "runs/crops", "layer3", k=3)
     crops = datasets.ImageFolder(str(where / "outputs/crops"),
                                  transforms.Compose([transforms.Resize(64), transforms.ToTensor()]))
-    assert list(table.input) == [Path(crops.samples[s][0]).relative_to(where).as_posix() for s in table["sample"]]
+    assert list(table.input) == [Path(crops.samples[s][0]).relative_to(crops.root).as_posix() for s in table["sample"]]
     assert list(table["class"]) == [crops.classes[crops.samples[s][1]] for s in table["sample"]]
     torch.manual_seed(0)
     model, seen = models.resnet18().eval(), []

@@ -37,7 +37,7 @@ model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16,
 #
 # `run.samples(ids)` gives each batch's rows their dataset index, so a top sample is a digit you can
 # look up whatever order the loader gives them in; `names=` says what each index is called, by index: a
-# name and a class (for an `ImageFolder`, its `samples`: each file's path and class), so that `top_units`
+# name and a class (an `ImageFolder` passed itself names each index by its file and class folder), so that `top_units`
 # names the top inputs as you know them. Without gradients, as an evaluation pass runs.
 
 # %%

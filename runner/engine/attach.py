@@ -25,6 +25,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 from torch import nn
+from torch.utils.data import Dataset
 
 from common.errors import ConfigError, choice_error
 from common.ranks import SAME_ON_EVERY_RANK
@@ -39,6 +40,7 @@ from runner.engine.rehearsal import Rehearsal, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.live import LiveLoggers, RunContext
 from runner.live.channel import Sink
+from runner.sources.datasets import folder_names
 from runner.store.claim import RunClaim
 from runner.store.outputs import RunOutputs, write_tables
 from runner.store.ranks import rank_part
@@ -46,9 +48,9 @@ from runner.store.ranks import rank_part
 Hooks = Sequence[str] | Mapping[str, Mapping]
 #: A sample's name as the user knows it: a name (a file path, a caption), or ``(name, class)``.
 Name = str | tuple[str, str]
-#: ``attach(names=...)``: the names of the dataset ids ``run.samples`` gives, by id (a sequence, e.g. an
-#: ``ImageFolder``'s ``samples``, whose ``(path, class index)`` pairs are names), or a function of the id.
-Names = Sequence[Name] | Callable[[int], Name]
+#: ``attach(names=...)``: the names of the dataset ids ``run.samples`` gives, by id: a sequence, a function
+#: of the id, or an ``ImageFolder`` itself (each id's file relative to its folder and its class folder's name).
+Names = Sequence[Name] | Callable[[int], Name] | Dataset
 #: Live loggers, as ``attach(logger=...)`` takes them: names, or settings by name.
 Loggers = Sequence[str] | Mapping[str, Mapping]
 
@@ -71,7 +73,7 @@ class SampleNames:
     names ``run.samples(ids, names=...)`` gave the batch, else those ``attach(names=...)`` gives by id."""
 
     def __init__(self, names: Names | None = None) -> None:
-        self.names = names
+        self.names = folder_names(names) or names  # an ImageFolder: its files and class folders, as the CLI's
         self.batch: dict[int, tuple[str, str]] = {}
 
     def given(self, ids: list[int], names: Sequence[Name] | None) -> None:
@@ -94,7 +96,7 @@ class SampleNames:
 
 
 def _pair(name: Name) -> tuple[str, str]:
-    """``(name, class)`` of a name or a pair (an ``ImageFolder`` sample's ``(path, class index)`` too)."""
+    """``(name, class)`` of a name or a pair."""
     if isinstance(name, (str, Path)):
         return str(name), ""
     if isinstance(name, Sequence) and len(name) == 2:
@@ -226,8 +228,8 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     the trainer's own: the run logs through them); ``settings``: ``seed``, ``on_nonfinite``, ``on_silent``,
     ``overwrite``, ``sample`` (a dict), ``output`` (a dict), ``memory`` (a dict: ``{"budget": "2GiB"}``
     refuses, at the model's first call and before it computes anything, entries that would hold more);
-    ``names``: what the dataset ids ``run.samples(ids)`` gives are called (by id: a sequence such as an
-    ``ImageFolder``'s ``samples``, or a function of the id; each a name or ``(name, class)``), so that
+    ``names``: what the dataset ids ``run.samples(ids)`` gives are called (by id: a sequence or a function
+    of the id, each a name or ``(name, class)``; or an ``ImageFolder``, whose files and classes name them), so that
     ``top_units`` and the run's answer name the ``units`` entries' top inputs as the user knows them.
 
     Raises:
