@@ -45,6 +45,7 @@ from runner.sources.data import DataSource
 from runner.sources.hf import check_hf
 from runner.sources.losses import CLASSIFICATION_LOSSES, LossFn, get_loss
 from runner.sources.models import check_target
+from runner.sources.text import warn_of_pads
 
 @dataclass(frozen=True)
 class Plan:
@@ -95,6 +96,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     hooks = compile_hooks(typed)
     _check_hooks_against_run(hooks, loss_fn, optimizer, settings)
     generation.check_run(settings, data, hooks, optimizer)
+    warn_of_pads(settings, data)
     early_stop.check(settings.stop_after, typed.loss.name, settings.metric)
     keep_input = _check_plots(settings, hooks, loss_fn)
     device = _device(settings.device.value, check_device)
@@ -487,7 +489,7 @@ GATE = (
     attach_config, _typed, _import_modules, _steps_or_epochs, _check_settings, check_fsdp, check_metric,
     _check_repeated_presets, _model_config, check_target, check_hf, _check_checkpoint, _data_config, _data,
     whole_pass.check, _steps_of_epochs, get_loss, _optimizer, check_optimizer, compile_hooks, build_hooks,
-    _check_hooks_against_run, generation.check_run, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
+    _check_hooks_against_run, generation.check_run, warn_of_pads, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
     _check_model, _check_steps, _clean_data,
     check_attached_model, rehearse_call,  # runner.attach: the user's model, and its first call on the meta device
 )

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig
@@ -25,6 +27,10 @@ from runner.config.registry import DATA_KINDS
 from runner.config.schema import TextData
 from runner.sources.batches import ItemRange, Maker
 from runner.store.provenance import describe_bytes
+
+if TYPE_CHECKING:
+    from runner.config.schema import RunConfig
+    from runner.sources.data import DataSource
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,27 @@ def _text(data: DictConfig, model: DictConfig) -> Maker:
     return Maker([min(size, n), prompts.ids.shape[1]], torch.long,
                  lambda gen: (xy for _ in itertools.count() for xy in read(0, n)),
                  epoch_steps=-(-n // size), items=items, fingerprints=prompts.fingerprints)
+
+
+class PaddedPromptsWarning(UserWarning):
+    """Forward passes over prompts of different lengths compute the pads too (``warn_of_pads``)."""
+
+
+def warn_of_pads(settings: RunConfig, data: DataSource) -> None:
+    """Say, before a forward pass (``mode=train|eval``) over ``data=text``, how many prompts are padded:
+    the pad positions are computed like tokens, so statistics over positions (``units``, ``stats``)
+    count them, and position -1 (the metric, ``dla``, ``logit_lens``) is a pad for a shorter prompt.
+    ``mode=generate`` masks them (``attention_mask``), so it says nothing."""
+    if data.kind != "text" or settings.mode.value == "generate":
+        return
+    prompts = prompt_set(data.data, data.model)
+    short = int((prompts.lengths < prompts.ids.shape[1]).sum())
+    if short:
+        warnings.warn(PaddedPromptsWarning(
+            f"data=text: {short} of {len(prompts.texts)} prompts are shorter than the longest ({prompts.ids.shape[1]} "
+            f"tokens) and padded on the right with token {prompts.pad_id}, which forward passes compute too: units and "
+            f"stats count the pads, and position -1 is a pad for those prompts; give prompts of one length to leave "
+            f"them out"), stacklevel=2)
 
 
 def prompt_set(data: DictConfig, model: DictConfig) -> Prompts:
