@@ -373,7 +373,7 @@ def test_a_gpu_run_s_top_examples_are_drawn_on_the_cpu(tmp_path):
     config.write_text(config.read_text().replace("device: auto\n", "device: cuda\n", 1))
     assert "device: cuda" in config.read_text()
     section = units_section(report.render(out))
-    assert section.count('<img alt="top samples of ') == 4  # relu2's and fc's two best units
+    assert section.count('<img alt="top samples of ') == 6  # relu2's and fc's three best units (the answer's)
 
 
 def test_a_units_run_over_a_stream_draws_the_inputs_it_kept_and_one_that_kept_none_says_why(tmp_path):
@@ -384,7 +384,7 @@ def test_a_units_run_over_a_stream_draws_the_inputs_it_kept_and_one_that_kept_no
     overrides = ("model=convnet", "steps=1", "mode=eval", "loss=none", "hooks=units", "progress=false")
     out = run(make_config(*overrides), tmp_path / "run", overrides)
     section = units_section(report.render(out))
-    assert section.count('<img alt="top samples of ') == 2 * load_units(out).layer.nunique() > 0
+    assert section.count('<img alt="top samples of ') == 3 * load_units(out).layer.nunique() > 0
     none = (*overrides, "hooks.units.examples=0")
     section = units_section(report.render(run(make_config(*none), tmp_path / "none", none)))
     assert ('<p class="note">Not drawn: the run kept no top examples (its units entry had examples: 0, or it was '
