@@ -26,6 +26,11 @@ def wait_for(sweep: Path, done, timeout: float = 600) -> list[dict]:
     raise TimeoutError(f"{sweep}: {read_sweep(sweep)}")
 
 
+def mid_run(sweep: Path, num: int) -> bool:
+    """Job ``num`` is writing its files (a temporary file of its run exists): past its start, before its commit."""
+    return any((sweep / str(num)).glob(".*.tmp-*"))
+
+
 def tables(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``load_stats`` and ``load_steps`` of ``sweep`` without the ``VARYING`` and Hydra columns."""
     stats, steps = analysis.load_stats(sweep), analysis.load_steps(sweep)

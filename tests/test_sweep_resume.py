@@ -38,7 +38,7 @@ from runner.engine.plan import compile_plan
 from runner.store.lock import DirLock
 from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, SWEEP, read_record, read_sweep,
                                        state_line, update_job, write_sweep)
-from sweep_checks import tables, wait_for
+from sweep_checks import mid_run, tables, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The jobs of the in-process sweeps: three seeds of a one-step linear model.
@@ -358,9 +358,8 @@ def resumed_equals(sweep: Path, uninterrupted, launcher: str, kept: list[int]) -
 def test_ctrl_c_mid_job_stops_the_sweep_and_resume_finishes_it(tmp_path, uninterrupted):
     sweep = tmp_path / "sweep"
     proc = cli(sweep)
-    wait_for(sweep, lambda jobs: jobs[2]["state"] == RUNNING)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+    wait_for(sweep, lambda jobs: jobs[2]["state"] == RUNNING and mid_run(sweep, 2))  # not a fixed sleep: under load
+    proc.send_signal(signal.SIGINT)  # job 2 could end before it, and the test then saw no interrupted job
     code, _, err = finished(proc)
     assert code == 130, err
     not_run = ("3 not started (job 3: optimizer=adam seed=0; job 4: optimizer=adam seed=1; "
@@ -391,8 +390,7 @@ def test_a_sweep_whose_launcher_is_killed_is_read_truthfully_and_resumes(tmp_pat
     sweep = tmp_path / "sweep"
     proc = cli(sweep, launcher=launcher)
     try:
-        wait_for(sweep, lambda jobs: any(job["state"] == RUNNING for job in jobs))
-        time.sleep(0.5)
+        wait_for(sweep, lambda jobs: any(job["state"] == RUNNING and mid_run(sweep, n) for n, job in enumerate(jobs)))
         if launcher == "basic":
             proc.kill()
         else:

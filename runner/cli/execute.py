@@ -75,12 +75,14 @@ def execute(cfg: DictConfig, out_dir: str | Path, overrides: Sequence[str], mult
         signal_name = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
         if claim is not None and claim.committed:  # the manifest was in place: the run is complete
             print(f"{signal_name} after the run completed; wrote {out_dir}", file=sys.stderr)
+            if not multirun:
+                return
+            write_status(out_dir, overrides, None)
+            _say_where_the_sweep_stands(out_dir)  # and stop it: the signal was for the sweep too
+        else:
+            print(f"error: {signal_name}; nothing of this run was written to '{out_dir}'", file=sys.stderr)
             if multirun:
-                write_status(out_dir, overrides, None)
-            return
-        print(f"error: {signal_name}; nothing of this run was written to '{out_dir}'", file=sys.stderr)
-        if multirun:
-            _stopped(out_dir, overrides, f"{signal_name}; nothing of this run was written")
+                _stopped(out_dir, overrides, f"{signal_name}; nothing of this run was written")
         if isinstance(exc, Terminated):
             raise
         sys.exit(EXIT_INTERRUPTED)
@@ -132,6 +134,11 @@ def _stopped(out_dir: str | Path, overrides: Sequence[str], why: str) -> None:
         write_status(out_dir, overrides, why, state=INTERRUPTED)
     except OSError:
         pass
+    _say_where_the_sweep_stands(out_dir)
+
+
+def _say_where_the_sweep_stands(out_dir: str | Path) -> None:
+    """In the process that launched the sweep (the basic launcher), where it stands and how to continue it."""
     sweep_dir = find_sweep(out_dir)
     record = read_record(sweep_dir) if sweep_dir else None
     if record and record.get("pid") == os.getpid():  # the basic launcher: the sweep stops here
