@@ -10,6 +10,7 @@ from submitit.core.utils import UncompletedJobError
 import runner.cli.execute as execute_module
 from conftest import make_config
 from runner.cli.execute import execute
+from runner.cli.exit_codes import EXIT_INTERRUPTED
 from runner.store.sweep_record import STATUS
 from runner.cli.signals import Terminated, sigterm_raises
 
@@ -70,3 +71,22 @@ def test_a_requeued_job_says_so_until_its_next_run_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(execute_module, "run", real)
     execute(make_config(*OVERRIDES), tmp_path, OVERRIDES, multirun=True)
     assert _status(tmp_path) == {"status": "ok", "overrides": OVERRIDES, "error": None}
+
+
+@pytest.mark.parametrize("signal_error", [KeyboardInterrupt, Terminated], ids=["ctrl-c", "sigterm"])
+def test_a_signal_after_a_jobs_commit_keeps_the_job_and_stops_the_sweep(tmp_path, monkeypatch, capsys, signal_error):
+    """The run is complete (its manifest committed), so the job is ``ok``; the signal was for the sweep
+    too, so the job does not return for the launcher to start the next one (it did, and the sweep ran on)."""
+    real = execute_module.run
+
+    def then_signal(*args, **kwargs):
+        real(*args, **kwargs)
+        raise signal_error()
+
+    monkeypatch.setattr(execute_module, "run", then_signal)
+    with pytest.raises((SystemExit, Terminated)) as stopped:
+        execute(make_config(*OVERRIDES), tmp_path, OVERRIDES, multirun=True)
+    if signal_error is KeyboardInterrupt:
+        assert stopped.value.code == EXIT_INTERRUPTED
+    assert _status(tmp_path)["status"] == "ok" and (tmp_path / "manifest.json").is_file()
+    assert "after the run completed; wrote" in capsys.readouterr().err
