@@ -34,3 +34,15 @@ def test_prompts_of_different_lengths_are_said_to_be_padded_before_a_forward_pas
                          ids=["one length", "generate masks the pads"])
 def test_nothing_is_said_where_no_pad_is_computed(overrides):
     assert said(*overrides) == []
+
+
+def test_the_prompts_are_tokenized_once_and_again_when_their_file_changes(tmp_path):
+    from runner.sources.text import prompt_set
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sees\na dog\n")
+    config = make_config(*TEXT, "mode=eval", f"data.path={prompts}")
+    first = prompt_set(config.data, config.model)
+    assert prompt_set(config.data, config.model) is first  # the data kind, the gate and generation share it
+    prompts.write_text("the cat sees\na dog\nthe sad king runs\n")
+    assert prompt_set(config.data, config.model).texts == ("the cat sees", "a dog", "the sad king runs")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
@@ -89,7 +89,21 @@ def warn_of_pads(settings: RunConfig, data: DataSource) -> None:
 
 
 def prompt_set(data: DictConfig, model: DictConfig) -> Prompts:
-    """The checked prompts of ``data``, tokenized; every mistake is one line naming its key."""
+    """The checked prompts of ``data``, tokenized; every mistake is one line naming its key. Tokenized once
+    per run: the data kind, the gate's ``warn_of_pads`` and ``mode=generate`` all ask for them (a prompt
+    file that changed on disk, by size or time, is read again)."""
+    path = data.get("path")
+    stamp = None
+    if path and Path(str(path)).is_file():
+        found = Path(str(path)).stat()
+        stamp = (found.st_size, found.st_mtime_ns)
+    return _tokenized(OmegaConf.to_yaml(data), OmegaConf.to_yaml(model), stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenized(data_yaml: str, model_yaml: str, stamp: tuple[int, int] | None) -> Prompts:
+    """``prompt_set`` of the configs as YAML (hashable); ``stamp``: the prompt file's size and time, in the key."""
+    data, model = OmegaConf.create(data_yaml), OmegaConf.create(model_yaml)
     texts, fingerprints = _texts(data)
     folder = tokenizer_folder(data, model)
     tokenizer = load_tokenizer(folder)
