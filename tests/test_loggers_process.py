@@ -135,8 +135,11 @@ def test_a_tool_that_falls_behind_sends_the_runs_last_step_and_says_how_many_lin
     def stop(tool):  # the tool stops (a busy machine) from step 1 to the run's end
         os.kill(tool, signal.SIGSTOP)
 
-    said, _ = run_steps(tmp_path, steps, {"tensorboard": {"queue": 4}},
-                        {1: once_sent(stop), steps: lambda run, tool: os.kill(tool, signal.SIGCONT)})
+    def resume(run, tool):  # once the writer thread offered every line (it may lag behind the steps)
+        assert run.writer.wait_written(120, sent=False)
+        os.kill(tool, signal.SIGCONT)
+
+    said, _ = run_steps(tmp_path, steps, {"tensorboard": {"queue": 4}}, {1: once_sent(stop), steps: resume})
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     logged = [e.step for e in events.Scalars("train/loss")]

@@ -58,12 +58,13 @@ class StepWriter:
         self.peak.reset()
         self.started = time.perf_counter()
 
-    def wait_written(self, timeout_s: float | None = None) -> bool:
-        """Wait until every finished step is written and its live loggers' lines sent (False if
-        ``timeout_s`` passed first): a benchmark's way of charging each step with its own writing."""
+    def wait_written(self, timeout_s: float | None = None, sent: bool = True) -> bool:
+        """Wait until every finished step is written and its live loggers' lines sent (``sent=False``:
+        only offered to them); False if ``timeout_s`` passed first. A benchmark's way of charging each
+        step with its own writing."""
         written = threading.Event()
         self.outputs.submit(written.set)
-        return written.wait(timeout_s) and (not self.live or self.live.wait_sent(timeout_s))
+        return written.wait(timeout_s) and (not sent or not self.live or self.live.wait_sent(timeout_s))
 
     def finish(self, step: int, loss: float | None, split: str = "train", metrics: dict[str, float] | None = None) -> None:
         """Write the step (the recorder's captures, drained here, after what a backward left to
