@@ -27,6 +27,7 @@ from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
 
 
+@pytest.mark.docs_runs
 def test_the_site_builds_strict():
     """The README's ``mkdocs build --strict ...`` as written: a broken link, anchor or API reference, or a page
     outside the nav, fails it; the notebooks are pages with their code."""

@@ -130,6 +130,7 @@ CANNOT_RUN = {
     "pip install -e '.[test]' && python -m pytest -q -n 2 --dist loadfile": SUITE,
     "CC=/nonexistent/cc HOOK_RUNNER_CACHE=/tmp/no-cc python -m pytest -q -n 2 --dist loadfile": SUITE,
     "python -m pytest -q -n 2 --dist loadfile -m slow": SUITE,
+    "python -m pytest -q -n 2 --dist loadfile -m docs_runs": SUITE,
     "python -m pytest -q -m slurm": SUITE,
     "python -m pytest -q -m torchrun": SUITE,
     "python -m pytest -q -m compiled": SUITE,

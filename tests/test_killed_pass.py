@@ -54,7 +54,8 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
     return run(make_config(*PASS, f"hooks.store.path={root / 'store'}"), root / "run"), root / "store"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM],
                          ids=["SIGKILL", "SIGTERM"])  # a run ended by SIGTERM in-process: test_faults.py
 def test_a_pass_killed_by_a_signal_runs_again_to_the_uninterrupted_store_and_units(tmp_path, uninterrupted, signum):
     whole, whole_store = uninterrupted

@@ -23,6 +23,8 @@ from nbformat.v4 import new_code_cell
 from sklearn.datasets import load_digits
 from torch import nn
 
+pytestmark = pytest.mark.docs_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "docs" / "notebooks"
 TESTS = Path(__file__).resolve().parent

@@ -23,6 +23,8 @@ from common.errors import ConfigError
 import runner.analysis as analysis
 from docs_text import blocks, everything, section
 
+pytestmark = pytest.mark.docs_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = everything()  # README.md and the docs pages
 #: What the first run changes in the big commands: 2 training steps, 4 patching jobs, 1 clip bound, one shard

@@ -25,6 +25,8 @@ from conftest import make_config, run
 from docs_text import page
 from slurm_cluster import ENV, slurm  # noqa: F401  (the one-node cluster fixture)
 
+pytestmark = pytest.mark.docs_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The tutorial (the units pass, its picture, the probe), then the how-to (the sharded sweep, the ranks).
 SECTION = page("tutorials/units.md") + page("how-to/whole-datasets.md")

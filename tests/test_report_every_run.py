@@ -18,6 +18,8 @@ from conftest import make_config, run
 from runner.analysis import report
 from test_report import needs_chromium, render_in_chromium
 
+pytestmark = pytest.mark.docs_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = str(ROOT / "assets" / "house.png")
 SMALL_RESNET = ("model=resnet18", "data.shape=[2,3,32,32]")
@@ -169,7 +171,6 @@ PROBE = """<script>window.addEventListener('load', () => {
 });</script>"""
 
 
-@pytest.mark.slow
 @needs_chromium
 def test_every_report_renders_in_headless_chromium(reports, tmp_path):
     """All the pages in one browser load: each report's body in an ``<article>`` of one page."""

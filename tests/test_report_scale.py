@@ -16,6 +16,8 @@ from conftest import make_config, run
 from runner.analysis import report
 from runner.analysis.patching import patching_table
 
+pytestmark = pytest.mark.soak
+
 PATCH = ["model=convnet", "data.seed=1", "loss=none", "mode=eval", "metric.target=0", "hooks=patch",
          "hooks.patch.source=clean", "hooks.patch.layers=conv", "hooks.patch.index=3"]
 
