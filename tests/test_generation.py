@@ -232,6 +232,8 @@ BAD = {
                        "hooks.steer: 'steer' runs a pass beside each step, which mode=generate does not run; "
                        "set hooks.steer.baseline=false"),
     "no new tokens": ((), ("generate.max_new_tokens=0",), "generate.max_new_tokens: 0 must be at least 1"),
+    "an entry named generate": ((), ("+hooks.generate.type=stats", f"+hooks.generate.layers={LAYER}"),
+                                "hooks.generate: in mode=generate the name 'generate' is the generation's own"),
 }
 
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
+from common.records import GENERATE, GENERATIONS
 from common.schema_merge import known_keys, merged
 from hooks import build_hooks, native
 from hooks.base import HookType
@@ -264,6 +265,9 @@ def _check_settings(s: RunConfig, entry_types: dict[str, str]) -> None:
             raise ConfigError(f"sample.{key}: {value} must be at least 1, or null for all of them")
     if not s.output.row_group_mb > 0:
         raise ConfigError(f"output.row_group_mb: {s.output.row_group_mb!r} must be a positive number of MiB")
+    if s.mode == GENERATE and GENERATE in entry_types:  # its rows, resume state and answer are the generation's
+        raise ConfigError(f"hooks.{GENERATE}: in mode={GENERATE} the name '{GENERATE}' is the generation's own (its "
+                          f"rows in {GENERATIONS}, its answer); rename the entry, e.g. hooks.{GENERATE}_edit")
     check_fsdp(s)
     if s.memory.budget is not None:
         parse_size(s.memory.budget, "memory.budget")  # a bad size fails with the settings, before any work
