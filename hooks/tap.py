@@ -42,10 +42,10 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from common.errors import ConfigError, choice_error
+from hooks import junction as junctions
 from hooks import tensor_kinds
 from hooks.base import HookSpec, HookType
 from hooks.index import Index, narrowed, parse_index
-from hooks import junction as junctions
 from hooks.junction import Junction, existing_junction, junction_for
 from hooks.recorder import replace_slot, walk
 
@@ -117,19 +117,17 @@ def check_kinds(key: str, kinds: list[str]) -> None:
             raise choice_error(f"{key}.kinds", kind, KINDS, "kind")
 
 
-def checked(new: Any, old: torch.Tensor, where: str) -> torch.Tensor:
-    """``new`` if it can stand in for ``old``; otherwise a ``HookReturnError`` naming ``where``."""
+def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
+    """``edit(old, *args)``, on a tensor of any kind (``hooks.tensor_kinds.edited``), if it can stand in for
+    ``old``; otherwise a ``HookReturnError`` naming ``where``. The check is written here, not called: a
+    gradient edit runs it once per parameter and step."""
+    new = tensor_kinds.edited(edit, old, where, *args)
     if not isinstance(new, torch.Tensor):
         raise HookReturnError(f"{where}: returned {type(new).__name__}, expected a tensor")
     if new.shape != old.shape or new.dtype != old.dtype:
         raise HookReturnError(f"{where}: returned {_dtype(new)} {list(new.shape)} in place of "
                               f"{_dtype(old)} {list(old.shape)}")
     return new
-
-
-def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
-    """``edit(old, *args)``, on a tensor of any kind (``hooks.tensor_kinds.edited``), checked to stand in for ``old``."""
-    return checked(tensor_kinds.edited(edit, old, where, *args), old, where)
 
 
 def _dtype(t: torch.Tensor) -> str:
