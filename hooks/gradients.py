@@ -22,6 +22,7 @@ subtraction) go, and what is left is the edit itself.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -152,16 +153,17 @@ class GradTransform(Tap):
     def _param_hook(self, recorder, layer: str, slot: str):
         where = f"{self.key} on '{layer}' param_grad {slot}"
         transform = narrowed(self.transform, self.index)
+        key = (self.name, layer, slot)
         if not self.records_params:
             def edit_only(grad: torch.Tensor) -> torch.Tensor:
-                recorder.next_call((self.name, layer, slot))  # counted: max_calls and the manifest's calls
+                recorder.next_call(key)  # counted: max_calls and the manifest's calls
                 return apply_edit(transform, grad, where)
 
             return edit_only
 
         def on_grad(grad: torch.Tensor) -> torch.Tensor:
             new = apply_edit(transform, grad, where)
-            call = recorder.next_call((self.name, layer, slot))
+            call = recorder.next_call(key)
             recorder.record(new, hook=self.name, layer=layer, phase="backward", kind="param_grad",
                             slot=slot, call=call)
             self.on_grad_edit(layer, slot, call, grad, new)
@@ -208,8 +210,10 @@ class Clamp(GradTransform):
 
     spec_class = ClampSpec
 
-    def transform(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad.clamp(self.spec.min, self.spec.max)
+    @property
+    def transform(self):
+        """``torch.clamp`` with the bounds bound: the edit runs per gradient with no Python call of its own."""
+        return functools.partial(torch.clamp, min=self.spec.min, max=self.spec.max)
 
     def on_grad_edit(self, layer: str, slot: str, call: int, grad: torch.Tensor, new: torch.Tensor) -> None:
         """Record what the clamp removed (kind ``clipped``: ``grad - clamped``, 0 where nothing was

@@ -53,7 +53,7 @@ class Subscription:
 
     def __init__(self, lineup: Lineup, owner: Any, rank: tuple[int, int], callback: Any = None) -> None:
         self.lineup, self.owner, self.rank, self.callback = lineup, owner, rank, callback
-        self.mechanism, self.edits = "tensor", False
+        self.mechanism, self.edits, self.taps_inputs = "tensor", False, False
 
     def remove(self) -> None:
         self.lineup.leave(self)
@@ -77,15 +77,20 @@ class Lineup:
         sub = Subscription(self, owner, rank, callback)
         self.members.append(sub)
         self.members.sort(key=lambda s: s.rank)
+        self._joined()
         return sub
 
     def leave(self, sub: Subscription) -> None:
         if sub in self.members:
             self.members.remove(sub)
+            self._joined()
         if not self.members:
             self._unregister()
             if self.registry.get(self.key) is self:
                 del self.registry[self.key]
+
+    def _joined(self) -> None:
+        """The members changed (a lineup that precomputes from them does it here, not per call)."""
 
     def _register(self) -> None:
         raise NotImplementedError
@@ -104,19 +109,24 @@ class Junction(Lineup):
         self.site = site
         self._pending: dict[tuple[int, str], Any] = {}
         self._watched: list[tuple] = []
+        self.edits = False
         super().__init__(GLOBAL if site is None else id(site), registry)
 
     def join(self, owner: Any, *, is_global: bool = False, prepend: bool = False,
              callback: Any = None, layer: str = "", mechanism: str = "tensor",
-             edits: bool = False) -> Subscription:
+             edits: bool = False, taps_inputs: bool = False) -> Subscription:
         """Add ``owner`` in PyTorch's order and move the junction's hooks after everyone's.
+
+        ``taps_inputs``: the owner will ``expect`` ``grad_input``; a module's junction registers its
+        forward pre-hook only while some member does (else it would run on every call for nothing).
 
         Entries with ``mechanism: module`` join too, only to be checked against the others:
         PyTorch calls module backward hooks inside the tensor hooks taken around the module, so
         when one of the entries changes gradients, config order cannot hold across mechanisms.
         """
         sub = super().join(owner, is_global=is_global, prepend=prepend)
-        sub.mechanism, sub.edits = mechanism, edits
+        sub.mechanism, sub.edits, sub.taps_inputs = mechanism, edits, taps_inputs
+        self._joined()
         if len({s.mechanism for s in self.members}) > 1 and any(s.edits for s in self.members):
             super().leave(sub)
             editor = next(s for s in self.members + [sub] if s.edits)
@@ -135,6 +145,12 @@ class Junction(Lineup):
             self._watched.clear()
             self._pending.clear()
             _UNSETTLED.pop(id(self), None)
+            _SUSPECT.pop(id(self), None)
+
+    def _joined(self) -> None:
+        #: whether a member changes gradients; if none does, what a callback returns is dropped (an
+        #: observer's callback may be the recorder's own ``record``, which must never edit a gradient)
+        self.edits = any(s.edits for s in self.members)
 
     def move_last(self) -> None:
         """Re-register the junction's hooks so they run after every hook registered so far."""
@@ -146,8 +162,9 @@ class Junction(Lineup):
             self._handles += [nn_module.register_module_forward_pre_hook(self._global_pre),
                               nn_module.register_module_forward_hook(self._global_forward)]
         else:
-            self._handles += [self.site.register_forward_pre_hook(self._on_pre, with_kwargs=True),
-                              self.site.register_forward_hook(self._on_forward)]
+            if any(s.taps_inputs for s in self.members):
+                self._handles.append(self.site.register_forward_pre_hook(self._on_pre, with_kwargs=True))
+            self._handles.append(self.site.register_forward_hook(self._on_forward))
 
     # -- per call ------------------------------------------------------------------------
     def expect(self, module: nn.Module, layer: str, kind: str, owner: Any, wish: Wish, seen: Any = None) -> None:
@@ -209,7 +226,7 @@ class Junction(Lineup):
         layer = self._pending.pop((id(module), "layer"), "?")
         if not wanted or output is None:
             return None
-        final = list(walk(output))
+        final = [("0", output)] if isinstance(output, torch.Tensor) else list(walk(output))  # a bare tensor: no walk
         taps: dict[int, tuple[torch.Tensor, str, list[GradCallback]]] = {}  # by tensor, entries in PyTorch's order
         for sub in self.members:
             if sub.owner not in wanted:
@@ -227,33 +244,22 @@ class Junction(Lineup):
     def _tap(self, t: torch.Tensor, callbacks: list[GradCallback], layer: str, kind: str, slot: str) -> None:
         """Hook ``t`` and watch it until ``check`` (after backward)."""
         fired = [False]
-        chained = _chain(callbacks)
+        chained = callbacks[0] if len(callbacks) == 1 else _chain(callbacks)
+        edits = self.edits
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
             fired[0] = True
             if _UNSETTLED:
                 settle_all()
-            return chained(grad)
+            new = chained(grad)
+            return new if edits else None
 
         t.register_hook(on_grad)
         self._watched.append((t, t.grad_fn, fired, layer, kind, slot))
         _UNSETTLED[id(self)] = self
 
-    def settle(self) -> None:
-        """Forward is over: keep only what ``check`` needs, and no tensor.
-
-        Holding every tapped output until after backward kept each one alive past the point where
-        autograd frees it (resnet18 at batch 32: 214 MB more peak memory than the same step
-        without the runner, and backward then paged in fresh memory instead of reusing it). A hook
-        can only have been dropped on a tensor whose ``grad_fn`` changed after it was tapped,
-        which happens in forward; those are kept as flags, the others are forgotten.
-        """
-        self._watched = [(None, None, fired, layer, kind, slot) for t, node, fired, layer, kind, slot in self._watched
-                         if t is None or t.grad_fn is not node]
-        _UNSETTLED.pop(id(self), None)
-
-    def check(self) -> None:
-        """Raise if PyTorch dropped one of this step's hooks; then forget the step's tensors.
+    def dropped(self) -> None:
+        """Raise if PyTorch dropped one of this step's hooks (``check`` has settled the junction).
 
         PyTorch drops a tensor hook when the tensor is a view that is modified in place (through
         itself or another view of the same data) before an operation used it: the module
@@ -262,8 +268,8 @@ class Junction(Lineup):
         Such a hook did not fire and the tensor's ``grad_fn`` changed; a hook that did not fire
         because the tensor was not on the loss path leaves ``grad_fn`` as it was.
         """
-        self.settle()
         watched, self._watched = self._watched, []
+        _SUSPECT.pop(id(self), None)
         for _, _, fired, layer, kind, slot in watched:
             if not fired[0]:
                 owners = ", ".join(sorted({getattr(s.owner, "key", "?") for s in self.members}))
@@ -275,10 +281,38 @@ class Junction(Lineup):
 
 
 def settle_all() -> None:
-    """``settle`` every junction that tapped tensors since backward last began (called by the
-    first gradient hook to fire in a backward pass)."""
-    for junction in list(_UNSETTLED.values()):
-        junction.settle()
+    """Forward is over: every junction that tapped tensors since backward last began keeps only what
+    ``check`` needs, and no tensor (called by the first gradient hook to fire in a backward pass, and
+    by ``check``). One pass over all of them, not a call per junction: it runs once per step.
+
+    Holding every tapped output until after backward kept each one alive past the point where
+    autograd frees it (resnet18 at batch 32: 214 MB more peak memory than the same step
+    without the runner, and backward then paged in fresh memory instead of reusing it). A hook
+    can only have been dropped on a tensor whose ``grad_fn`` changed after it was tapped,
+    which happens in forward; those are kept as flags (and their junction in ``_SUSPECT``), the
+    others are forgotten.
+    """
+    for key, junction in _UNSETTLED.items():
+        kept = []
+        for t, node, fired, layer, kind, slot in junction._watched:
+            if t is None or t.grad_fn is not node:
+                kept.append((None, None, fired, layer, kind, slot))
+        junction._watched = kept
+        if kept:
+            _SUSPECT[key] = junction
+    _UNSETTLED.clear()
+
+
+def check(junctions) -> None:
+    """Raise if PyTorch dropped one of this step's hooks on ``junctions`` (``Junction.dropped``); then
+    forget the step's tensors. Only a junction left with a suspect tap after ``settle_all`` is looked
+    at: a step whose hooks all stayed bound makes no call per junction."""
+    if _UNSETTLED:
+        settle_all()
+    if _SUSPECT:
+        for junction in junctions:
+            if id(junction) in _SUSPECT:
+                junction.dropped()
 
 
 def _chain(callbacks: list[GradCallback]) -> GradCallback:
@@ -316,16 +350,21 @@ class ParamLineup(Lineup):
     def __init__(self, param: torch.Tensor, registry: dict) -> None:
         self.param = param
         self._edited = None  # a weak reference to the sharded .grad last edited
+        self._dispatch: GradCallback = _chain([])  # the members' callbacks chained, rebuilt when they change
         super().__init__(("param", id(param)), registry)
 
     def _register(self) -> None:
         if shards.is_sharded(self.param):
             self._handles.append(self.param.register_post_accumulate_grad_hook(self._dispatch_reduced))
         else:
-            self._handles.append(self.param.register_hook(self._dispatch))
+            self._handles.append(self.param.register_hook(self._on_grad))
 
-    def _dispatch(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
-        return _chain([s.callback for s in self.members])(grad)
+    def _joined(self) -> None:
+        self._dispatch = _chain([s.callback for s in self.members])
+
+    def _on_grad(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """The parameter's one tensor hook: whatever the members are now (they change between steps)."""
+        return self._dispatch(grad)
 
     def _dispatch_reduced(self, param: torch.Tensor) -> None:
         grad = param.grad
@@ -356,6 +395,8 @@ GLOBAL = "global"
 _JUNCTIONS: dict[Any, Lineup] = {}
 #: Junctions holding tapped tensors of a forward pass whose backward has not begun.
 _UNSETTLED: dict[int, Junction] = {}
+#: Settled junctions still watching a tap whose tensor changed in forward (``check`` looks at these only).
+_SUSPECT: dict[int, Junction] = {}
 
 
 def junction_for(module: nn.Module | None) -> Junction:

@@ -289,7 +289,7 @@ class Recorder:
         kernel = self._kernel
         if kernel is None and tensor.is_cpu:  # the switch is read, and the kernel built, only for CPU tensors
             kernel = self._kernel = native.kernel() is not None
-        if tensor.is_inference() or tensor_kinds.is_sparse(tensor):  # no version counter or data_ptr
+        if tensor.is_inference() or tensor.layout in tensor_kinds.SPARSE_LAYOUTS:  # no version counter or data_ptr
             return reduce_real(tensor, bool(kernel), False)
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor._version)
         seen = self._reduced.get(key)

@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from common.errors import ConfigError, choice_error
+from hooks import junction as junctions
 from hooks import tensor_kinds
 from hooks.base import HookSpec, HookType
 from hooks.index import Index, narrowed, parse_index
@@ -116,19 +117,17 @@ def check_kinds(key: str, kinds: list[str]) -> None:
             raise choice_error(f"{key}.kinds", kind, KINDS, "kind")
 
 
-def checked(new: Any, old: torch.Tensor, where: str) -> torch.Tensor:
-    """``new`` if it can stand in for ``old``; otherwise a ``HookReturnError`` naming ``where``."""
+def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
+    """``edit(old, *args)``, on a tensor of any kind (``hooks.tensor_kinds.edited``), if it can stand in for
+    ``old``; otherwise a ``HookReturnError`` naming ``where``. The check is written here, not called: a
+    gradient edit runs it once per parameter and step."""
+    new = tensor_kinds.edited(edit, old, where, *args)
     if not isinstance(new, torch.Tensor):
         raise HookReturnError(f"{where}: returned {type(new).__name__}, expected a tensor")
     if new.shape != old.shape or new.dtype != old.dtype:
         raise HookReturnError(f"{where}: returned {_dtype(new)} {list(new.shape)} in place of "
                               f"{_dtype(old)} {list(old.shape)}")
     return new
-
-
-def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
-    """``edit(old, *args)``, on a tensor of any kind (``hooks.tensor_kinds.edited``), checked to stand in for ``old``."""
-    return checked(tensor_kinds.edited(edit, old, where, *args), old, where)
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -170,6 +169,7 @@ class Tap(HookType):
         """The entry's parsed ``index`` (``None``: edits change whole tensors), parsed once."""
         return parse_index(getattr(self.spec, "index", None), f"{self.key}.index")
     _junctions: dict[int, Junction] = {}  # per module id, once attached
+    _global_junction: Junction | None = None  # a global ``**`` entry's, for modules created inside forward
 
     record_kinds: frozenset[str] = frozenset()
 
@@ -279,6 +279,7 @@ class Tap(HookType):
         """Share each module's gradient taps, or keep an existing junction after our new hooks."""
         is_global = self.spec.scope == "global"
         self._junctions = {}
+        self._global_junction = None  # where a module without a junction of its own is served: global ``**`` only
         if not (self._grad_in or self._grad_out):
             for junction in [existing_junction(m) for _, m in targets] + [existing_junction(None)] * is_global:
                 if junction is not None:
@@ -288,21 +289,17 @@ class Tap(HookType):
         for layer, module in targets:
             junction = junction_for(module)
             session.add(junction.join(self, is_global=is_global, prepend=self.spec.prepend, layer=layer,
-                                      edits=edits))
+                                      edits=edits, taps_inputs=self._grad_in))
             self._junctions[id(module)] = junction
         if is_global and self.spec.layers == "**":  # modules created inside forward
-            session.add(junction_for(None).join(self, is_global=True, prepend=False))
+            self._global_junction = junction_for(None)
+            session.add(self._global_junction.join(self, is_global=True, prepend=False, taps_inputs=self._grad_in))
 
     def after_backward(self, recorder) -> None:
-        """Fail with one line if PyTorch dropped a gradient hook of this step (``Junction.check``)."""
-        for junction in {id(j): j for j in self._junctions.values()}.values():
-            junction.check()
+        """Fail with one line if PyTorch dropped a gradient hook of this step (``hooks.junction.check``)."""
+        junctions.check(self._junctions.values())
         if self.spec.scope == "global" and existing_junction(None) is not None:
-            existing_junction(None).check()
-
-    def _junction(self, module: nn.Module) -> Junction:
-        junction = self._junctions.get(id(module))
-        return junction if junction is not None else junction_for(None)
+            junctions.check([existing_junction(None)])
 
     def _attach_global(self, model, targets, session, wants_pre: bool, wants_fwd: bool) -> None:
         names = {id(m): n for n, m in targets}
@@ -330,22 +327,22 @@ class Tap(HookType):
 
     # -- callbacks ----------------------------------------------------------------------
     def _pre_hook(self, layer: str, pairs_with_forward: bool):
-        def on_pre(module, args, kwargs):
-            return self._pre(layer, module, args, kwargs, pairs_with_forward)
-        return on_pre
+        """``_pre`` bound to ``layer``: a partial, so PyTorch calls ``_pre`` with no wrapper call in between."""
+        return functools.partial(self._pre, layer, pairs_with_forward=pairs_with_forward)
 
     def _forward_hook(self, layer: str, paired: bool):
-        def on_forward(module, args, output):
-            return self._forward(layer, module, args, output, paired)
-        return on_forward
+        """``_forward`` bound to ``layer`` (a partial, as ``_pre_hook``)."""
+        return functools.partial(self._forward, layer, paired=paired)
 
     def _pre(self, layer: str, module, args: tuple, kwargs: dict | None, pairs_with_forward: bool):
         call = self._recorder.next_call((self.name, layer))
         if pairs_with_forward:
             self._open.setdefault(layer, []).append(call)
         if self._grad_in:
-            self._junction(module).expect(module, layer, "grad_input", self, self._wish(layer, call))
-        self.on_pre(layer, call)
+            self._junctions.get(id(module), self._global_junction).expect(
+                module, layer, "grad_input", self, functools.partial(self._grad_hook, layer, call=call))
+        if self._calls_on_pre:
+            self.on_pre(layer, call)
         edit, kinds = self._edits["input"], self._kinds
         grad_slot = self.grad_slot if self._edits["grad_input"] is not None else None
         if edit is None and "input" not in kinds and grad_slot is None:
@@ -362,7 +359,7 @@ class Tap(HookType):
             if not isinstance(value, torch.Tensor):
                 if "input" in kinds:
                     for sub, t in walk(value, slot):
-                        self._record(t, layer, "forward", "input", sub, call)
+                        self._put(t, layer=layer, phase="forward", kind="input", slot=sub, call=call)
                 continue
             edits_here = slot == wanted
             if edits_here:
@@ -373,7 +370,7 @@ class Tap(HookType):
                 else:
                     new_kwargs[slot] = value
             if "input" in kinds or edits_here:
-                self._record(value, layer, "forward", "input", slot, call)
+                self._put(value, layer=layer, phase="forward", kind="input", slot=slot, call=call)
         if not changed:
             return None
         return (tuple(new_args), new_kwargs) if kwargs is not None else tuple(new_args)
@@ -383,7 +380,8 @@ class Tap(HookType):
             call = self._open[layer].pop()
         else:
             call = self._recorder.next_call((self.name, layer))
-        self.on_forward(layer, call, args, output)
+        if self._calls_on_forward:
+            self.on_forward(layer, call, args, output)
         edit = self._edits["output"]
         new_output = None
         if edit is not None and output is not None:
@@ -396,13 +394,14 @@ class Tap(HookType):
                 raise ConfigError(f"{self.key}: cannot put the changed tensor back into the "
                                   f"{type(output).__name__} '{layer or '(model)'}' returns (slot {slot})")
         if "output" in self._kinds or edit is not None:
-            for slot, t in walk(output):
-                self._record(t, layer, "forward", "output", slot, call)
+            for slot, t in (("0", output),) if isinstance(output, torch.Tensor) else walk(output):  # a bare tensor: no walk
+                self._put(t, layer=layer, phase="forward", kind="output", slot=slot, call=call)
         if self._grad_out and output is not None:
             if self.grad_slot is not None and self._edits["grad_output"] is not None:
                 self._require_slot(layer, "output", "slot", self.grad_slot, [slot for slot, _ in walk(output)])
             seen = output if self.spec.scope == "global" else None
-            self._junction(module).expect(module, layer, "grad_output", self, self._wish(layer, call), seen)
+            self._junctions.get(id(module), self._global_junction).expect(
+                module, layer, "grad_output", self, functools.partial(self._grad_hook, layer, call=call), seen)
         return new_output
 
     def _output_slot(self, layer: str, output: Any) -> str:
@@ -423,29 +422,36 @@ class Tap(HookType):
         if wanted not in slots:
             raise choice_error(f"{self.key}.{key}", wanted, slots, f"{where} slot of '{layer or '(model)'}'")
 
-    def _wish(self, layer: str, call: int):
-        """What this entry does with a gradient of this call, asked per kind and slot by the junction."""
-        return lambda kind, slot: self._grad_hook(layer, kind, slot, call)
-
     def _grad_hook(self, layer: str, kind: str, slot: str, call: int):
+        """What this entry does with a gradient of this call: the junction asks it per kind and slot
+        (through the call's wish, ``functools.partial(_grad_hook, layer, call=call)``)."""
         edit = self._edits[kind] if self.grad_slot in (None, slot) else None
-        record = kind in self._kinds or edit is not None
-        if edit is None and not record:
-            return None
-        where = None if edit is None else f"{self.key} on '{layer}' {kind} {slot}"
+        if edit is None:  # record only: the recorder is the tensor hook (it returns None: the gradient unchanged)
+            return functools.partial(self._put, layer=layer, phase="backward", kind=kind, slot=slot,
+                                     call=call) if kind in self._kinds else None
+        where = f"{self.key} on '{layer}' {kind} {slot}"
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
-            new = None if edit is None else apply_edit(edit, grad, where)
-            if new is not None:
-                self.on_grad_edit(layer, slot, call, grad, new)
-            if record:
-                self._record(grad if new is None else new, layer, "backward", kind, slot, call)
+            new = apply_edit(edit, grad, where)
+            self.on_grad_edit(layer, slot, call, grad, new)
+            self._put(new, layer=layer, phase="backward", kind=kind, slot=slot, call=call)
             return new
 
         return on_grad
 
     def _start(self, session) -> None:
+        """Bind, once per attach, what the callbacks would otherwise look up per tensor: the recorder
+        (``record`` itself when ``on_record`` does nothing) and which of the family's per-call
+        extension points it overrides (an empty one is not called)."""
         self._recorder = session.recorder
+        self._put = self._record if self._overrides("on_record") else functools.partial(
+            session.recorder.record, hook=self.name, keep=self.keep)
+        self._calls_on_pre = self._overrides("on_pre")
+        self._calls_on_forward = self._overrides("on_forward")
+
+    def _overrides(self, name: str) -> bool:
+        """Whether this family overrides the ``Tap`` method ``name`` (an empty default is not called per call)."""
+        return getattr(type(self), name) is not getattr(Tap, name)
 
     def _record(self, t: torch.Tensor, layer: str, phase: str, kind: str, slot: str, call: int) -> None:
         self._recorder.record(t, hook=self.name, layer=layer, phase=phase, kind=kind, slot=slot,

@@ -28,9 +28,6 @@ import torch
 
 from common.errors import ConfigError
 
-#: Kinds a value can be read of but that no edit may change, by the test that finds them.
-UNEDITABLE = {"quantized": lambda t: t.is_quantized, "nested": lambda t: t.is_nested}
-
 #: Layouts with stored values and implicit zeros.
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -111,11 +108,10 @@ def kind_name(t: torch.Tensor) -> str:
 def edited(fn, t: torch.Tensor, where: str, *args) -> torch.Tensor:
     """``fn(t, *args)`` for a tensor of any kind: a sparse ``t`` is changed as the dense tensor it stands
     for and given back in its layout; a quantized or nested one is refused in one line naming ``where``."""
-    for kind, test in UNEDITABLE.items():
-        if test(t):
-            raise ConfigError(f"{where} is a {kind} tensor, which no edit can change; "
-                              f"leave this layer out of the entry")
-    if not is_sparse(t):
+    if t.is_quantized or t.is_nested:  # values can be read of these, but no edit may change them
+        raise ConfigError(f"{where} is a {kind_name(t)} tensor, which no edit can change; "
+                          f"leave this layer out of the entry")
+    if t.layout not in SPARSE_LAYOUTS:  # the usual tensor, decided without a call (an edit runs per gradient)
         return fn(t, *args)
     blocks = tuple(t.values().shape[-2:]) if t.layout in (torch.sparse_bsr, torch.sparse_bsc) else None
     return fn(t.to_dense(), *args).to_sparse(layout=t.layout, blocksize=blocks, dense_dim=t.dense_dim())

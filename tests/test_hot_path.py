@@ -23,14 +23,22 @@ REPO = str(Path(hooks.__file__).resolve().parent.parent)
 TESTS = str(Path(__file__).resolve().parent)
 
 #: Calls into the repository per recorded tensor of ``stats`` (output or output gradient), beyond
-#: the step's fixed calls: the tap, the junction, the recorder, the reduction (23 measured on
-#: 2026-11-27; 31 before the recorder's per-tensor checks were taken off, 25 on 2026-11-25).
-STATS_CALLS_PER_ROW = 23
+#: the step's fixed calls (10 measured on 2026-11-28; 23 before, on 2026-11-27; 31 before the
+#: recorder's per-tensor checks were taken off, 25 on 2026-11-25). Per leaf module (two rows): the
+#: tap's forward hook (``Tap._forward``, a partial: no wrapper), ``Recorder.next_call``,
+#: ``Junction.expect``, the junction's forward hook and ``_tap``, ``Tap._grad_hook`` (the record-only
+#: callback is a partial of ``Recorder.record``), the junction's tensor hook, the session's
+#: post-accumulate-grad ``landed`` (per parameter, one here per leaf); per row: ``Recorder.record``,
+#: ``_append``, ``_reduce``, ``hooks.stats.reduce_real``, ``native.readable``, ``native.reduce_contiguous``.
+STATS_CALLS_PER_ROW = 10
 #: aten ops per recorded tensor (the kernel's output buffer, the flat view, a detach; an alias is free).
 STATS_OPS_PER_ROW = 3
 #: Calls into the repository per parameter of a ``clamp`` with ``record: false``: the shared
-#: parameter hook, the call count, the edit's kind and shape checks and the clamp.
-QUIET_CLAMP_CALLS_PER_PARAM = 12
+#: parameter hook (``ParamLineup._on_grad``), the entry's callback, the call count (``next_call``),
+#: ``apply_edit`` and ``tensor_kinds.edited`` (the clamp itself is a partial of ``torch.clamp``): 5
+#: measured on 2026-11-28, 12 before (the lineup chained its members per gradient, the kind checks
+#: and the shape check were calls, ``Clamp.transform`` a method).
+QUIET_CLAMP_CALLS_PER_PARAM = 5
 
 STATS = {"stats": {"type": "stats", "layers": "leaf:**"}}
 QUIET_CLIP = {"clip": {"type": "clamp", "layers": "**", "min": -0.01, "max": 0.01, "record": False}}
