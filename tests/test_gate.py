@@ -61,7 +61,7 @@ AFTER_THE_GATE = {
     attach_module._checked: "the measures a user's loop passes to run.step()",
     attach_module.AttachedRun.evaluating.__wrapped__: "run.evaluating() called by a user's loop before its first step",
     attach_module.attach.__wrapped__: "runner.attach's errors in a Python caller's terms (python_remedies)",
-    tap.checked: "what an edit returns for a parameter's gradient: runner.attach's first-call rehearsal puts meta "
+    tap.apply_edit: "what an edit returns for a parameter's gradient: runner.attach's first-call rehearsal puts meta "
                  "tensors in the parameters' place, whose hooks it does not reach",
     tensor_kinds.edited: "the same edit, on the tensor kind it is given (hooks.tensor_kinds)",
     intact.check_on_corrupt: "a run read back (the summary), once it is written",

@@ -1,5 +1,5 @@
 """The README's "How it is built" traces one parameter (a clamp's ``min``) from its preset to
-``grad.clamp``: this runs that command line in this process and checks the path it states —
+``torch.clamp``: this runs that command line in this process and checks the path it states —
 each function is called, in that order, in the file it names, with the parameter's value; the
 hop and file counts are the stated ones, within the issue's limits (10 hops, 6 files), and the
 path never goes back to a file it left."""
@@ -25,7 +25,7 @@ def stated_path() -> tuple[int, int, list[tuple[str, str | None]], str]:
     """The README's hop and file counts, its stops as (file, function) before the final call (one hop
     each: the arrow after it), and the final call's code."""
     text = " ".join(page("explanation/architecture.md").split())
-    found = re.search(r"One parameter's way, .*? in (\d+) hops through (\d+) files and never back: (.*?`grad\.clamp\([^`]*\)`)",
+    found = re.search(r"One parameter's way, .*? in (\d+) hops through (\d+) files and never back: (.*?`partial\(torch\.clamp[^`]*\)`)",
                       text)
     assert found, "'How it is built' (docs/explanation/architecture.md) no longer traces one parameter"
     hops, files, chain = int(found[1]), int(found[2]), found[3]
@@ -75,4 +75,4 @@ def test_the_readme_traces_a_clamps_min_along_the_calls_a_run_makes(tmp_path):
     order = sorted(functions, key=first_call.get)
     assert order == functions, f"called in another order: {order}"
     assert values[functions[-2]] == values[functions[-1]] == -0.01, "the clamp's spec holds the parameter"
-    assert final in inspect.getsource(Clamp.transform)
+    assert final in inspect.getsource(Clamp.transform.fget)
