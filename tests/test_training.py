@@ -175,6 +175,7 @@ def test_cli_draws_a_progress_bar_on_a_terminal(tmp_path):
     assert b"12/12" in out
 
 
+@pytest.mark.compiled
 def test_compiled_model_records_what_eager_records(run_with):
     common = ("model=convnet", "data.shape=[2,3,8,8]", "steps=3", "optimizer=sgd", "optimizer.lr=0.1",
               "hooks=[clip,shift,stats]", "hooks.shift.layers=fc", "hooks.stats.kinds=[output,input]")
