@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,6 +24,13 @@ from runner.cli.execute import execute
 from runner.engine import loop
 from runner.engine.plan import compile_plan
 from docs_text import blocks, section
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` of a CLI child a test sends Ctrl-C (SIGINT): its default disposition, so Python turns
+    it into ``KeyboardInterrupt`` even when pytest was started in the background of a shell without job
+    control, which leaves SIGINT ignored (and Python keeps an ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 #: Each command line's config, composed once per test process (Hydra's compose costs about 0.1 s of CPU

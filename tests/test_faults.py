@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import assert_no_partial_output, make_config, run
+from conftest import assert_no_partial_output, make_config, run, sigint_as_at_a_terminal
 from common.errors import ConfigError
 from hooks.recorder import Recorder
 from runner.cli.execute import execute
@@ -273,11 +273,8 @@ def test_disk_full_during_the_write_names_the_file_and_leaves_nothing(fault, tmp
 # --- the real CLI, in a subprocess -------------------------------------------------------------
 
 def start_cli(*args: str) -> subprocess.Popen:
-    # Reset SIGINT to its default so the child installs KeyboardInterrupt even when pytest was
-    # started in the background (which leaves SIGINT ignored, and ignored stays ignored).
     return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
 
 
 def wait_for_temp_file(proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:

@@ -24,7 +24,7 @@ from omegaconf import open_dict
 
 import runner.analysis as analysis
 from common.errors import ConfigError
-from conftest import make_config
+from conftest import make_config, sigint_as_at_a_terminal
 from docs_text import section
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import NOT_STARTED, IncompleteSweepWarning
@@ -316,7 +316,7 @@ LAUNCHERS = {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_
 def cli(sweep: Path, *extra: str, launcher: str = "basic", **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "runner", "-m", *COMMAND, "quiet=true", *LAUNCHERS[launcher], *extra,
                              f"hydra.sweep.dir={sweep}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, **popen)
+                            text=True, start_new_session=True, preexec_fn=sigint_as_at_a_terminal, **popen)
 
 
 def finished(proc: subprocess.Popen) -> tuple[int, str, str]:
