@@ -51,9 +51,10 @@ class Subscription:
     """The handle an entry gives its session; removing it leaves the lineup (and the last one
     to leave removes the lineup's PyTorch hooks)."""
 
-    def __init__(self, lineup: Lineup, owner: Any, rank: tuple[int, int], callback: Any = None) -> None:
+    def __init__(self, lineup: Lineup, owner: Any, rank: tuple[int, int], callback: Any = None,
+                 mechanism: str = "tensor", edits: bool = False, taps_inputs: bool = False) -> None:
         self.lineup, self.owner, self.rank, self.callback = lineup, owner, rank, callback
-        self.mechanism, self.edits, self.taps_inputs = "tensor", False, False
+        self.mechanism, self.edits, self.taps_inputs = mechanism, edits, taps_inputs
 
     def remove(self) -> None:
         self.lineup.leave(self)
@@ -71,10 +72,11 @@ class Lineup:
         self._register()
 
     def join(self, owner: Any, *, is_global: bool = False, prepend: bool = False,
-             callback: Any = None) -> Subscription:
+             callback: Any = None, **traits: Any) -> Subscription:
+        """Add ``owner`` in PyTorch's order; ``traits`` are the subscription's (``Junction.join``'s)."""
         self._counter += 1
         rank = (0, self._counter) if is_global else (1, -self._counter if prepend else self._counter)
-        sub = Subscription(self, owner, rank, callback)
+        sub = Subscription(self, owner, rank, callback, **traits)
         self.members.append(sub)
         self.members.sort(key=lambda s: s.rank)
         self._joined()
@@ -124,9 +126,8 @@ class Junction(Lineup):
         PyTorch calls module backward hooks inside the tensor hooks taken around the module, so
         when one of the entries changes gradients, config order cannot hold across mechanisms.
         """
-        sub = super().join(owner, is_global=is_global, prepend=prepend)
-        sub.mechanism, sub.edits, sub.taps_inputs = mechanism, edits, taps_inputs
-        self._joined()
+        sub = super().join(owner, is_global=is_global, prepend=prepend, mechanism=mechanism, edits=edits,
+                           taps_inputs=taps_inputs)
         if len({s.mechanism for s in self.members}) > 1 and any(s.edits for s in self.members):
             super().leave(sub)
             editor = next(s for s in self.members + [sub] if s.edits)
