@@ -1,50 +1,26 @@
-"""Whole-process costs, measured on child processes: start-up time and peak memory of a run."""
+"""Whole-process costs, measured on child processes: peak memory and the first step of a run (start-up: ``benchmarks.startup``)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchmarks.startup import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_child(args: list[str]) -> tuple[float, float]:
-    """Wall and CPU seconds of ``python ARGS`` run from the project root; raises if it fails.
-
-    CPU time (user + system of the child) does not count waiting for a core another process holds.
-    """
-    with tempfile.TemporaryFile() as err:
-        before = os.times()
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        proc.wait()
-        elapsed = time.perf_counter() - start
-        after = os.times()
-        if proc.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"python {' '.join(args)} exited {proc.returncode}: {err.read().decode()[-2000:]}")
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return elapsed, cpu
+def _run_child(args: list[str]) -> None:
+    """``python ARGS`` run from the project root; raises with its last line on stderr if it fails."""
+    child = run_child(args, ROOT)
+    if child.status != 0:
+        raise RuntimeError(f"python {' '.join(args)} exited {child.status}: {child.last_line}")
 
 
 def runner_args(out_dir: str, *overrides: str) -> list[str]:
     return ["-m", "runner", *overrides, f"hydra.run.dir={out_dir}"]
-
-
-def startup(reps: int) -> dict[str, list[tuple[float, float]]]:
-    """(wall, CPU) seconds of ``python -m runner hooks=none model=convnet`` and of importing torch+torchvision."""
-    times: dict[str, list[tuple[float, float]]] = {"python -m runner hooks=none model=convnet": [],
-                                                   'python -c "import torch, torchvision"': []}
-    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-        for i in range(reps):
-            times["python -m runner hooks=none model=convnet"].append(
-                _run_child(runner_args(f"{tmp}/{i}", "hooks=none", "model=convnet")))
-            times['python -c "import torch, torchvision"'].append(
-                _run_child(["-c", "import torch, torchvision"]))
-    return times
 
 
 def peak_memory(step_counts: tuple[int, ...], overrides: list[str]) -> dict[int, int]:

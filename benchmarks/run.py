@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import torch
 import torchvision
 
-from benchmarks import io, process, sweep_load
+from benchmarks import io, process, startup, sweep_load
 from benchmarks.variants import make_variants, preset, runner_hooks
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -219,20 +219,12 @@ def parquet_costs(report: Report, config: str, captures: dict, s: Settings) -> N
 
 
 def process_costs(report: Report, s: Settings) -> None:
-    times = process.startup(s.startup_reps)
-    (runner_name, runner_t), (import_name, import_t) = times.items()
-    wall = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
-    cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
-    gap = wall[runner_name] - wall[import_name]
-    verdict = s.judged("≤ 1.0 s", gap <= 1.0)
-    for name in times:
-        report.add("start-up", "", name, wall[name], "s", None, verdict if name == runner_name else "")
-        report.add("start-up", "", name, cpu[name], "CPU s")
-    report.table(f"Start-up (median of {s.startup_reps}, interleaved)",
-                 ["command", "wall s", "difference", "CPU s", "difference", "target (wall)"],
-                 [[runner_name, f"{wall[runner_name]:.2f}", f"{gap:+.2f}", f"{cpu[runner_name]:.2f}",
-                   f"{cpu[runner_name] - cpu[import_name]:+.2f}", verdict],
-                  [import_name, f"{wall[import_name]:.2f}", "", f"{cpu[import_name]:.2f}", "", ""]])
+    children = startup.measure(s.startup_reps)
+    rows = startup.table(children, s.judged)
+    for row in rows:
+        report.add("start-up", "", row[0], float(row[1]), "CPU s", None, row[5])
+    report.table(f"Start-up and time to a mistake's line (CPU, median of {s.startup_reps}, interleaved)",
+                 startup.HEADER, rows)
 
     long, short = s.memory_steps
     peaks = process.peak_memory((long, short), s.memory_overrides)

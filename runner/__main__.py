@@ -7,15 +7,18 @@ a mistake in a key or a choice is answered at the cost of importing Hydra; the r
 """
 import sys
 
-from runner.cli.early import compose_command_line, is_replay
+from runner.cli import startup_gc
 from runner.cli.exit_codes import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED
 from runner.cli.warning_lines import one_line_warnings
 
 
 def main() -> None:
+    from runner.cli.early import compose_command_line, is_replay  # Hydra: after the collector's pause
+
     one_line_warnings()
     argv = sys.argv[1:]
     if is_replay(argv):  # no Hydra: the stored config is run as it is (runner.cli.replay)
+        startup_gc.resume(collect_first=False)
         from runner.cli import replay
 
         sys.exit(replay.main(argv))
@@ -25,6 +28,7 @@ def main() -> None:
 
     checked = check_command_line(argv, composed)
     _exit_on(checked.problems)
+    startup_gc.resume(collect_first=composed.multirun)
     _run_jobs(checked)
 
 
@@ -59,4 +63,5 @@ def _run_jobs(checked) -> None:
 
 
 if __name__ == "__main__":
+    startup_gc.pause()  # the process starts without the cyclic collector; main resumes it for the jobs
     main()
