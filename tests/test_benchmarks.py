@@ -46,6 +46,7 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     assert first["hooks=stats"]["target"] and not first["hooks=none"]["target"]
 
 
+@pytest.mark.slow
 def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp():
     """The observing variants leave bare's gradients; the runner's clip leaves those of the clamp by hand
     (which differ from bare's: the benchmark times the same edit both ways)."""

@@ -245,6 +245,7 @@ def test_a_command_shown_failing_prints_the_line_shown(command, line, like_root,
     assert sorted(p.name for p in like_root.iterdir()) == ["assets"]
 
 
+@pytest.mark.docs_runs
 def test_the_report_and_the_export_of_a_dated_sweep_run_as_written(like_root, monkeypatch, capsys):
     """The dated directory is what Hydra names a sweep by default; a two-job sweep is made there first. A second
     export replaces each job's event file (TensorBoard would show every step twice beside an old one)."""

@@ -153,6 +153,7 @@ def test_attach_blocks_one_after_another_leave_nothing_behind(tmp_path, model_an
     grown(at, 3, 6)
 
 
+@pytest.mark.slow
 def test_cli_runs_one_after_another_leave_nothing_behind(tmp_path, monkeypatch):
     at = repeat(4, lambda out, fail: cli_run(out, fail, monkeypatch), tmp_path, 1)
     grown(at, 1, 4)

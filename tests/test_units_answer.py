@@ -216,6 +216,7 @@ IMAGES = ("model=resnet18", "data=imagefolder", "data.resize=32", "data.crop=32"
           "hooks.units.top_k=5")
 
 
+@pytest.mark.slow
 def test_a_sharded_sweep_names_its_top_inputs_as_the_one_job_does(tmp_path):
     (tmp_path / "images").mkdir()
     folder = image_folder_of(tmp_path / "images", 24, seed=3)
@@ -261,6 +262,7 @@ def test_the_classes_of_some_examples_are_said_once():
     assert classes_said([None, None]) == ""
 
 
+@pytest.mark.docs_runs
 def test_the_how_to_s_own_loop_names_its_top_inputs_by_file_and_class(readme_run):
     """The "Names in your own loop" block of docs/how-to/whole-datasets.md, run as written over the tutorial's
     crops: its top units and inputs are a plain forward's, each named by the file and class ``names=`` gave."""
