@@ -1,7 +1,7 @@
 /* One pass over a contiguous float32 or float64 tensor for every statistic of hooks.stats.RAW.
  *
  * Built by hooks/native.py with the machine's C compiler; called through ctypes, which releases
- * the GIL. It runs on the calling thread (hooks/native.py says why not on more).
+ * the GIL. A tensor of more than one CHUNK is split over PyTorch's OpenMP threads (hr_reduce).
  *
  * The tensor is read in blocks of BLOCK elements. A block is first summed in its own precision
  * (`fast_*`: sums, zero count, min and max in one vectorised loop; float32 lanes hold twice the
@@ -21,6 +21,9 @@
 #include "kernel_keys.h"
 
 #define BLOCK 256
+/* Elements a thread reduces at a time (256 KB of float32), and chunks in flight at once. */
+#define CHUNK (1 << 16)
+#define MAX_CHUNKS 256
 
 typedef struct {
     double sum, sumsq, abs_sum, lo, hi;
@@ -132,14 +135,42 @@ EXACT(exact_f64, double)
 REDUCE(reduce_f32, fast_f32, exact_f32, float, 0x1p-60f)
 REDUCE(reduce_f64, fast_f64, exact_f64, double, 0.0)
 
-/* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9]. */
+/* The totals of a chunk added to those of the chunks before it. */
+static void combine(totals_t *t, const totals_t *c) {
+    t->sum += c->sum;
+    t->sumsq += c->sumsq;
+    t->abs_sum += c->abs_sum;
+    t->lo = c->lo < t->lo ? c->lo : t->lo;
+    t->hi = c->hi > t->hi ? c->hi : t->hi;
+    t->zeros += c->zeros;
+    t->nans += c->nans;
+    t->infs += c->infs;
+}
+
+/* hooks.stats.RAW of the n > 0 elements at x (float64 if is_double, else float32) into out[9].
+ * A tensor of more than one CHUNK is reduced chunk by chunk on PyTorch's own OpenMP threads (torch
+ * loaded libgomp first, so this is its pool, whose workers are still spinning from the operator
+ * before), each chunk into totals of its own, added in chunk order: the result does not depend on
+ * the number of threads. */
 void hr_reduce(const void *x, int64_t n, int is_double, double *out) {
     const double shift = is_double ? shift_f64((const double *)x, n) : shift_f32((const float *)x, n);
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
     totals_t t = {.lo = INFINITY, .hi = -INFINITY};
-    if (is_double)
-        reduce_f64((const double *)x, n, shift, &t);
-    else
-        reduce_f32((const float *)x, n, shift, &t);
+    totals_t part[MAX_CHUNKS];
+    for (int64_t first = 0; first < chunks; first += MAX_CHUNKS) {
+        const int64_t count = chunks - first < MAX_CHUNKS ? chunks - first : MAX_CHUNKS;
+#pragma omp parallel for schedule(static) if (count > 1)
+        for (int64_t c = 0; c < count; c++) {
+            const int64_t start = (first + c) * CHUNK, m = n - start < CHUNK ? n - start : CHUNK;
+            part[c] = (totals_t){.lo = INFINITY, .hi = -INFINITY};
+            if (is_double)
+                reduce_f64((const double *)x + start, m, shift, &part[c]);
+            else
+                reduce_f32((const float *)x + start, m, shift, &part[c]);
+        }
+        for (int64_t c = 0; c < count; c++)
+            combine(&t, &part[c]);
+    }
     out[0] = t.sum;
     out[1] = t.sumsq;
     out[2] = t.abs_sum;

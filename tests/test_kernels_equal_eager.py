@@ -117,6 +117,46 @@ def test_stats_kernel_equals_the_eager_passes_on_tensors_with_nan_and_inf(data, 
         assert_same(torch.as_tensor(kernel[key]), torch.as_tensor(eager[key]), scale, 1e-5, key)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("poison", ["none", "nan in the last chunk", "-inf in the second", "zeros in the first"])
+def test_a_tensor_of_many_chunks_gives_one_result_on_any_number_of_threads_equal_to_float64(dtype, poison):
+    """Past 65,536 elements the kernel splits a tensor over PyTorch's OpenMP threads: bit for bit the same
+    statistics on 1 and 2 threads, equal to float64 PyTorch (NaN and Inf in one chunk reach the whole)."""
+    built(native.kernel(), "statistics kernel")
+    library = native.library_path(native.compiler_command(), native.SOURCE, native.OPENMP)
+    assert b"GOMP_parallel" in library.read_bytes(), "the kernel was built without OpenMP: one thread only"
+    torch.manual_seed(0)
+    x = (torch.randn(3 * 65536 + 1001, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    if poison == "nan in the last chunk":
+        x[-3] = math.nan
+    elif poison == "-inf in the second":
+        x[70000] = -math.inf
+    elif poison == "zeros in the first":
+        x[:5000] = 0.0
+    results, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(native.reduce_contiguous(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0].nan_to_num(7.0), results[1].nan_to_num(7.0))
+    got = summarize(results[0].numpy()[None], np.array([x.numel()]))
+    ref = x.double()
+    finite = ref[ref.isfinite()]
+    assert got["nan_count"][0] == ref.isnan().sum().item() and got["inf_count"][0] == ref.isinf().sum().item()
+    assert got["zero_frac"][0] == (ref == 0).double().mean().item()
+    if poison == "nan in the last chunk":
+        assert math.isnan(got["min"][0]) and math.isnan(got["max"][0]) and math.isnan(got["mean"][0])
+    elif poison == "-inf in the second":
+        assert got["min"][0] == -math.inf and got["max"][0] == finite.max().item() and got["mean"][0] == -math.inf
+    else:
+        assert (got["min"][0], got["max"][0]) == (ref.min().item(), ref.max().item())
+        rel = 1e-8 if dtype == torch.float32 else 1e-12  # float32 blocks are summed in float32 (256 elements)
+        assert got["mean"][0] == pytest.approx(ref.mean().item(), rel=rel, abs=rel)
+        assert got["std"][0] == pytest.approx(ref.std().item(), rel=rel)  # summarize: the sample std
+
+
 @pytest.mark.parametrize("n", [2, 4100])
 def test_magnitudes_whose_float32_squares_underflow_have_the_float64_spread_on_both_paths(n):
     """Float32 squares of magnitudes below 2^-60 lose their digits (below 2^-75 they vanish): both paths
