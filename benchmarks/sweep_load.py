@@ -73,8 +73,11 @@ def timings(sweep: Path, reps: int) -> dict[str, dict[str, list[float]]]:
 
 # VmHWM, not ru_maxrss: Linux carries a forked child's ru_maxrss over from its parent (here the
 # benchmark process, gigabytes), while exec starts a new address space and a new VmHWM.
+# The libraries the load reads with (imported lazily by runner.analysis) are imported before the base is
+# taken: what is measured is the memory of the data, not of pandas' and pyarrow's code.
 MEMORY_CHILD = """
 import sys
+import pandas, pyarrow.dataset, pyarrow.parquet
 import runner.analysis as analysis
 def status(key):
     return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith(key))) * 1024
