@@ -108,30 +108,41 @@ def test_the_startup_benchmark_measures_each_command_against_the_import(capsys):
     assert f"the mistake's line: error: {_gate_line(['hooks=clip', 'hooks.clip.type=clmap'])}" in printed
 
 
-def _run_main_paused(monkeypatch, argv: list[str]) -> dict:
-    """``python -m runner ARGV`` as its ``__main__`` block runs it (the collector paused first), with the jobs'
-    run replaced by a record of the collector's state and of the full collections made before it."""
-    import gc
+class _JobsWouldRun(Exception):
+    """Raised where ``python -m runner`` would hand its checked jobs to Hydra: the test stops there."""
 
-    import runner.__main__ as runner_main
+
+def _run_main_block(monkeypatch, argv: list[str]) -> dict:
+    """``runner/__main__.py`` run as ``python -m runner ARGV`` runs it (its ``__main__`` block included), stopped
+    where the jobs would start; what the collector was doing at the resume and the full collections before it."""
+    import gc
+    import runpy
+
     from runner.cli import startup_gc
 
     seen: dict = {"full_collections": 0}
+    real_resume = startup_gc.resume
 
     def count(phase: str, info: dict) -> None:
         if phase == "start" and info["generation"] == 2:
             seen["full_collections"] += 1
 
-    monkeypatch.setattr(runner_main, "_run_jobs", lambda checked: seen.update(
-        enabled=gc.isenabled(), frozen=gc.get_freeze_count(), collections_before=seen["full_collections"]))
+    def resume_then_stop(collect_first: bool) -> None:
+        seen.update(paused_until_resume=not gc.isenabled(), collections_before=seen["full_collections"])
+        real_resume(collect_first)
+        seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(),
+                    collections_in_resume=seen["full_collections"] - seen["collections_before"])
+        raise _JobsWouldRun
+
+    monkeypatch.setattr(startup_gc, "resume", resume_then_stop)
     monkeypatch.setattr(sys, "argv", ["runner", *argv])
-    startup_gc.pause()
-    seen["paused"] = not gc.isenabled()
     gc.callbacks.append(count)
     try:
-        runner_main.main()
+        with pytest.raises(_JobsWouldRun):
+            runpy.run_path(str(ROOT / "runner" / "__main__.py"), run_name="__main__")
     finally:
         gc.callbacks.remove(count)
+        real_resume(False)  # a no-op unless the run stopped before its own resume
         gc.unfreeze()
         gc.enable()
     return seen
@@ -140,18 +151,18 @@ def _run_main_paused(monkeypatch, argv: list[str]) -> dict:
 def test_the_cli_starts_with_the_collector_paused_and_runs_its_jobs_with_it_on(monkeypatch, tmp_path):
     """Start-up's objects (torch's among them) are frozen out of later collections; a single job's start-up
     garbage is frozen with them rather than collected (``runner.cli.startup_gc``)."""
-    seen = _run_main_paused(monkeypatch, ["hooks=none", "model=convnet", f"hydra.run.dir={tmp_path}/run"])
-    assert seen["paused"] and seen["enabled"]
-    assert seen["frozen"] > 100_000, seen  # torch's objects, at least
-    assert seen["collections_before"] == 0
+    seen = _run_main_block(monkeypatch, ["hooks=none", "model=convnet", f"hydra.run.dir={tmp_path}/run"])
+    assert seen["paused_until_resume"] and seen["collections_before"] == 0, seen
+    assert seen["enabled"] and seen["frozen"] > 100_000, seen  # torch's objects, at least
+    assert seen["collections_in_resume"] == 0
 
 
 def test_a_sweeps_start_up_garbage_is_collected_before_the_freeze(monkeypatch, tmp_path):
     """A sweep's check leaves garbage in proportion to its jobs: one full collection frees it first."""
-    seen = _run_main_paused(monkeypatch, ["-m", "hooks=none", "model=convnet", "seed=1,2",
-                                          f"hydra.sweep.dir={tmp_path}/sweep"])
-    assert seen["paused"] and seen["enabled"] and seen["frozen"] > 100_000
-    assert seen["collections_before"] == 1
+    seen = _run_main_block(monkeypatch, ["-m", "hooks=none", "model=convnet", "seed=1,2",
+                                         f"hydra.sweep.dir={tmp_path}/sweep"])
+    assert seen["paused_until_resume"] and seen["collections_before"] == 0, seen
+    assert seen["enabled"] and seen["frozen"] > 100_000 and seen["collections_in_resume"] == 1, seen
 
 
 def test_main_called_in_ones_own_process_leaves_its_collector_alone(monkeypatch, tmp_path):
