@@ -46,10 +46,23 @@ def _jobs(sweep_dir: Path) -> dict[int, dict]:
     return {job["num"]: job for job in json.loads((sweep_dir / SWEEP).read_text())["jobs"]}
 
 
-def _sacct_states(array: str) -> list[str]:
-    """The jobs' states by the README's ``sacct`` command (two header lines, then JobID State ExitCode)."""
-    lines = sh(f"sacct -X -j {array} -o JobID,State,ExitCode").stdout.splitlines()[2:]
-    return [line.split()[1].rstrip("+") for line in lines]  # CANCELLED+: "CANCELLED by 0", cut to the column
+#: The states of a job Slurm has not finished with yet.
+UNSETTLED = {"PENDING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+
+
+def _sacct_states(array: str, timeout_s: float = 60) -> list[str]:
+    """The jobs' final states by the README's ``sacct`` command (two header lines, then JobID State ExitCode).
+
+    submitit hands the sweep a job's result when the job has written it, a moment before the job's process
+    exits, so ``sacct`` can still say RUNNING when the sweep has returned: wait until every job has settled.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = sh(f"sacct -X -j {array} -o JobID,State,ExitCode").stdout.splitlines()[2:]
+        states = [line.split()[1].rstrip("+") for line in lines]  # CANCELLED+: "CANCELLED by 0", cut to the column
+        if not UNSETTLED & set(states) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def test_the_readme_sweep_runs_four_jobs_on_slurm_cpu_and_loads_as_one_table(slurm, tmp_path):
