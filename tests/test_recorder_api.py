@@ -96,13 +96,13 @@ def test_record_schema_is_one_table():
 
 
 # -- NaN and ±Inf hook parameters, for every type ------------------------------------------------
-PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml")
+                 if p.stem != "none")
+#: Every preset's entry, composed once (``hooks=[a,b,...]`` gives each the entry ``hooks=a`` gives it).
+ENTRIES = make_config(f"hooks=[{','.join(PRESETS)}]", "model=resnet18").hooks
 FLOAT_KEYS = []
 for _preset in PRESETS:
-    if _preset == "none":
-        continue
-    _entry = make_config(f"hooks={_preset}", "model=resnet18").hooks[_preset]
-    _spec_class = HOOK_TYPES.get(_entry.type).schema
+    _spec_class = HOOK_TYPES.get(ENTRIES[_preset].type).schema
     for _f in dataclasses.fields(_spec_class):
         if "float" in str(_f.type) and _f.name not in _spec_class.nonfinite_ok:
             FLOAT_KEYS.append((_preset, _f.name))
@@ -113,7 +113,7 @@ for _preset in PRESETS:
 def test_non_finite_numeric_parameters_are_refused(preset, key, value, tmp_path):
     from omegaconf import OmegaConf
 
-    entry = OmegaConf.to_container(make_config(f"hooks={preset}", "model=resnet18").hooks[preset], resolve=True)
+    entry = OmegaConf.to_container(ENTRIES[preset], resolve=True)
     if preset == "steer":  # otherwise refused first for having no vector
         np.save(tmp_path / "vector.npy", np.ones(3))
         entry["file"] = str(tmp_path / "vector.npy")
@@ -124,8 +124,7 @@ def test_non_finite_numeric_parameters_are_refused(preset, key, value, tmp_path)
 
 
 def test_every_type_with_a_float_key_is_covered():
-    assert {"scale", "replace", "clamp", "post_accumulate", "shift"} <= {
-        make_config(f"hooks={p}", "model=resnet18").hooks[p].type for p, _ in FLOAT_KEYS}
+    assert {"scale", "replace", "clamp", "post_accumulate", "shift"} <= {ENTRIES[p].type for p, _ in FLOAT_KEYS}
 
 
 # -- silent entries -----------------------------------------------------------------------------
