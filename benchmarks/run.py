@@ -1,7 +1,9 @@
 """``python -m benchmarks.run``: what the runner's hooks cost against bare PyTorch and hand-written hooks.
 
 Every comparison runs in one process and interleaved: each round times one step of every
-variant, in an order rotated per round, so load from other processes hits all variants alike.
+variant, in an order shuffled per round, so load from other processes hits all variants alike and
+no variant always runs after the same one. Peers with a background process (``wandb.watch``) run in
+rounds of their own, beside a bare step of their own.
 Ratios are medians of the per-round ratio to ``bare`` (paired), of wall time and of the process's
 CPU time; times are medians. The tables
 are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md`` and
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -33,7 +36,7 @@ import torch
 import torchvision
 
 from benchmarks import io, process, startup, sweep_load
-from benchmarks.variants import make_variants, preset, runner_hooks
+from benchmarks.variants import make_variants, peer_variants, preset, runner_hooks
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EXTRACT_LAYERS = ["layer4", "avgpool"]
@@ -130,19 +133,24 @@ def synchronizer(device: torch.device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
-def interleaved(variants, rounds: int, warmup: int, sync=lambda: None
+def interleaved(variants, rounds: int, warmup: int, sync=lambda: None, seed: int = 0
                 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU seconds per step of each variant: ``warmup`` untimed rounds, then ``rounds``.
 
+    Every round runs each variant once, in an order of its own (shuffled, from ``seed``): a rotated
+    list would have each variant follow the same one in almost every round, so whatever a step leaves
+    behind (freed memory, a warm cache, a tool's background work) would land on the same neighbour.
     CPU time (all of this process's threads) is the steadier measure on a shared machine: time
     spent waiting for a core that another process holds is not counted. ``sync`` runs before the
     clock starts and before it stops (``synchronizer``).
     """
     wall: dict[str, list[float]] = {v.name: [] for v in variants}
     cpu: dict[str, list[float]] = {v.name: [] for v in variants}
+    shuffle = random.Random(seed).shuffle
     for r in range(warmup + rounds):
-        k = r % len(variants)
-        for v in variants[k:] + variants[:k]:
+        order = list(variants)
+        shuffle(order)
+        for v in order:
             sync()
             start, start_cpu = time.perf_counter(), time.process_time()
             v.step()
@@ -165,22 +173,11 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     model = torchvision.models.get_model(name).train().to(device)
     x = torch.randn(batch, 3, side, side, device=device)
     config = f"{name} batch {batch} {side}x{side}" + (f" on {s.device}" if device.type != "cpu" else "")
-    variants = make_variants(model, x, EXTRACT_LAYERS, peers=s.peers)
-    try:
-        times, cpu = interleaved(variants, s.rounds, s.warmup, synchronizer(device))
-    finally:
-        for v in variants:
-            v.close()
-    bare = times["bare"]
-    rows = []
-    for v in variants:
-        t = times[v.name]
-        ratio, cpu_ratio = paired_ratio(t, bare), paired_ratio(cpu[v.name], cpu["bare"])
-        target = TARGETS.get(v.name)
-        verdict = "" if target is None else s.judged(f"≤ {target:.2f}", ratio <= target)
-        rows.append([v.name, f"{statistics.median(t) * 1e3:.1f}", f"{ratio:.3f}", f"{cpu_ratio:.3f}", verdict, v.what])
-        report.add("hook overhead", config, v.name, statistics.median(t), "s/step", ratio, verdict, cpu_ratio)
-    report.table(f"{config}: one forward+backward step ({s.rounds} interleaved rounds)",
+    groups = [make_variants(model, x, EXTRACT_LAYERS)] + ([peer_variants(model, x)] if s.peers else [])
+    rows = [row for i, variants in enumerate(filter(None, groups))
+            for row in _timed_rows(report, config, variants, s, device, bare_row=i == 0)]
+    report.table(f"{config}: one forward+backward step ({s.rounds} rounds, each variant once a round in a "
+                 f"shuffled order; the peers in rounds of their own)",
                  ["variant", "median ms", "ratio to bare", "CPU-time ratio", "target (wall)", "what"], rows)
 
     captures = {}
@@ -190,6 +187,28 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
         captures[label] = v.step()
         v.close()
     return config, captures
+
+
+def _timed_rows(report: Report, config: str, variants, s: Settings, device: torch.device,
+                bare_row: bool) -> list[list[str]]:
+    """One group of variants timed together, each against the group's own ``bare``: a table row each
+    (the group's ``bare`` too where ``bare_row``)."""
+    try:
+        times, cpu = interleaved(variants, s.rounds, s.warmup, synchronizer(device))
+    finally:
+        for v in variants:
+            v.close()
+    rows = []
+    for v in variants:
+        if v.name == "bare" and not bare_row:
+            continue
+        t = times[v.name]
+        ratio, cpu_ratio = paired_ratio(t, times["bare"]), paired_ratio(cpu[v.name], cpu["bare"])
+        target = TARGETS.get(v.name)
+        verdict = "" if target is None else s.judged(f"≤ {target:.2f}", ratio <= target)
+        rows.append([v.name, f"{statistics.median(t) * 1e3:.1f}", f"{ratio:.3f}", f"{cpu_ratio:.3f}", verdict, v.what])
+        report.add("hook overhead", config, v.name, statistics.median(t), "s/step", ratio, verdict, cpu_ratio)
+    return rows
 
 
 def parquet_costs(report: Report, config: str, captures: dict, s: Settings) -> None:

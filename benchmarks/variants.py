@@ -44,16 +44,12 @@ def leaves(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if next(m.children(), None) is None]
 
 
-def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str],
-                  peers: bool = False) -> list[Variant]:
-    """Every variant of the step on a private copy of ``model``, hooks attached; ``peers`` adds
-    the tools a user would pick instead (``wandb.watch``), where they are installed."""
+def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str]) -> list[Variant]:
+    """Every variant of the step on a private copy of ``model``, hooks attached."""
     def fresh() -> nn.Module:
         return copy.deepcopy(model)
 
-    # One W&B run per process: wandb.watch logs to the global ``wandb.run``.
-    others = [wandb_watch(fresh(), x, "gradients")] if peers and wandb_installed() else []
-    return [*others,
+    return [
         bare(fresh(), x),
         noop_by_hand(fresh(), x),
         runner_noop(fresh(), x),
@@ -71,6 +67,16 @@ def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str],
         runner_extract_parquet(fresh(), x, extract_layers),
         feature_extractor(fresh(), x, extract_layers),
     ]
+
+
+def peer_variants(model: nn.Module, x: torch.Tensor) -> list[Variant]:
+    """The tools a user would pick instead (``wandb.watch``), where installed, with a bare step of their own:
+    they are timed apart from the hooks, since a tool's background process (wandb's) works on after its step
+    returns, in whichever step runs next."""
+    if not wandb_installed():
+        return []
+    # One W&B run per process: wandb.watch logs to the global ``wandb.run``.
+    return [bare(copy.deepcopy(model), x), wandb_watch(copy.deepcopy(model), x, "gradients")]
 
 
 def quiet_clip() -> dict:

@@ -90,9 +90,30 @@ def test_every_timed_step_is_synchronized_before_and_after():
             events.append(self.name)
 
     wall, cpu = bench.interleaved([Step("a"), Step("b")], rounds=2, warmup=1, sync=lambda: events.append("sync"))
-    order = ["a", "b", "b", "a", "a", "b"]  # the warm-up round, then rounds rotated by one
+    order = events[1::3]
     assert events == [e for name in order for e in ("sync", name, "sync")]
+    assert [sorted(order[i:i + 2]) for i in (0, 2, 4)] == [["a", "b"]] * 3  # the warm-up round, then 2 rounds
     assert len(wall["a"]) == len(cpu["b"]) == 2
+
+
+def test_each_variant_follows_different_ones_from_round_to_round():
+    """Whatever a step leaves behind (freed memory, a tool's background work) must not always land on the
+    same neighbour: in a rotated order ``b`` would follow ``a`` in every round it is not first."""
+    events: list[str] = []
+
+    class Step:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            events.append(self.name)
+
+    names = ["a", "b", "c", "d"]
+    bench.interleaved([Step(n) for n in names], rounds=12, warmup=0)
+    rounds = [events[i:i + 4] for i in range(0, len(events), 4)]
+    assert all(sorted(r) == names for r in rounds)
+    before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in names}
+    assert all(len(followed) > 1 for followed in before.values()), before
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine: the CUDA mode is not timed here")
