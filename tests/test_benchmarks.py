@@ -78,18 +78,21 @@ def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
     assert err.endswith("--device cuda: torch.cuda.is_available() is False on this machine; use --device cpu")
 
 
+class Step:
+    """A variant whose step only writes its name in ``events``."""
+
+    def __init__(self, name: str, events: list[str]):
+        self.name, self.events = name, events
+
+    def step(self):
+        self.events.append(self.name)
+
+
 def test_every_timed_step_is_synchronized_before_and_after():
     """On CUDA a step is only queued when Python returns: the clock must wait for the device."""
     events: list[str] = []
 
-    class Step:
-        def __init__(self, name):
-            self.name = name
-
-        def step(self):
-            events.append(self.name)
-
-    wall, cpu = bench.interleaved([Step("a"), Step("b")], rounds=2, warmup=1, sync=lambda: events.append("sync"))
+    wall, cpu = bench.interleaved([Step("a", events), Step("b", events)], rounds=2, warmup=1, sync=lambda: events.append("sync"))
     order = events[1::3]
     assert events == [e for name in order for e in ("sync", name, "sync")]
     assert [sorted(order[i:i + 2]) for i in (0, 2, 4)] == [["a", "b"]] * 3  # the warm-up round, then 2 rounds
@@ -101,15 +104,8 @@ def test_each_variant_follows_different_ones_from_round_to_round():
     same neighbour: in a rotated order ``b`` would follow ``a`` in every round it is not first."""
     events: list[str] = []
 
-    class Step:
-        def __init__(self, name):
-            self.name = name
-
-        def step(self):
-            events.append(self.name)
-
     names = ["a", "b", "c", "d"]
-    bench.interleaved([Step(n) for n in names], rounds=12, warmup=0)
+    bench.interleaved([Step(n, events) for n in names], rounds=12, warmup=0)
     rounds = [events[i:i + 4] for i in range(0, len(events), 4)]
     assert all(sorted(r) == names for r in rounds)
     before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in names}
