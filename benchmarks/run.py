@@ -43,6 +43,9 @@ EXTRACT_LAYERS = ["layer4", "avgpool"]
 #: The issue's targets: variant -> largest acceptable median ratio to bare.
 TARGETS = {"runner stats": 1.10, "runner extract (memory)": 1.03, "runner extract (parquet)": 1.05,
            "runner no-op machinery": 1.01}
+#: Each runner variant and the same work written by hand, compared paired per round.
+AGAINST_HAND = {"runner stats": "stats by hand", "runner no-op machinery": "no-op hooks by hand",
+                "runner clip (record: false)": "clip by hand", "runner extract (memory)": "extract by hand"}
 #: Loading a sweep: largest acceptable ratio to a pyarrow dataset over the same files, and of the
 #: memory the load adds to the frame it returns; step 0's wall time to the median step's.
 LOAD_TARGET, LOAD_MEMORY_TARGET, FIRST_STEP_TARGET = 1.3, 1.5, 1.5
@@ -166,6 +169,15 @@ def paired_ratio(times: list[float], bare: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(times, bare))
 
 
+def median_interval(ratios: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The median of ``ratios`` and a 90% bootstrap interval of it: where the median of another run of the
+    same rounds would fall. Whether one variant costs less than another is read from the interval,
+    not from two medians a few thousandths apart."""
+    pick = random.Random(seed).choices
+    medians = sorted(statistics.median(pick(ratios, k=len(ratios))) for _ in range(draws))
+    return statistics.median(ratios), medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
+
+
 def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings):
     """Time every variant on ``name`` at ``batch``; return its extract and stats captures for the I/O parts."""
     torch.manual_seed(0)
@@ -174,11 +186,15 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     x = torch.randn(batch, 3, side, side, device=device)
     config = f"{name} batch {batch} {side}x{side}" + (f" on {s.device}" if device.type != "cpu" else "")
     groups = [make_variants(model, x, EXTRACT_LAYERS)] + ([peer_variants(model, x)] if s.peers else [])
-    rows = [row for i, variants in enumerate(filter(None, groups))
-            for row in _timed_rows(report, config, variants, s, device, bare_row=i == 0)]
+    rows, times = [], {}
+    for i, variants in enumerate(filter(None, groups)):
+        group_rows, group_times = _timed_rows(report, config, variants, s, device, bare_row=i == 0)
+        rows += group_rows
+        times = times or group_times  # the hooks' group: the one the runner is compared in
     report.table(f"{config}: one forward+backward step ({s.rounds} rounds, each variant once a round in a "
                  f"shuffled order; the peers in rounds of their own)",
                  ["variant", "median ms", "ratio to bare", "CPU-time ratio", "target (wall)", "what"], rows)
+    _against_hand(report, config, times, s)
 
     captures = {}
     for label, entries in (("extract", {"extract": {"type": "capture", "layers": EXTRACT_LAYERS}}),
@@ -189,10 +205,24 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     return config, captures
 
 
+def _against_hand(report: Report, config: str, times: dict[str, list[float]], s: Settings) -> None:
+    """Each runner variant against the same work written by hand, paired per round, with the interval
+    of the median: at or under hand-written is met when the median is at or under 1."""
+    rows = []
+    for runner, hand in AGAINST_HAND.items():
+        median, low, high = median_interval([a / b for a, b in zip(times[runner], times[hand])])
+        verdict = s.judged("≤ 1", median <= 1.0)
+        rows.append([runner, hand, f"{median:.3f}", f"{low:.3f} – {high:.3f}", verdict])
+        report.add("against hand-written", config, runner, median, f"of {hand}", median, verdict, None)
+    report.table(f"{config}: the runner against the same work by hand (wall time, paired per round; the 90% "
+                 f"interval of the median: a difference inside it is noise)",
+                 ["runner", "by hand", "median ratio", "90% interval", "target"], rows)
+
+
 def _timed_rows(report: Report, config: str, variants, s: Settings, device: torch.device,
-                bare_row: bool) -> list[list[str]]:
+                bare_row: bool) -> tuple[list[list[str]], dict[str, list[float]]]:
     """One group of variants timed together, each against the group's own ``bare``: a table row each
-    (the group's ``bare`` too where ``bare_row``)."""
+    (the group's ``bare`` too where ``bare_row``), and the group's wall times."""
     try:
         times, cpu = interleaved(variants, s.rounds, s.warmup, synchronizer(device))
     finally:
@@ -208,7 +238,7 @@ def _timed_rows(report: Report, config: str, variants, s: Settings, device: torc
         verdict = "" if target is None else s.judged(f"≤ {target:.2f}", ratio <= target)
         rows.append([v.name, f"{statistics.median(t) * 1e3:.1f}", f"{ratio:.3f}", f"{cpu_ratio:.3f}", verdict, v.what])
         report.add("hook overhead", config, v.name, statistics.median(t), "s/step", ratio, verdict, cpu_ratio)
-    return rows
+    return rows, times
 
 
 def parquet_costs(report: Report, config: str, captures: dict, s: Settings) -> None:

@@ -22,14 +22,16 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     by_section: dict[str, list[dict]] = {}
     for row in rows:
         by_section.setdefault(row["section"], []).append(row)
-    assert set(by_section) == {"hook overhead", "parquet write", "stats table", "start-up", "peak memory",
-                               "first step", "sweep loading"}
+    assert set(by_section) == {"hook overhead", "against hand-written", "parquet write", "stats table", "start-up",
+                               "peak memory", "first step", "sweep loading"}
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
 
     overhead = {r["name"]: r for r in by_section["hook overhead"]}
     assert overhead["bare"]["ratio"] == overhead["bare"]["cpu_ratio"] == 1.0
     assert set(bench.TARGETS) <= set(overhead)
     assert all(overhead[name]["target"] for name in bench.TARGETS)
+    assert [r["name"] for r in by_section["against hand-written"]] == list(bench.AGAINST_HAND)
+    assert {r["unit"] for r in by_section["against hand-written"]} == {f"of {h}" for h in bench.AGAINST_HAND.values()}
     assert {r["name"] for r in by_section["parquet write"]} == {"runner (RunOutputs)", "pyarrow alone", "raw file write"}
 
     markdown = (out / "results.md").read_text()
@@ -67,6 +69,22 @@ def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp
             if not torch.equal(p.grad, oracle[param].grad):
                 torch.testing.assert_close(p.grad, oracle[param].grad, msg=f"{name}: {param}")
     assert any(not torch.equal(p.grad, grads["bare"][param].grad) for param, p in grads["clip by hand"].items())
+
+
+def test_the_interval_of_a_median_holds_it_and_narrows_with_more_rounds():
+    import random
+    import statistics
+
+    assert bench.median_interval([1.02] * 9) == (1.02, 1.02, 1.02)
+    noisy = random.Random(1)
+    widths = []
+    for rounds in (10, 400):
+        ratios = [1.0 + noisy.uniform(-0.05, 0.05) for _ in range(rounds)]
+        median, low, high = bench.median_interval(ratios)
+        assert median == statistics.median(ratios) and low <= median <= high
+        assert min(ratios) < low and high < max(ratios)  # not the range of the rounds
+        widths.append(high - low)
+    assert low < 1.0 < high and widths[1] < widths[0] / 3
 
 
 def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
