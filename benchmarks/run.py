@@ -185,12 +185,10 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     model = torchvision.models.get_model(name).train().to(device)
     x = torch.randn(batch, 3, side, side, device=device)
     config = f"{name} batch {batch} {side}x{side}" + (f" on {s.device}" if device.type != "cpu" else "")
-    groups = [make_variants(model, x, EXTRACT_LAYERS)] + ([peer_variants(model, x)] if s.peers else [])
-    rows, times = [], {}
-    for i, variants in enumerate(filter(None, groups)):
-        group_rows, group_times = _timed_rows(report, config, variants, s, device, bare_row=i == 0)
-        rows += group_rows
-        times = times or group_times  # the hooks' group: the one the runner is compared in
+    rows, times = _timed_rows(report, config, make_variants(model, x, EXTRACT_LAYERS), s, device, bare_row=True)
+    peers = peer_variants(model, x) if s.peers else []
+    if peers:
+        rows += _timed_rows(report, config, peers, s, device, bare_row=False)[0]
     report.table(f"{config}: one forward+backward step ({s.rounds} rounds, each variant once a round in a "
                  f"shuffled order; the peers in rounds of their own)",
                  ["variant", "median ms", "ratio to bare", "CPU-time ratio", "target (wall)", "what"], rows)
