@@ -97,6 +97,17 @@ def logger_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, LoggerWarning)]
 
 
+def tool_process(before: set[int], timeout_s: float = 120) -> int:
+    """The run's one tool process once it has started: the logger's own thread starts it, and on a busy
+    machine that thread may not have run by the run's second step."""
+    deadline = time.monotonic() + timeout_s
+    while not (started := children() - before):
+        assert time.monotonic() < deadline, f"no tool process after {timeout_s} s"
+        time.sleep(0.05)
+    (tool,) = started
+    return tool
+
+
 def run_steps(tmp_path, steps: int, logger: dict, at_step: dict | None = None):
     """``steps`` steps under ``runner.attach`` with ``logger``; ``at_step[i](run, tool_pid)`` is called
     before step ``i`` (``steps``: after the last). The LoggerWarnings said, and the seconds the run's end
@@ -109,8 +120,7 @@ def run_steps(tmp_path, steps: int, logger: dict, at_step: dict | None = None):
         with runner.attach(model, hooks=["stats"], out_dir=tmp_path / "run", logger=logger) as run:
             for step in range(steps + 1):
                 if step in (at_step or {}):
-                    (tool,) = children() - before
-                    at_step[step](run, tool)
+                    at_step[step](run, tool_process(before))
                 if step < steps:
                     loss = model(torch.randn(3, 4)).sum()
                     loss.backward()
