@@ -136,11 +136,11 @@ def synchronizer(device: torch.device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
-def interleaved(variants, rounds: int, warmup: int, sync=lambda: None, seed: int = 0
+def interleaved(variants, rounds: int, warmup: int, sync=lambda: None
                 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU seconds per step of each variant: ``warmup`` untimed rounds, then ``rounds``.
 
-    Every round runs each variant once, in an order of its own (shuffled, from ``seed``): a rotated
+    Every round runs each variant once, in an order of its own (shuffled, seeded): a rotated
     list would have each variant follow the same one in almost every round, so whatever a step leaves
     behind (freed memory, a warm cache, a tool's background work) would land on the same neighbour.
     CPU time (all of this process's threads) is the steadier measure on a shared machine: time
@@ -149,7 +149,7 @@ def interleaved(variants, rounds: int, warmup: int, sync=lambda: None, seed: int
     """
     wall: dict[str, list[float]] = {v.name: [] for v in variants}
     cpu: dict[str, list[float]] = {v.name: [] for v in variants}
-    shuffle = random.Random(seed).shuffle
+    shuffle = random.Random(0).shuffle
     for r in range(warmup + rounds):
         order = list(variants)
         shuffle(order)
@@ -169,11 +169,11 @@ def paired_ratio(times: list[float], bare: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(times, bare))
 
 
-def median_interval(ratios: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def median_interval(ratios: list[float], draws: int = 2000) -> tuple[float, float, float]:
     """The median of ``ratios`` and a 90% bootstrap interval of it: where the median of another run of the
     same rounds would fall. Whether one variant costs less than another is read from the interval,
     not from two medians a few thousandths apart."""
-    pick = random.Random(seed).choices
+    pick = random.Random(0).choices
     medians = sorted(statistics.median(pick(ratios, k=len(ratios))) for _ in range(draws))
     return statistics.median(ratios), medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
 
@@ -185,10 +185,10 @@ def hook_overhead(report: Report, name: str, batch: int, side: int, s: Settings)
     model = torchvision.models.get_model(name).train().to(device)
     x = torch.randn(batch, 3, side, side, device=device)
     config = f"{name} batch {batch} {side}x{side}" + (f" on {s.device}" if device.type != "cpu" else "")
-    rows, times = _timed_rows(report, config, make_variants(model, x, EXTRACT_LAYERS), s, device, bare_row=True)
+    rows, times = _timed_rows(report, config, make_variants(model, x, EXTRACT_LAYERS), s, device)
     peers = peer_variants(model, x) if s.peers else []
     if peers:
-        rows += _timed_rows(report, config, peers, s, device, bare_row=False)[0]
+        rows += _timed_rows(report, config, peers, s, device)[0]
     report.table(f"{config}: one forward+backward step ({s.rounds} rounds, each variant once a round in a "
                  f"shuffled order; the peers in rounds of their own)",
                  ["variant", "median ms", "ratio to bare", "CPU-time ratio", "target (wall)", "what"], rows)
@@ -217,21 +217,19 @@ def _against_hand(report: Report, config: str, times: dict[str, list[float]], s:
                  ["runner", "by hand", "median ratio", "90% interval", "target"], rows)
 
 
-def _timed_rows(report: Report, config: str, variants, s: Settings, device: torch.device,
-                bare_row: bool) -> tuple[list[list[str]], dict[str, list[float]]]:
-    """One group of variants timed together, each against the group's own ``bare``: a table row each
-    (the group's ``bare`` too where ``bare_row``), and the group's wall times."""
+def _timed_rows(report: Report, config: str, variants, s: Settings, device: torch.device
+                ) -> tuple[list[list[str]], dict[str, list[float]]]:
+    """One group of variants timed together, each against the group's first, its bare step: a table row
+    each, and the group's wall times."""
     try:
         times, cpu = interleaved(variants, s.rounds, s.warmup, synchronizer(device))
     finally:
         for v in variants:
             v.close()
-    rows = []
+    rows, baseline = [], variants[0].name
     for v in variants:
-        if v.name == "bare" and not bare_row:
-            continue
         t = times[v.name]
-        ratio, cpu_ratio = paired_ratio(t, times["bare"]), paired_ratio(cpu[v.name], cpu["bare"])
+        ratio, cpu_ratio = paired_ratio(t, times[baseline]), paired_ratio(cpu[v.name], cpu[baseline])
         target = TARGETS.get(v.name)
         verdict = "" if target is None else s.judged(f"≤ {target:.2f}", ratio <= target)
         rows.append([v.name, f"{statistics.median(t) * 1e3:.1f}", f"{ratio:.3f}", f"{cpu_ratio:.3f}", verdict, v.what])

@@ -70,13 +70,13 @@ def make_variants(model: nn.Module, x: torch.Tensor, extract_layers: list[str]) 
 
 
 def peer_variants(model: nn.Module, x: torch.Tensor) -> list[Variant]:
-    """The tools a user would pick instead (``wandb.watch``), where installed, with a bare step of their own:
+    """The tools a user would pick instead (``wandb.watch``), where installed, after a bare step of their own:
     they are timed apart from the hooks, since a tool's background process (wandb's) works on after its step
     returns, in whichever step runs next."""
     if not wandb_installed():
         return []
     # One W&B run per process: wandb.watch logs to the global ``wandb.run``.
-    return [bare(copy.deepcopy(model), x), wandb_watch(copy.deepcopy(model), x, "gradients")]
+    return [bare(copy.deepcopy(model), x, "bare (the peers' rounds)"), wandb_watch(copy.deepcopy(model), x, "gradients")]
 
 
 def quiet_clip() -> dict:
@@ -99,8 +99,8 @@ def _train_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return loss
 
 
-def bare(model, x) -> Variant:
-    return Variant("bare", "forward + backward, no hooks", model, lambda: _train_step(model, x))
+def bare(model, x, name: str = "bare") -> Variant:
+    return Variant(name, "forward + backward, no hooks", model, lambda: _train_step(model, x))
 
 
 def noop_by_hand(model, x) -> Variant:

@@ -87,6 +87,23 @@ def test_the_interval_of_a_median_holds_it_and_narrows_with_more_rounds():
     assert low < 1.0 < high and widths[1] < widths[0] / 3
 
 
+def test_each_runner_variant_is_divided_by_its_own_hand_written_twin_round_by_round():
+    """Paired per round, not a ratio of medians: round 1's 3.0 over 1.0 and round 2's 2.0 over 2.0 give the
+    ratios 3 and 1 (median 2), where the medians 2.5 and 1.5 would give 1.67."""
+    import argparse
+
+    settings = bench.Settings.from_args(argparse.Namespace(quick=False, device="cpu", resnet50=False, long=False, rounds=20))
+    times = {name: [1.0, 1.0] for pair in bench.AGAINST_HAND.items() for name in pair}
+    times.update({"runner stats": [3.0, 2.0], "stats by hand": [1.0, 2.0], "runner extract (memory)": [0.5, 0.5]})
+    report = bench.Report()
+    bench._against_hand(report, "c", times, settings)
+    got = {r["name"]: (r["ratio"], r["unit"], r["target"]) for r in report.rows}
+    assert got["runner stats"] == (2.0, "of stats by hand", "≤ 1 **missed**")
+    assert got["runner extract (memory)"] == (0.5, "of extract by hand", "≤ 1 met")
+    assert got["runner no-op machinery"] == (1.0, "of no-op hooks by hand", "≤ 1 met")
+    assert "| runner stats | stats by hand | 2.000 | 1.000 – 3.000 | ≤ 1 **missed** |" in report.lines
+
+
 def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as info:
