@@ -12,6 +12,8 @@ import runner
 import runner.analysis as analysis
 from hooks.session import LostRowsWarning
 
+pytestmark = pytest.mark.statistics
+
 MAX = 0.001  #: the clip entry's upper bound (its lower: the preset's -0.01)
 
 

@@ -15,6 +15,8 @@ from torch import nn
 import runner.analysis as analysis
 from conftest import make_config, run, seeded_batch
 
+pytestmark = pytest.mark.statistics
+
 CLIP_MAXES = (1.0, 0.01, 0.0001)
 
 

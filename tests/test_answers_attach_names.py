@@ -13,6 +13,8 @@ from common.errors import ConfigError
 from runner.analysis.answers import answer_of
 from runner.analysis.units import top_units
 
+pytestmark = pytest.mark.statistics
+
 SAMPLES, BATCH = 12, 4
 
 

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 import runner.analysis as analysis
 from conftest import make_config, run
 from runner.analysis.report import render
 from runner.analysis.summary import spread, summarize, sweep_table
 from runner.cli.early import expand
+
+pytestmark = pytest.mark.statistics
 
 
 def sweep_of(tmp_path: Path, argv: list[str]) -> Path:

@@ -18,6 +18,8 @@ from runner.engine.plan import compile_plan
 from runner.engine.train import EVAL_SEED_OFFSET
 from runner.sources.models import ConvNet
 
+pytestmark = pytest.mark.statistics
+
 CLI = ("model=convnet", "hooks=[clip,stats]", "hooks.clip.max=0.001", "loss=cross_entropy", "optimizer=sgd",
        "optimizer.lr=0.5", "steps=4")
 

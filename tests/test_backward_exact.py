@@ -17,6 +17,8 @@ from hooks import HookSession, build_hooks
 from hooks.backward import FullBackward
 from models_for_tests import CalledTwice
 
+pytestmark = pytest.mark.statistics
+
 MECHANISMS = ["tensor", "module"]
 
 

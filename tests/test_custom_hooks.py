@@ -14,6 +14,8 @@ from models_for_tests import KwargsNet
 from runner.sources.models import ConvNet
 from runner.engine.plan import compile_plan
 
+pytestmark = pytest.mark.statistics
+
 CALLS: list[str] = []
 
 

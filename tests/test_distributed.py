@@ -17,6 +17,8 @@ import runner
 import runner.analysis as analysis
 from conftest import docs_code
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

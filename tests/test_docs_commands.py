@@ -26,6 +26,8 @@ from docs_text import SHOWN_FAILING, blocks, everything, normal, page, section, 
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import COMMANDS as TWICE
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = shell_commands()
 
@@ -128,7 +130,7 @@ CANNOT_RUN = {
     "pip install -e .": "installs into the environment the tests run in (tests/test_install.py checks that what it "
                         "installs covers every import and runs the core example with everything else unimportable)",
     "pip install -e '.[test]' && python -m pytest -q -n 2 --dist loadfile": SUITE,
-    "CC=/nonexistent/cc HOOK_RUNNER_CACHE=/tmp/no-cc python -m pytest -q -n 2 --dist loadfile": SUITE,
+    'CC=/nonexistent/cc HOOK_RUNNER_CACHE=/tmp/no-cc python -m pytest -q -n 2 --dist loadfile -m "statistics and not (slow or slurm or torchrun or compiled or soak or tracking or sae or oracles or docs_runs)"': SUITE,
     "python -m pytest -q -n 2 --dist loadfile -m slow": SUITE,
     "python -m pytest -q -n 2 --dist loadfile -m docs_runs": SUITE,
     "python -m pytest -q -m slurm": SUITE,

@@ -20,6 +20,8 @@ from runner.engine.plan import compile_plan
 from test_own_model import gpt2_dir  # noqa: F401  (the fixture: a random-weight GPT-2 saved with save_pretrained)
 from docs_text import section
 
+pytestmark = pytest.mark.statistics
+
 DEVICES = section("how-to/big-models.md", "Devices, memory and compilation")
 
 

@@ -12,6 +12,8 @@ import runner
 import runner.analysis as analysis
 from conftest import hook_count
 
+pytestmark = pytest.mark.statistics
+
 
 class Net(nn.Module):
     def __init__(self) -> None:

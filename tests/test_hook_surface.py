@@ -13,6 +13,8 @@ from conftest import hook_count, make_config, run, seeded_batch, stats_of
 from models_for_tests import KwargsNet, MakesModules, TrackedResNet18
 from runner.sources.models import ConvNet
 
+pytestmark = pytest.mark.statistics
+
 CONVNET_LEAVES = ["conv", "relu", "flatten", "fc"]
 
 

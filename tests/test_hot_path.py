@@ -5,7 +5,6 @@ the path (one more call per recorded tensor, a hook per parameter for nothing) f
 from __future__ import annotations
 
 import collections
-import copy
 import sys
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import hooks
 import runner
 from hooks import HookSession, build_hooks, native
+
+pytestmark = pytest.mark.statistics
 
 #: The repository's code (``hooks/``, ``runner/``, ``common/``), whichever checkout is imported.
 REPO = str(Path(hooks.__file__).resolve().parent.parent)

@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
+pytestmark = pytest.mark.statistics
+
 transformers = pytest.importorskip("transformers")  # the `transformers` extra, part of the `test` extra
 
 from common.errors import ConfigError

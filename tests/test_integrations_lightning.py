@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+pytestmark = pytest.mark.statistics
+
 lightning = pytest.importorskip("lightning")  # the `lightning` extra, part of the `test` extra
 
 from common.errors import ConfigError

@@ -26,6 +26,8 @@ from hooks.stats import eager_reductions, reduce_tensor, summarize
 from hooks.unit_stats import SketchGrid, UnitStats
 from runner.analysis.units import load_units
 
+pytestmark = pytest.mark.statistics
+
 NAN, INF = math.nan, math.inf
 #: What is put into random batches: NaN, both infinities, both zeros, float32's extremes, a subnormal.
 SPECIALS = (NAN, INF, -INF, 0.0, -0.0, 3.0e38, -3.0e38, 1e-40)

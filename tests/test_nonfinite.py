@@ -14,6 +14,8 @@ from conftest import make_config, run, stats_of
 from runner.analysis import load as analysis
 from runner.engine.nonfinite import NonFiniteWarning
 
+pytestmark = pytest.mark.statistics
+
 POISONED = ("model=custom", "model._target_=models_for_tests.PoisonedAtStep2", "data.shape=[2,3]",
             "hooks=stats", "steps=4")
 

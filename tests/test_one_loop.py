@@ -20,6 +20,8 @@ from runner.engine.plan import compile_plan
 from runner.sources.models import ConvNet
 from runner.store.outputs import STATS_SCHEMA
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ("model=convnet", "hooks=[clip,stats,extract]", "hooks.clip.max=0.001", "hooks.extract.layers=fc",
        "loss=cross_entropy", "optimizer=sgd", "optimizer.lr=0.5", "steps=3")

@@ -10,6 +10,8 @@ from common.errors import ConfigError
 from runner.engine.plan import compile_plan
 from runner.sources.models import ConvNet, build_model
 
+pytestmark = pytest.mark.statistics
+
 transformers = pytest.importorskip("transformers", reason="the 'transformers' extra is not installed")
 
 

@@ -25,6 +25,8 @@ from runner.analysis.gradcam import grad_cam, grad_cam_of_run, model_input_image
 from runner.sources.models import ConvNet
 from stored_input import model_input as stored_model_input, store_model_input
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = str(ROOT / "assets" / "house.png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

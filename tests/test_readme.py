@@ -27,6 +27,8 @@ from docs_text import blocks, section
 from examples import seed_hooks
 from runner.sources.models import ConvNet
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Resnets at the table's default input (batch 10, 224x224) take seconds each on a CPU; the rows
@@ -309,9 +311,13 @@ def test_ci_runs_exactly_the_readmes_test_commands():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if re.fullmatch(command, line.strip())]
     assert readme == ci
-    markers = {m.split(":")[0] for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
-    run = {re.findall(r" -m (\w+)", line)[-1] for line in ci if re.search(r" -m (?!pytest)", line)}
-    assert run == markers - {"sae"}, "every marked group runs in CI, but sae-lens's own venv (tests/test_sae.py says why)"
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    markers = {m.split(":")[0] for m in options["markers"]}
+    chosen = [re.findall(r' -m ("[^"]*"|\w+)', line)[-1].strip('"') for line in ci if re.search(r" -m (?!pytest)", line)]
+    assert {expression.split()[0] for expression in chosen} == markers - {"sae"}, \
+        "every marked group runs in CI, but sae-lens's own venv (tests/test_sae.py says why)"
+    groups = re.findall(r"not (\w+)", options["addopts"])  # what the default run leaves out
+    assert f"statistics and not ({' or '.join(groups)})" in chosen, "the statistics tests again: the default run's only"
 
 
 def test_the_output_schema_names_every_column_of_units_parquet():

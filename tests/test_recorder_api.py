@@ -18,6 +18,8 @@ from hooks import ConfigError, HOOK_TYPES, HookSession, build_hooks
 from hooks.recorder import Recorder, Tally
 from hooks.registry import build_hook
 
+pytestmark = pytest.mark.statistics
+
 ROW = dict(hook="h", layer="l", phase="forward", kind="output", slot="0", call=0)
 
 

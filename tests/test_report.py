@@ -17,6 +17,8 @@ import pytest
 from conftest import make_config, run
 from runner.analysis import report
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = ROOT / "assets" / "house.png"
 #: One sweep-wide comparison, the loss curves, then gradient flow, feature maps and Grad-CAM per job.

@@ -18,13 +18,14 @@ from safetensors.torch import load_file
 from torch import nn
 
 import runner
-from conftest import cli
 from hooks.sae_format import load_saelens
 from runner.analysis import load_stats, load_tensors
 from runner.analysis.units import load_units
 from runner.sources.models import gpt2_tiny
 from runner.store.activations import ActivationStore
 from sae_folders import random_saelens
+
+pytestmark = pytest.mark.statistics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = load_file(FIXTURES / "sae_expected.safetensors")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -22,6 +23,8 @@ from runner.analysis.load import load_table
 from runner.analysis.units import load_unit_examples, load_units, top_units
 from runner.sources.models import gpt2_tiny
 from test_readme_steering import run_cli
+
+pytestmark = pytest.mark.statistics
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = section("tutorials/sae.md", "Sparse autoencoder features")

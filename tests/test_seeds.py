@@ -16,6 +16,8 @@ from examples import seed_hooks
 from models_for_tests import KwargsNet
 from runner.sources.models import MLP
 
+pytestmark = pytest.mark.statistics
+
 PAIRS = {
     "print": ("print_packing", "print_unpacking"),
     "times_four": ("times_four", "quarter"),

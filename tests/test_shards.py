@@ -9,6 +9,8 @@ from common.errors import ConfigError
 from hooks import native, shards
 from hooks.stats import reduce_tensor, summarize
 
+pytestmark = pytest.mark.statistics
+
 
 @pytest.mark.parametrize("sizes", [(7, 5, 0, 12), (1, 23), (24,)], ids=["uneven-with-empty", "one-and-rest", "one"])
 def test_merged_shard_reductions_give_the_whole_tensors_statistics(sizes):

@@ -14,6 +14,8 @@ from hooks.recorder import Recorder
 from hooks import native
 from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
 
+pytestmark = pytest.mark.statistics
+
 
 def expected_stats(t: torch.Tensor) -> dict[str, float]:
     x = t.detach().double().reshape(-1)

@@ -20,6 +20,8 @@ from runner.analysis.answers.statistics import group_depth, layer_group
 from runner.analysis.summary import summarize
 from runner.sources.models import ConvNet
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

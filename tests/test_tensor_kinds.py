@@ -20,6 +20,8 @@ from hooks.stats import reduce_tensor
 from runner.analysis.units import load_units
 from test_stats import assert_stats_close, summary_of
 
+pytestmark = pytest.mark.statistics
+
 
 class Then(nn.Module):
     """A ``Linear`` followed by ``fn`` of its output, as module ``m``."""

@@ -27,6 +27,8 @@ from conftest import make_config, run, stats_of
 from runner.sources.models import ConvNet
 from runner.engine.progress import progress_bar
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("model=convnet", "data=fake", "data.shape=[4,3,8,8]", "loss=cross_entropy", "steps=4")
 

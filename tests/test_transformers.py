@@ -8,6 +8,8 @@ import torch
 import runner.analysis as analysis
 from conftest import run, stats_of
 
+pytestmark = pytest.mark.statistics
+
 pytest.importorskip("transformers", reason="the 'transformers' extra is not installed (pip install -e '.[transformers]')")
 
 from runner.sources.models import gpt2_tiny  # noqa: E402

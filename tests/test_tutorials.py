@@ -11,6 +11,8 @@ import runner.analysis as analysis
 from conftest import seeded_batch, stats_of
 from runner.sources.models import ConvNet
 
+pytestmark = pytest.mark.statistics
+
 RESNET50_CHILDREN = [
     ("conv1", [2, 64, 112, 112]), ("bn1", [2, 64, 112, 112]), ("relu", [2, 64, 112, 112]),
     ("maxpool", [2, 64, 56, 56]), ("layer1", [2, 256, 56, 56]), ("layer2", [2, 512, 28, 28]),

@@ -15,6 +15,8 @@ import pytest
 from conftest import make_config, run
 from runner.analysis.units import load_units
 
+pytestmark = pytest.mark.statistics
+
 TRAINED = ("model=digits_cnn", "data=digits", "hooks=units", "optimizer=sgd", "steps=20", "loss=cross_entropy",
            "progress=false")
 

@@ -24,6 +24,8 @@ from runner.analysis.units import (layer_second_moment, load_unit_examples, load
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 
+pytestmark = pytest.mark.statistics
+
 QS = [0.01, 0.1, 0.5, 0.9, 0.99]
 
 

@@ -28,6 +28,8 @@ from docs_text import blocks, section
 from runner.analysis import top_units
 from runner.analysis.units import TOP_UNIT_COLUMNS, load_unit_names
 
+pytestmark = pytest.mark.statistics
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = section("tutorials/units.md", "Unit statistics and top examples")
 

@@ -69,6 +69,8 @@ from torch import nn
 from common.errors import ConfigError
 from test_backward_exact import hooked_step, hooks_in_order
 
+pytestmark = pytest.mark.statistics
+
 SCENARIOS = {}
 
 

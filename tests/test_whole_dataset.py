@@ -15,6 +15,8 @@ from runner.analysis.units import load_units
 from runner.engine import whole_pass
 from runner.engine.plan import compile_plan
 
+pytestmark = pytest.mark.statistics
+
 DIGITS = ("model=digits_cnn", "data=digits", "mode=eval", "epochs=1", "progress=false")
 SEQUENTIAL = ("model=custom", "model._target_=models_for_tests.SequentialDigits", "model.head=5", "data=digits",
               "mode=eval", "epochs=1", "progress=false")
