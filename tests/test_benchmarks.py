@@ -88,20 +88,24 @@ def test_the_interval_of_a_median_holds_it_and_narrows_with_more_rounds():
 
 
 def test_each_runner_variant_is_divided_by_its_own_hand_written_twin_round_by_round():
-    """Paired per round, not a ratio of medians: round 1's 3.0 over 1.0 and round 2's 2.0 over 2.0 give the
-    ratios 3 and 1 (median 2), where the medians 2.5 and 1.5 would give 1.67."""
+    """Paired per round, not a ratio of medians: round 1's 3.0 over 1.0 and round 2's 2.4 over 2.0 give the
+    ratios 3 and 1.2 (median 2.1), where the medians 2.7 and 1.5 would give 1.8. The verdict is the
+    interval's: wholly above 1 missed, wholly at or under met, holding 1 neither."""
     import argparse
 
     settings = bench.Settings.from_args(argparse.Namespace(quick=False, device="cpu", resnet50=False, long=False, rounds=20))
     times = {name: [1.0, 1.0] for pair in bench.AGAINST_HAND.items() for name in pair}
-    times.update({"runner stats": [3.0, 2.0], "stats by hand": [1.0, 2.0], "runner extract (memory)": [0.5, 0.5]})
+    times.update({"runner stats": [3.0, 2.4], "stats by hand": [1.0, 2.0], "runner extract (memory)": [0.5, 0.5],
+                  "runner clip (record: false)": [0.9, 1.1]})
     report = bench.Report()
     bench._against_hand(report, "c", times, settings)
-    got = {r["name"]: (r["ratio"], r["unit"], r["target"]) for r in report.rows}
-    assert got["runner stats"] == (2.0, "of stats by hand", "≤ 1 **missed**")
-    assert got["runner extract (memory)"] == (0.5, "of extract by hand", "≤ 1 met")
-    assert got["runner no-op machinery"] == (1.0, "of no-op hooks by hand", "≤ 1 met")
-    assert "| runner stats | stats by hand | 2.000 | 1.000 – 3.000 | ≤ 1 **missed** |" in report.lines
+    got = {r["name"]: (r["ratio"], r["low"], r["high"], r["unit"], r["target"]) for r in report.rows}
+    assert got["runner stats"] == (pytest.approx(2.1), 1.2, 3.0, "of stats by hand", "≤ 1 **missed**")
+    assert got["runner extract (memory)"] == (0.5, 0.5, 0.5, "of extract by hand", "≤ 1 met")
+    assert got["runner no-op machinery"] == (1.0, 1.0, 1.0, "of no-op hooks by hand", "≤ 1 met")
+    assert got["runner clip (record: false)"] == (pytest.approx(1.0), 0.9, 1.1, "of clip by hand",
+                                                  "≤ 1 within noise (the interval holds it)")
+    assert "| runner stats | stats by hand | 2.100 | 1.200 – 3.000 | ≤ 1 **missed** |" in report.lines
 
 
 def test_a_cuda_benchmark_without_a_gpu_is_one_line(monkeypatch, capsys):
