@@ -1,6 +1,7 @@
 """``sae`` against sae-lens and plain PyTorch: feature activations, reconstruction and spliced outputs under
 feature edits equal sae-lens 6's own (saved by ``scripts/make_sae_fixture.py`` in ``tests/fixtures``, to
-1e-6); the spliced gpt2_tiny's logits equal the unspliced model's (1e-5) and, edited, a hand-written hook's;
+1e-6); the spliced gpt2_tiny's logits equal those of hand-written hooks splicing the same SAE in plain PyTorch
+(1e-5), unedited, steered and ablated, and an edit moves them by what the hand-written edit does;
 the features are a module's output that ``units``, ``stats``, ``extract`` and ``store`` record and that
 ``ablate`` edits; and a bad folder, architecture, width or order is one line with status 2 before the run.
 The ``sae``-marked test runs sae-lens itself (``/work/venv-sae``) on a freshly made SAE."""
@@ -10,6 +11,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -85,39 +87,68 @@ def test_edited_features_spliced_with_the_error_term_equal_sae_lens_s(case, edit
     assert (out - x).abs().max() > 0.1  # the edit changed the output
 
 
-def hand_spliced(edits: dict[str, tuple[list[int], float]]):
-    """Forward hooks on GPT-2 blocks doing by hand what ``sae`` entries with ``op: steer`` do:
-    ``decode(f') + (x - decode(f))`` with the standard fixture's weights, read with safetensors, the error
-    term without gradient."""
+def hand_splice(edit: Callable[[torch.Tensor], torch.Tensor] = lambda f: f, seen: list | None = None):
+    """A forward hook doing by hand what an ``sae`` entry does at a GPT-2 block:
+    ``decode(edit(f)) + (x - decode(f))`` with the standard fixture's weights, read with safetensors, the
+    error term without gradient; ``seen`` collects ``f``."""
     w = load_file(FIXTURES / "sae_standard" / "sae_weights.safetensors")
 
-    def encode(x):
-        return torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
-
-    def hook_for(features, value):
-        def hook(module, args, x):
-            f = encode(x)
-            edited = f.clone()
-            edited[..., features] += value
-            with torch.no_grad():  # the error term carries no gradient, as in sae-lens
-                error = x - (f @ w["W_dec"] + w["b_dec"])
-            return edited @ w["W_dec"] + w["b_dec"] + error
-        return hook
-
-    return {layer: hook_for(*edit) for layer, edit in edits.items()}
+    def hook(module, args, x):
+        f = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+        if seen is not None:
+            seen.append(f.detach())
+        with torch.no_grad():  # the error term carries no gradient, as in sae-lens
+            error = x - (f @ w["W_dec"] + w["b_dec"])
+        return edit(f) @ w["W_dec"] + w["b_dec"] + error
+    return hook
 
 
-def test_the_spliced_model_s_logits_equal_the_unspliced_model_s_and_edits_equal_hand_written_hooks(tmp_path):
-    """Unedited, the logits are the model's own (1e-5); two SAEs at two blocks, each steering features,
-    give the logits of two hand-written hooks, and the features module leaves the model with the entries."""
+def steering(features: list[int], value: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``op: steer`` by hand: ``value`` added to ``features`` at every position."""
+    def edit(f):
+        f = f.clone()
+        f[..., features] += value
+        return f
+    return edit
+
+
+def hand_spliced(edits: dict[str, tuple[list[int], float]]):
+    """``hand_splice`` steering, for each block ``edits`` names, its features by its value (``op: steer``)."""
+    return {layer: hand_splice(steering(*edit)) for layer, edit in edits.items()}
+
+
+def logits_with(model: nn.Module, x: torch.Tensor, hooks: dict) -> torch.Tensor:
+    """The model's logits with forward ``hooks`` (by module name) registered by hand for one call."""
+    handles = [model.get_submodule(layer).register_forward_hook(hook) for layer, hook in hooks.items()]
+    try:
+        with torch.no_grad():
+            return model(x).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_the_spliced_model_s_logits_equal_hand_written_splices_and_an_edit_moves_them_as_the_hand_edit_does(tmp_path):
+    """Catches a splice that does nothing (a no-op splice would leave the features module uncalled, and an
+    edit would not move the logits), one that drops the error term, or an edit that does not reach decode.
+    Unedited, the features module sees the hand-computed features and the logits are those of a hand-written
+    hook splicing ``decode(f) + (x - decode(f))``; two SAEs at two blocks, each steering features, move the
+    logits away from the plain model's by what two hand-written steering hooks move them; the features
+    module leaves the model with the entries."""
     model, x = gpt2(), tokens(1)
     with torch.no_grad():
         plain = model(x).logits
+    seen, hand_seen = [], []
     with runner.attach(model, hooks={"sae": sae_entry()}, out_dir=tmp_path / "plain") as attached:
+        handle = model.get_submodule(f"{LAYER}.sae").register_forward_hook(lambda m, a, out: seen.append(out))
         with torch.no_grad():
             spliced = model(x).logits
+        handle.remove()
         attached.step()
-    torch.testing.assert_close(spliced, plain, atol=1e-5, rtol=0)
+    by_hand = logits_with(model, x, {LAYER: hand_splice(seen=hand_seen)})
+    assert len(seen) == 1, "the features module was not called once in the pass"
+    torch.testing.assert_close(seen[0], hand_seen[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(spliced, by_hand, atol=1e-5, rtol=0)
 
     edits = {LAYER: ([0, 5], 3.0), "transformer.h.1": ([2], -1.5)}
     entries = {"sae": sae_entry(features=edits[LAYER][0], op="steer", value=edits[LAYER][1]),
@@ -129,13 +160,9 @@ def test_the_spliced_model_s_logits_equal_the_unspliced_model_s_and_edits_equal_
             steered = model(x).logits
         attached.step()
     assert not any(name.endswith(".sae") for name, _ in model.named_modules())
-    handles = [model.get_submodule(layer).register_forward_hook(hook) for layer, hook in hand_spliced(edits).items()]
-    with torch.no_grad():
-        by_hand = model(x).logits
-    for handle in handles:
-        handle.remove()
-    torch.testing.assert_close(steered, by_hand, atol=1e-5, rtol=0)
-    assert (steered - plain).abs().max() > 1e-2
+    moved_by_hand = logits_with(model, x, hand_spliced(edits)) - plain
+    assert moved_by_hand.abs().max() > 0.1  # the hand-written edit moves the logits
+    torch.testing.assert_close(steered - plain, moved_by_hand, atol=1e-5, rtol=0)
 
 
 def test_gradients_through_the_splice_equal_a_hand_written_hook_s(tmp_path):
@@ -230,22 +257,32 @@ def test_units_stats_extract_and_store_record_the_features_as_units(tmp_path):
     np.testing.assert_allclose(torch.stack([values for values, _ in rows]).numpy(), features.numpy(), atol=1e-6)
 
 
-def test_ablating_the_features_module_equals_the_entry_s_own_ablation(tmp_path):
-    """An ``ablate`` entry on ``<layer>.sae`` changes what is decoded: the logits equal those of the
-    ``sae`` entry's own ``op: ablate`` of the same features, and differ from the unedited ones."""
+def test_ablating_the_features_module_equals_a_hand_written_ablation_of_the_features(tmp_path):
+    """Catches an edit on ``<layer>.sae`` that is not what gets decoded (the splice decoding the features it
+    computed rather than the features module's edited output) and an ``op: ablate`` that zeroes the wrong
+    features: an ``ablate`` entry on ``<layer>.sae`` and the ``sae`` entry's own ``op: ablate`` of features
+    1-3 each give the logits of a hand-written hook decoding the features with 1-3 set to 0, plus the error
+    term, and move them away from the plain model's."""
     model, x = gpt2(), tokens(1)
-    logits = {}
+    with torch.no_grad():
+        plain = model(x).logits
+
+    def ablated(f):
+        f = f.clone()
+        f[..., 1:4] = 0
+        return f
+
+    by_hand = logits_with(model, x, {LAYER: hand_splice(ablated)})
+    assert (by_hand - plain).abs().max() > 1e-2  # the hand-written ablation moves the logits
     for name, entries in {
         "ablate_type": {"sae": sae_entry(), "ablate": {"type": "ablate", "layers": f"{LAYER}.sae", "index": "..., 1:4"}},
         "own_op": {"sae": sae_entry(features="..., 1:4", op="ablate")},
-        "unedited": {"sae": sae_entry()},
     }.items():
         with runner.attach(model, hooks=entries, out_dir=tmp_path / name) as attached:
             with torch.no_grad():
-                logits[name] = model(x).logits
+                logits = model(x).logits
             attached.step()
-    assert torch.equal(logits["ablate_type"], logits["own_op"])
-    assert (logits["own_op"] - logits["unedited"]).abs().max() > 1e-3
+        torch.testing.assert_close(logits, by_hand, atol=1e-5, rtol=0, msg=name)
 
 
 def test_on_a_conv_map_the_sae_reads_each_pixel_s_channels_and_its_features_are_channels(tmp_path):
