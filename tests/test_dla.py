@@ -1,8 +1,9 @@
 """``dla`` (direct logit attribution) against plain PyTorch and TransformerLens 4 on a saved gpt2_tiny whose
 biases and final-norm weights are random (so the constant term and the frozen scale both matter): the
-parts sum to the logit difference of the model's own logits, each block's heads and its output
-projection's bias sum to its attention output, a block left out is the ``rest``, and every contribution
-equals TransformerLens's ``logit_attrs`` of ``decompose_resid`` / ``stack_head_results``."""
+parts sum to the logit difference of the model's own logits; each head, ``attn_bias`` and a block left out
+(the ``rest``) equal a float64 attribution by hand-written hooks (``hand_dla``: heads rebuilt from the attention
+pattern); and every contribution equals TransformerLens's ``logit_attrs`` of ``decompose_resid`` /
+``stack_head_results``."""
 from __future__ import annotations
 
 import shlex
@@ -49,13 +50,78 @@ def dla_rows(gpt2_dir, tmp_path, *more: str) -> pd.DataFrame:
 
 def by_hand(gpt2_dir, *more: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's batch and plain PyTorch's ``logit[a] - logit[b]`` of the saved model at every position, in float64."""
+    x, logits, _ = saved_model_pass(gpt2_dir, *more)
+    return x, logits[..., DIFF[0]] - logits[..., DIFF[1]]
+
+
+def saved_model_pass(gpt2_dir, *more: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The run's batch, the saved model's float64 logits on it, and what hand-written hooks read there: each
+    module's output (by name), the final norm's and each ``ln_1``'s input, each block's attention pattern."""
     from transformers import AutoModelForCausalLM
 
     x = next(compile_plan(make_config(*overrides(gpt2_dir, *more))).data.batches(0, torch.device("cpu"))).x
-    model = AutoModelForCausalLM.from_pretrained(gpt2_dir).eval().double()
+    model = AutoModelForCausalLM.from_pretrained(gpt2_dir, attn_implementation="eager").eval().double()
+    model.requires_grad_(False)
+    read = {"model": model}
+    handles = [model.get_submodule(name).register_forward_hook(
+        lambda m, args, out, name=name: read.update({name: out[0] if isinstance(out, tuple) else out}))
+        for name in ("transformer.wte", "transformer.wpe", *[f"transformer.h.{b}.{part}" for b in (0, 1)
+                                                             for part in ("attn", "mlp")])]
+    handles += [model.get_submodule(name).register_forward_pre_hook(
+        lambda m, args, name=name: read.update({f"{name} input": args[0]}))
+        for name in ("transformer.ln_f", "transformer.h.0.ln_1", "transformer.h.1.ln_1")]
     with torch.no_grad():
-        logits = model(x).logits
-    return x, logits[..., DIFF[0]] - logits[..., DIFF[1]]
+        out = model(x, output_attentions=True)
+    for handle in handles:
+        handle.remove()
+    read["pattern"] = out.attentions  # per block [batch, heads, query, key]
+    return x, out.logits, read
+
+
+def hand_dla(gpt2_dir) -> dict[tuple[str, int, int], torch.Tensor]:
+    """Direct logit attribution in float64 by hand, ``[batch, positions]`` per ``(component, block, head)``:
+    ``((c - mean c) / s) . (gamma * (W_U[a] - W_U[b]))`` with ``s`` the final norm's scale on the whole residual
+    stream (TransformerLens's ``apply_ln_to_stack``). A head's output is built from its attention pattern and
+    its value vectors (``ln_1``'s normalized input times the head's value weights, then its rows of the output
+    projection); what every value vector holds whatever the input (the values' bias and ``ln_1``'s bias through
+    the value weights) goes with the output projection's bias into ``attn_bias``, as TransformerLens folds it."""
+    _, _, read = saved_model_pass(gpt2_dir)
+    model = read["model"]
+    resid = read["transformer.ln_f input"]
+    scale = (resid.var(-1, unbiased=False) + model.transformer.ln_f.eps).sqrt()
+    unembed = model.lm_head.weight
+    direction = model.transformer.ln_f.weight * (unembed[DIFF[0]] - unembed[DIFF[1]])
+
+    def attributed(c: torch.Tensor) -> torch.Tensor:
+        return ((c - c.mean(-1, keepdim=True)) / scale[..., None]) @ direction
+
+    found = {("embed", -1, -1): attributed(read["transformer.wte"]),
+             ("pos_embed", -1, -1): attributed(read["transformer.wpe"].expand_as(resid))}
+    width = resid.shape[-1]
+    for b in (0, 1):
+        block = model.transformer.h[b]
+        found[("attn", b, -1)] = attributed(read[f"transformer.h.{b}.attn"])
+        found[("mlp", b, -1)] = attributed(read[f"transformer.h.{b}.mlp"])
+        inp = read[f"transformer.h.{b}.ln_1 input"]
+        normed = (inp - inp.mean(-1, keepdim=True)) / (inp.var(-1, unbiased=False, keepdim=True) + block.ln_1.eps).sqrt()
+        w_v, b_v = block.attn.c_attn.weight[:, 2 * width:], block.attn.c_attn.bias[2 * width:]
+        values = (normed * block.ln_1.weight) @ w_v  # [batch, positions, heads * head_dim], without the constant
+        heads = block.attn.num_heads
+        head_dim = width // heads
+        w_o = block.attn.c_proj.weight.reshape(heads, head_dim, width)
+        for h in range(heads):
+            per_head = values[..., h * head_dim:(h + 1) * head_dim]
+            found[("head", b, h)] = attributed(read["pattern"][b][:, h] @ per_head @ w_o[h])
+        constant = (block.ln_1.bias @ w_v + b_v) @ block.attn.c_proj.weight + block.attn.c_proj.bias
+        found[("attn_bias", b, -1)] = attributed(constant.expand_as(resid))
+    return found
+
+
+def ours(rows: pd.DataFrame, component: str, block: int, head: int = -1) -> torch.Tensor:
+    """The run's contributions of one part, ``[samples, positions read]``."""
+    part = rows[(rows.component == component) & (rows.block == block) & (rows["head"] == head)]
+    positions = part.position.nunique()
+    return torch.tensor(part.sort_values(["sample", "position"]).contribution.to_numpy()).reshape(-1, positions)
 
 
 def test_the_parts_sum_to_the_model_s_logit_difference_at_every_position(gpt2_dir, tmp_path):
@@ -72,22 +138,36 @@ def test_the_parts_sum_to_the_model_s_logit_difference_at_every_position(gpt2_di
     assert (rows[rows.component == "bias"].contribution.abs() > 1e-3).all()  # the random ln_f bias is there
 
 
-def test_each_block_s_heads_and_projection_bias_sum_to_its_attention(gpt2_dir, tmp_path):
+def test_each_head_and_attention_bias_equal_a_hand_written_attribution_from_the_attention_pattern(gpt2_dir, tmp_path):
+    """Catches heads swapped, a head's slice of the output projection misread, or the value constant counted in the
+    heads rather than in ``attn_bias`` (each still sums to ``attn``, which the hook checks itself): every head's
+    and ``attn_bias``'s contribution at the last position equals ``hand_dla``'s, which builds each head's output
+    from HF's attention pattern and the value vectors, not from the output projection's input."""
     rows = dla_rows(gpt2_dir, tmp_path)
     assert set(rows.position) == {15}  # position -1: the last, as metric.diff reads it
-    heads = rows[rows.component.isin(["head", "attn_bias"])].groupby(["sample", "layer"]).contribution.sum()
-    attn = rows[rows.component == "attn"].set_index(["sample", "layer"]).contribution
+    expected = hand_dla(gpt2_dir)
     assert sorted(rows[rows.component == "head"]["head"].unique()) == [0, 1]
-    pd.testing.assert_series_equal(heads, attn.reindex(heads.index), check_names=False, rtol=0, atol=1e-6)
-    assert (rows[rows.component == "attn_bias"].contribution.abs() > 1e-4).all()
+    for block in (0, 1):
+        for component, head in [("head", 0), ("head", 1), ("attn_bias", -1), ("attn", -1)]:
+            want = expected[(component, block, head)][:, -1:]
+            assert want.abs().min() > 1e-4, (component, block, head)  # 1000 times the tolerance: a real check
+            torch.testing.assert_close(ours(rows, component, block, head), want, rtol=0, atol=1e-7,
+                                       msg=f"{component} block {block} head {head}")
+    assert (expected[("head", 0, 0)] - expected[("head", 0, 1)])[:, -1].abs().min() > 1e-4  # swapped heads differ
 
 
 def test_a_block_left_out_is_the_rest(gpt2_dir, tmp_path):
-    every = dla_rows(gpt2_dir, tmp_path / "every")
+    """Catches a ``rest`` that is zero or leaves a part out: selecting only ``transformer.h.1``, ``rest`` is block
+    0's attention and MLP outputs attributed by hand (float64 hooks on the saved model), and every other part
+    is ``hand_dla``'s."""
     one = dla_rows(gpt2_dir, tmp_path / "one", "hooks.dla.layers=transformer.h.1")
-    left_out = every[(every.block == 0) & every.component.isin(["attn", "mlp"])].groupby("sample").contribution.sum()
-    rest = one[one.component == "rest"].set_index("sample").contribution
-    pd.testing.assert_series_equal(rest, left_out.reindex(rest.index), check_names=False, rtol=0, atol=1e-6)
+    expected = hand_dla(gpt2_dir)
+    rest = expected[("attn", 0, -1)] + expected[("mlp", 0, -1)]
+    assert rest[:, -1].abs().min() > 1e-3
+    torch.testing.assert_close(ours(one, "rest", -1), rest[:, -1:], rtol=0, atol=1e-6)
+    for component, block in [("embed", -1), ("pos_embed", -1), ("attn", 1), ("mlp", 1)]:
+        torch.testing.assert_close(ours(one, component, block), expected[(component, block, -1)][:, -1:], rtol=0,
+                                   atol=1e-6, msg=component)
     assert set(one.layer) == {"", "transformer.h.1"}
 
 
