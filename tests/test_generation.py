@@ -57,12 +57,13 @@ def text(saved) -> tuple[str, ...]:
     return ("model=hf", f"model.path={saved}", *TEXT)
 
 
-def by_hand(model, hook=None, layer: str = LAYER, seed: int | None = None, **kwargs) -> list[list[int]]:
-    """``model.generate`` on the left-padded prompts, with ``hook`` on ``layer`` registered by hand: each
+def by_hand(model, hook=None, layer: str = LAYER, seed: int | None = None, prompts: list[str] = PROMPTS,
+            **kwargs) -> list[list[int]]:
+    """``model.generate`` on the left-padded ``prompts``, with ``hook`` on ``layer`` registered by hand: each
     prompt's new tokens up to its first end-of-text token (id 0)."""
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER, local_files_only=True)
     tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    enc = tokenizer(prompts, padding=True, return_tensors="pt")
     handle = model.get_submodule(layer).register_forward_hook(hook) if hook else None
     if seed is not None:
         torch.manual_seed(seed)
@@ -149,20 +150,35 @@ def test_an_sae_feature_edit_during_generation_equals_the_hand_written_splice(tm
     assert spliced != by_hand(gpt2(), do_sample=False)
 
 
-def test_a_patch_from_a_stored_generation_run_acts_at_every_call(tmp_path, text):
-    """Patching a block's whole output with a stored generation run's at every call (the prompt's and each new
-    token's) regenerates the stored text from other prompts; a stored forward pass is refused before the run."""
-    others = [f"data.prompts=[{','.join(reversed(PROMPTS))}]"]
+def test_a_patch_from_a_stored_generation_run_equals_a_hand_written_patch_at_every_call(tmp_path, text):
+    """Catches a patch that copies from the wrong position, the wrong call or the wrong sample, or acts only at the
+    prompt's call: patching the last position of a block's output (``index: ':, -1'``) with a stored generation
+    run's, from other prompts, generates what ``model.generate`` does with hand-written hooks: one keeping the
+    block's output at each call on the source prompts, one writing each call's last position into the other
+    prompts' pass. The patch changes what they generate, and a stored forward pass is refused before the run."""
+    others = list(reversed(PROMPTS))
     stored = (*text, "hooks=extract", f"hooks.extract.layers={LAYER}")
     source = run(make_config(*stored), tmp_path / "source", stored)
-    patched = (*text, *others, "hooks=patch", f"hooks.patch.layers={LAYER}", f"hooks.patch.source={source}")
+    patched = (*text, f"data.prompts=[{','.join(others)}]", "hooks=patch", f"hooks.patch.layers={LAYER}",
+               f"hooks.patch.source={source}", "hooks.patch.index=':, -1'")
     out = run(make_config(*patched), tmp_path / "patched", patched)
-    plain = (*text, *others)
-    assert pd.read_parquet(out / "generations.parquet")["prompt"].tolist() == PROMPTS[::-1]
-    assert generated(source) == [list(ids) for ids in pd.read_parquet(out / "generations.parquet")["generated_ids"]]
-    unpatched = [list(ids) for ids in pd.read_parquet(run(make_config(*plain), tmp_path / "plain", plain)
-                                                      / "generations.parquet")["generated_ids"]]
-    assert unpatched != generated(source)
+    table = pd.read_parquet(out / "generations.parquet").sort_values("sample")
+    assert table["prompt"].tolist() == others
+
+    kept = []
+    by_hand(gpt2(), lambda module, args, output: kept.append(output.detach().clone()), do_sample=False)
+    calls = iter(kept)
+
+    def last_position_from_source(module, args, output):
+        output = output.clone()
+        output[:, -1] = next(calls)[:, -1]
+        return output
+
+    expected = by_hand(gpt2(), last_position_from_source, prompts=others, do_sample=False)
+    assert next(calls, None) is None  # the patched pass made as many calls as the source's
+    assert [list(ids) for ids in table["generated_ids"]] == expected
+    assert expected != by_hand(gpt2(), prompts=others, do_sample=False)  # the patch changed what was generated
+    assert expected != generated(source)  # and it is not the source's text: the other prompts still count
     forward = tuple(o.replace("mode=generate", "mode=eval") for o in stored)
     eval_source = run(make_config(*forward), tmp_path / "forward", forward)
     with pytest.raises(ConfigError, match=r"hooks.patch.source: run .* is a forward pass \(mode=eval\)"):
