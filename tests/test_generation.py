@@ -1,6 +1,6 @@
 """``mode=generate`` against a hand-written ``model.generate``: the tokens generated under steering, an SAE
-feature edit, no hook at all, and sampling with a seed equal those of ``model.generate`` on the same
-tiny GPT-2 with the same forward hook registered by hand, token for token; ``runner.attach`` around the
+feature edit, a patch from a stored generation run, no hook at all, and sampling with a seed equal those of
+``model.generate`` on the same tiny GPT-2 with the same forward hooks registered by hand, token for token; ``runner.attach`` around the
 user's own ``generate`` records every call; bad input is one line with status 2 and nothing written.
 
 The model is gpt2_tiny's architecture with larger random weights (``initializer_range=0.2``), saved with
