@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from matplotlib import colormaps
@@ -134,3 +135,36 @@ def assert_gradient_flow_shows(path: Path, kinds: int) -> None:
         blue_at = np.where(blue, rows, 0).sum(0)[both] / blue.sum(0)[both]
         orange_at = np.where(orange, rows, 0).sum(0)[both] / orange.sum(0)[both]
         assert (orange_at < blue_at).mean() > 0.8, (row, (orange_at < blue_at).mean())  # higher is fewer rows down
+
+
+def kept_tensor(run_dir: Path, layer: str, kind: str) -> np.ndarray:
+    """A tensor the run kept at step 0, read with plain pandas from ``tensors.parquet``, in float64."""
+    kept = pd.read_parquet(run_dir / "tensors.parquet")
+    (row,) = kept[(kept.layer == layer) & (kept.kind == kind) & (kept.step == 0) & (kept.call == 0)].itertuples()
+    return np.asarray(row.tensor_values, dtype=np.float64).reshape(row.tensor_shape)
+
+
+def grad_cam_by_hand(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Grad-CAM of sample 0 in float64 (Selvaraju et al.): channels weighted by their mean gradient, ReLU, bilinear
+    to ``size``, scaled to [0, 1]."""
+    weights = gradient[0].mean(axis=(1, 2))
+    cam = resized(np.maximum(np.tensordot(weights, activation[0], axes=1), 0), size, "bilinear")
+    return (cam - cam.min()) / (cam.max() - cam.min())
+
+
+def assert_gradcam_run_pictures(run_dir: Path, image_path: Path) -> None:
+    """The pictures of how-to/analysis.md's resnet18 Grad-CAM run (``conv1`` and ``layer4`` kept, ``image_path``
+    its input) show its data: each feature map its channel, the layer4 map a float64 Grad-CAM by hand, both
+    overlays the input, the gradient flow one row per recorded kind. ``grad_cam_conv1.png``'s map is only
+    checked to be drawn: conv1 feeds a BatchNorm in training mode, whose input gradient sums to zero per channel,
+    so its Grad-CAM weights are zero up to rounding and the map shows float32 rounding noise."""
+    image = np.asarray(Image.open(image_path).convert("RGB"), dtype=np.float64) / 255
+    for layer in ("conv1", "layer4"):
+        output = kept_tensor(run_dir, layer, "output")
+        assert_feature_maps_show(run_dir / f"feature_maps_{layer}.png", output[0, :64])
+        cam = (grad_cam_by_hand(output, kept_tensor(run_dir, layer, "grad_output"), image.shape[:2])
+               if layer == "layer4" else None)
+        assert_grad_cam_shows(run_dir / f"grad_cam_{layer}.png", image, cam)
+    stats = pd.read_parquet(run_dir / "stats.parquet")
+    kinds = set(stats[stats.phase != "eval"].kind) & {"input", "output", "grad_input", "grad_output", "param_grad"}
+    assert_gradient_flow_shows(run_dir / "gradient_flow.png", len(kinds))

@@ -19,14 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
-from PIL import Image
 
 import runner.analysis as analysis
 from docs_text import SHOWN_FAILING, blocks, everything, normal, page, section, shell_commands
-from picture_content import assert_feature_maps_show, assert_grad_cam_shows, assert_gradient_flow_shows, resized
+from picture_content import assert_gradcam_run_pictures
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import COMMANDS as TWICE
 
@@ -194,39 +191,14 @@ def _startup_run(run_dir, out, shown):
     assert analysis.load_stats(run_dir).empty and len(analysis.load_steps(run_dir)) == 1  # no hook: nothing recorded
 
 
-def _kept(run_dir: Path, layer: str, kind: str) -> np.ndarray:
-    """A tensor the run kept at step 0, read with plain pandas from ``tensors.parquet``, in float64."""
-    kept = pd.read_parquet(run_dir / "tensors.parquet")
-    (row,) = kept[(kept.layer == layer) & (kept.kind == kind) & (kept.step == 0) & (kept.call == 0)].itertuples()
-    return np.asarray(row.tensor_values, dtype=np.float64).reshape(row.tensor_shape)
-
-
-def _grad_cam_by_hand(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Grad-CAM of sample 0 in float64 (Selvaraju et al.): channels weighted by their mean gradient, ReLU, bilinear
-    to ``size``, scaled to [0, 1]."""
-    weights = gradient[0].mean(axis=(1, 2))
-    cam = resized(np.maximum(np.tensordot(weights, activation[0], axes=1), 0), size, "bilinear")
-    return (cam - cam.min()) / (cam.max() - cam.min())
-
-
 def _grad_cam_pictures(run_dir, out, shown):
     """The five pictures, each showing its data (``tests/picture_content.py`` reads them back from their pixels):
     catches a blank or missing picture, a panel or line left out, channels out of order, a Grad-CAM map not of
-    the kept output and gradient, an input image not the house. ``grad_cam_conv1.png``'s map is only checked
-    to be drawn: conv1 feeds a BatchNorm in training mode, whose input gradient sums to zero per channel, so
-    its Grad-CAM weights are zero up to rounding and its map is float32 rounding noise."""
+    the kept output and gradient, an input image not the house."""
     written = sorted(p.name for p in run_dir.glob("*.png"))
     assert written == ["feature_maps_conv1.png", "feature_maps_layer4.png", "grad_cam_conv1.png", "grad_cam_layer4.png",
                        "gradient_flow.png"]
-    house = np.asarray(Image.open(ROOT / "assets" / "house.png").convert("RGB"), dtype=np.float64) / 255
-    for layer in ("conv1", "layer4"):
-        output = _kept(run_dir, layer, "output")
-        assert_feature_maps_show(run_dir / f"feature_maps_{layer}.png", output[0, :64])
-        cam = _grad_cam_by_hand(output, _kept(run_dir, layer, "grad_output"), house.shape[:2]) if layer == "layer4" else None
-        assert_grad_cam_shows(run_dir / f"grad_cam_{layer}.png", house, cam)
-    stats = pd.read_parquet(run_dir / "stats.parquet")
-    kinds = set(stats[stats.phase != "eval"].kind) & {"input", "output", "grad_input", "grad_output", "param_grad"}
-    assert_gradient_flow_shows(run_dir / "gradient_flow.png", len(kinds))
+    assert_gradcam_run_pictures(run_dir, ROOT / "assets" / "house.png")
 
 
 def _resnet50_gradients_grow_back_to_conv1(run_dir, out, shown):
