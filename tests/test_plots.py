@@ -183,6 +183,22 @@ def test_grad_cam_of_a_constant_map_is_zero():
     assert not grad_cam(a, -a, (6, 6)).any()  # only negative evidence: relu leaves nothing
 
 
+def test_grad_cam_before_a_training_batchnorm_is_zero_not_rounding_noise():
+    """A conv feeding a training-mode BatchNorm, one image (as ``data=image``): its output gradient sums to
+    zero per channel (every channel's mean gradient below 1e-6 of the gradient's mean size: float32 rounding),
+    so Grad-CAM has no evidence and the map is all 0. Those float32 means, scaled to [0, 1], drew a map."""
+    torch.manual_seed(0)
+    conv, bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+    head = torch.nn.Linear(8 * 14 * 14, 4)
+    x = torch.randn(1, 3, 16, 16)
+    a = conv(x)
+    a.retain_grad()
+    head(bn(a).flatten(1))[:, 2].sum().backward()
+    g64 = a.grad.double()
+    assert (g64.mean(dim=(2, 3)).abs() < 1e-6 * g64.abs().mean()).all()
+    assert not grad_cam(a.detach().numpy(), a.grad.numpy(), (16, 16)).any()
+
+
 def test_plots_switch_writes_pngs_into_the_run_directory(tmp_path, capsys):
     overrides = ["model=convnet", "data=image", f"data.path={HOUSE}", "data.resize=8", "data.crop=8",
                  "loss=class_score", "hooks=[gradcam,stats]", "hooks.gradcam.layers=conv",

@@ -26,18 +26,22 @@ def grad_cam(activation: np.ndarray, gradient: np.ndarray, size: tuple[int, int]
     """Class activation maps ``[N, H, W]`` in ``[0, 1]`` from an output and its gradient ``[N, C, h, w]``.
 
     Each map is scaled by its own minimum and maximum; a map that is constant (no positive
-    evidence anywhere) is all 0.
+    evidence anywhere) is all 0. The channel weights are taken in float64, and a weight within the
+    float32 gradient's own rounding of zero (a layer before a training-mode BatchNorm, whose output
+    gradient sums to zero per channel) counts as 0: scaled to [0, 1], that noise would draw a map.
     """
-    a, g = torch.as_tensor(activation, dtype=torch.float32), torch.as_tensor(gradient, dtype=torch.float32)
+    a, g = torch.as_tensor(activation, dtype=torch.float64), torch.as_tensor(gradient, dtype=torch.float64)
     if a.dim() != 4 or a.shape != g.shape:
         raise ValueError(f"grad_cam needs an output and a gradient of the same [N, C, h, w] shape, "
                          f"got {list(a.shape)} and {list(g.shape)}")
     weights = g.mean(dim=(2, 3), keepdim=True)
+    rounding = torch.finfo(torch.float32).eps * g.abs().mean(dim=(2, 3), keepdim=True)
+    weights = torch.where(weights.abs() > rounding, weights, torch.zeros_like(weights))
     cam = F.relu((weights * a).sum(dim=1, keepdim=True))
     cam = F.interpolate(cam, size=tuple(size), mode="bilinear", align_corners=False)[:, 0]
     lo = cam.amin(dim=(1, 2), keepdim=True)
     span = cam.amax(dim=(1, 2), keepdim=True) - lo
-    return torch.where(span > 0, (cam - lo) / span.clamp_min(1e-12), torch.zeros_like(cam)).numpy()
+    return torch.where(span > 0, (cam - lo) / span.clamp_min(1e-12), torch.zeros_like(cam)).float().numpy()
 
 
 def cam_layers(tensors) -> list[tuple[str, str]]:
