@@ -155,15 +155,15 @@ def grad_cam_by_hand(activation: np.ndarray, gradient: np.ndarray, size: tuple[i
 def assert_gradcam_run_pictures(run_dir: Path, image_path: Path) -> None:
     """The pictures of how-to/analysis.md's resnet18 Grad-CAM run (``conv1`` and ``layer4`` kept, ``image_path``
     its input) show its data: each feature map its channel, the layer4 map a float64 Grad-CAM by hand, both
-    overlays the input, the gradient flow one row per recorded kind. ``grad_cam_conv1.png``'s map is only
-    checked to be drawn: conv1 feeds a BatchNorm in training mode, whose input gradient sums to zero per channel,
-    so its Grad-CAM weights are zero up to rounding and the map shows float32 rounding noise."""
+    overlays the input, the gradient flow one row per recorded kind. ``grad_cam_conv1.png``'s map is all 0: conv1
+    feeds a BatchNorm in training mode, whose input gradient sums to zero per channel on one image, so there is
+    no evidence (its Grad-CAM weights are float32 rounding, which the picture once drew as a map)."""
     image = np.asarray(Image.open(image_path).convert("RGB"), dtype=np.float64) / 255
     for layer in ("conv1", "layer4"):
         output = kept_tensor(run_dir, layer, "output")
         assert_feature_maps_show(run_dir / f"feature_maps_{layer}.png", output[0, :64])
         cam = (grad_cam_by_hand(output, kept_tensor(run_dir, layer, "grad_output"), image.shape[:2])
-               if layer == "layer4" else None)
+               if layer == "layer4" else np.zeros(image.shape[:2]))
         assert_grad_cam_shows(run_dir / f"grad_cam_{layer}.png", image, cam)
     stats = pd.read_parquet(run_dir / "stats.parquet")
     kinds = set(stats[stats.phase != "eval"].kind) & {"input", "output", "grad_input", "grad_output", "param_grad"}
