@@ -40,6 +40,8 @@ def test_the_site_builds_strict():
     assert done.returncode == 0, done.stderr[-3000:]
     api = (site / "reference" / "api" / "index.html").read_text()
     assert 'id="runner.engine.attach.attach"' in api and 'id="runner.analysis.load.load_stats"' in api
+    imported = _gen_reference().page_imports()
+    assert [path for path in imported if f'id="{path}"' not in api] == []  # each with its heading's anchor
     specs = (site / "reference" / "hook-types" / "index.html").read_text()
     assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
     for notebook in (DOCS / "notebooks").glob("*.py"):
@@ -163,11 +165,27 @@ def test_the_hook_types_table_names_every_registered_type_and_the_error_line_lis
     from hooks.registry import HOOK_TYPES
 
     table = section("reference/hook-types.md", "Hook types")
-    rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    rows = re.findall(r"^\| \[`(\w+)`\]\(#\1\) \|", table, re.M)  # each linking to its spec's heading
     assert sorted(rows) == sorted(HOOK_TYPES)
     for name in ("README.md", "index.md"):
         listed = re.search(r"unknown hook type 'clmap'; valid: (.*?); did you mean", page(name)).group(1)
         assert listed.split(", ") == sorted(HOOK_TYPES), name
+
+
+def test_the_hook_types_table_breaks_no_name_inside_a_word():
+    """At 1,280 px the five-column table broke `edit_output` as `edit_outpu` / `t` (Material breaks code
+    anywhere). The site's stylesheet keeps a table's code spans whole, and the table has four columns
+    (the keys are in each type's spec, which its name links to), none holding an unbroken run of code
+    wider than the longest PyTorch hook name. (Looked at in headless Chromium at 1,280 px.)"""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    (sheet,) = config["extra_css"]
+    css = " ".join((DOCS / sheet).read_text().split())
+    assert re.search(r"\.md-typeset table:not\(\[class\]\) code \{ word-break: normal; \}", css), css
+    text = section("reference/hook-types.md", "Hook types")
+    table = re.search(r"^\| type \|.*?\n(?=[^|])", text, re.S | re.M).group(0).splitlines()  # the first table
+    assert {line.count(" | ") for line in table if not line.startswith("|-")} == {3}  # four cells a row
+    spans = re.findall(r"`([^`]*)`", "\n".join(table))
+    assert max(len(word) for span in spans for word in span.split()) <= len("Tensor.register_post_accumulate_grad_hook")
 
 
 def test_the_configuration_table_names_every_preset_of_conf():
@@ -178,6 +196,42 @@ def test_the_configuration_table_names_every_preset_of_conf():
         named = set(re.findall(r"`(\w+)`", row))
         presets = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
         assert presets - named == set(), group
+
+
+def _gen_reference():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    return gen_reference
+
+
+#: Functions the tutorials import that the API reference once left out.
+LEFT_OUT = ["runner.analysis.patching_plots.patching_heatmap", "runner.analysis.unit_plots.layer_histograms",
+            "runner.analysis.unit_plots.top_images_of_run", "runner.analysis.answers.dla.dla_table"]
+
+
+def test_the_api_reference_shows_every_function_and_class_the_pages_import():
+    """The API page as built (its ``:::`` directives, the generated ones included) shows each name the pages'
+    code imports (``from runner.plots import ...``, or ``runner.plots.NAME`` after ``import runner.plots``)."""
+    gen_reference = _gen_reference()
+    imported = gen_reference.page_imports()
+    assert set(LEFT_OUT) <= set(imported)  # found through both kinds of import (patching.md: import runner.plots)
+    directives = gen_reference.DIRECTIVE.findall(gen_reference.expand(page("reference/api.md")))
+    assert [path for path in imported if not gen_reference.shown_by(directives, path)] == []
+
+
+def test_a_name_a_page_imports_that_no_directive_shows_is_added_to_the_api_page(tmp_path, monkeypatch):
+    """A page importing a function the hand-written directives do not show: the generated section names it."""
+    gen_reference = _gen_reference()
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
+    (tmp_path / "docs" / "notebooks").mkdir()
+    (tmp_path / "README.md").write_text("```python\nfrom runner.analysis.units import top_units\n"
+                                        "import runner.plots\nrunner.plots.save_png(None, 'x.png')\n```\n")
+    (tmp_path / "docs" / "reference" / "api.md").write_text("::: runner.analysis.units\n")
+    monkeypatch.setattr(gen_reference, "ROOT", tmp_path)
+    assert gen_reference.api_imports() == "::: runner.analysis.plots.save_png\n"
 
 
 def test_the_generated_reference_expands_every_marker():
