@@ -9,6 +9,8 @@ A page asks for a table with a marker line, replaced by ``on_page_markdown``:
 - ``<!-- generated: columns -->``: every file's columns, Arrow types and meanings from ``common.records``,
   with the ``#:`` comment that declares it;
 - ``<!-- generated: changelog -->``: the commit headlines of ``git log``, by day;
+- ``<!-- generated: model-sizes -->``: each model preset of ``conf/model/`` built (on the meta device, as the
+  rehearsal builds it) and measured: its input, width, layers, heads, vocabulary or classes, parameters;
 - ``<!-- generated: api-imports -->``: a mkdocstrings directive (``::: path``) for every function and class
   the pages' code imports (``page_imports``) that the API page's own directives do not show.
 
@@ -238,6 +240,40 @@ def _escape(text: str) -> str:
     return re.sub(r"([\\*_<>\[\]])", r"\\\1", text)
 
 
+#: Model presets that build nothing by themselves (a Hugging Face folder, your own class): their sizes are yours.
+UNSIZED = {"hf": "a saved Hugging Face model's: its `config.json`", "custom": "your class's"}
+
+
+def _size_row(name: str) -> str:
+    """One preset's row: the model its config builds, measured (a transformer's sizes from its ``config``)."""
+    from runner.config.compose import compose_config
+    from runner.engine.plan_cache import built_on_meta
+
+    cfg = compose_config([f"model={name}"]).model
+    model = built_on_meta(cfg)
+    parameters = f"{sum(p.numel() for p in model.parameters()):,}"
+    shape = f"`{list(cfg.input_shape)}`"
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "hidden_size"):
+        return (f"| `{name}` | token ids {shape} | {config.hidden_size} | {config.num_hidden_layers} | "
+                f"{config.num_attention_heads} | {config.vocab_size} (vocabulary) | "
+                f"{config.max_position_embeddings} | {parameters} |")
+    head = model.get_submodule(cfg.head) if cfg.head else model
+    width = f"{head.in_features} (into `{cfg.head or '(model)'}`)"
+    return f"| `{name}` | {shape} | {width} | - | - | {cfg.num_classes} (classes) | - | {parameters} |"
+
+
+def model_sizes() -> str:
+    """Every model preset's sizes, measured on the model its config builds."""
+    import runner.sources  # noqa: F401  (registers the built-in models)
+
+    names = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
+    rows = [_size_row(name) for name in names if name not in UNSIZED]
+    return "\n".join(["| preset | input (the preset's batch) | width (d_model; a vision model: features into its head) "
+                      "| layers | heads | outputs | context | parameters |", "|---|---|---|---|---|---|---|---|",
+                      *rows, "", *(f"`model={name}`: the sizes are {whose}." for name, whose in UNSIZED.items())]) + "\n"
+
+
 #: The packages whose names the pages' code imports from (the API reference shows each).
 PACKAGES = ("runner", "hooks", "common")
 API_PAGE = "reference/api.md"
@@ -336,7 +372,8 @@ def api_imports() -> str:
 
 
 GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns,
-              "changelog": changelog, "api-imports": api_imports}
+              "changelog": changelog, "api-imports": api_imports,
+              "model-sizes": model_sizes}
 
 
 def expand(markdown: str) -> str:

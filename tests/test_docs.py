@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import runner
@@ -186,6 +187,46 @@ def test_the_hook_types_table_breaks_no_name_inside_a_word():
     assert {line.count(" | ") for line in table if not line.startswith("|-")} == {3}  # four cells a row
     spans = re.findall(r"`([^`]*)`", "\n".join(table))
     assert max(len(word) for span in spans for word in span.split()) <= len("Tensor.register_post_accumulate_grad_hook")
+
+
+def _size_rows() -> dict[str, list[str]]:
+    """The generated sizes table, by preset: its cells without backticks."""
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", _gen_reference().model_sizes(), re.M)
+    return {name: [cell.replace("`", "") for cell in cells.split(" | ")] for name, cells in rows}
+
+
+def test_each_model_preset_s_sizes_are_the_real_model_s():
+    """Every preset of conf/model (but hf and custom, whose sizes are the user's) has a row whose numbers are
+    those of the model built the plain way (on the CPU, by its own constructor): its input runs through it,
+    the width is what its head reads (d_model), a transformer's layers, heads, vocabulary and context are
+    its modules', and the parameters are counted once each; the steering page's width of gpt2_tiny is its row's."""
+    import torchvision
+    from torch import nn
+
+    from runner.sources.models import ConvNet, DigitsCNN, MLP, gpt2_tiny
+
+    rows = _size_rows()
+    assert set(rows) == {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")} - {"hf", "custom"}
+    built = {"convnet": ConvNet(), "digits_cnn": DigitsCNN(), "linear": nn.Linear(3, 3), "mlp": MLP(),
+             **{name: getattr(torchvision.models, name)() for name in ("resnet18", "resnet34", "resnet50")}}
+    for name, model in built.items():
+        shape, width, layers, heads, outputs, context, parameters = rows[name]
+        head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        with torch.no_grad():  # the preset's input runs through it (one sample of it: the same shape per sample)
+            out = model(torch.zeros([1, *yaml.safe_load(shape)[1:]]))
+        assert out.shape[-1] == head.out_features == int(outputs.split()[0]), name
+        assert int(width.split()[0]) == head.in_features, name
+        assert (layers, heads, context) == ("-", "-", "-"), name
+        assert int(parameters.replace(",", "")) == sum(p.numel() for p in model.parameters()), name
+    gpt2 = gpt2_tiny()
+    shape, width, layers, heads, outputs, context, parameters = rows["gpt2_tiny"]
+    blocks = gpt2.transformer.h
+    assert int(width) == gpt2.transformer.wte.embedding_dim == blocks[0].attn.embed_dim
+    assert (int(layers), int(heads)) == (len(blocks), blocks[0].attn.num_heads)
+    assert int(outputs.split()[0]) == gpt2.lm_head.out_features and int(context) == gpt2.transformer.wpe.num_embeddings
+    assert int(parameters.replace(",", "")) == sum(p.numel() for p in gpt2.parameters())
+    assert shape.startswith("token ids ")
+    assert f"`gpt2_tiny`: {width};" in page("tutorials/steering.md")
 
 
 def test_the_configuration_table_names_every_preset_of_conf():
