@@ -8,7 +8,6 @@ A page asks for a table with a marker line, replaced by ``on_page_markdown``:
   and the keys of the registered schema an option's ``kind``/name selects;
 - ``<!-- generated: columns -->``: every file's columns, Arrow types and meanings from ``common.records``,
   with the ``#:`` comment that declares it;
-- ``<!-- generated: changelog -->``: the commit headlines of ``git log``, by day;
 - ``<!-- generated: model-sizes -->``: each model preset of ``conf/model/`` built (on the meta device, as the
   rehearsal builds it) and measured: its input, width, layers, heads, vocabulary or classes, parameters;
 - ``<!-- generated: api-imports -->``: a mkdocstrings directive (``::: path``) for every function and class
@@ -24,7 +23,6 @@ import dataclasses
 import importlib
 import inspect
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -218,28 +216,6 @@ def _cell(text: str) -> str:
     return text.replace("``", "`").replace("|", " or ")
 
 
-def changelog() -> str:
-    """The commit headlines of the repository's history, newest day first."""
-    done = subprocess.run(["git", "log", "--no-merges", "--format=%ad%x09%s", "--date=short"], cwd=ROOT,
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        return "(This copy was built without its git history.)\n"
-    days: dict[str, list[str]] = {}
-    for line in done.stdout.splitlines():
-        day, _, headline = line.partition("\t")
-        days.setdefault(day, []).append(headline)
-    out = []
-    for day, headlines in days.items():
-        out.append(f"\n## {day}\n")
-        out += [f"- {_escape(h)}" for h in headlines]
-    return "\n".join(out) + "\n"
-
-
-def _escape(text: str) -> str:
-    """A headline as plain text in Markdown: no stray emphasis, HTML or link syntax."""
-    return re.sub(r"([\\*_<>\[\]])", r"\\\1", text)
-
-
 #: Model presets that build nothing by themselves (a Hugging Face folder, your own class): their sizes are yours.
 UNSIZED = {"hf": "a saved Hugging Face model's: its `config.json`", "custom": "your class's"}
 
@@ -371,8 +347,7 @@ def api_imports() -> str:
     return "\n\n".join(f"::: {path}" for path in missing) + "\n"
 
 
-GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns,
-              "changelog": changelog, "api-imports": api_imports,
+GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns, "api-imports": api_imports,
               "model-sizes": model_sizes}
 
 

@@ -22,7 +22,8 @@ import yaml
 import runner
 import runner.analysis as analysis
 from common.errors import OutputError
-from docs_text import DOCS, ROOT, SHOWN_FAILING, blocks, everything, normal, page, pages, section, shell_commands
+from docs_text import (DOCS, ROOT, SHOWN_FAILING, blocks, everything, headings, normal, page, pages, section,
+                       shell_commands)
 from runner.cli.commandline import check_command_line
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
@@ -227,6 +228,30 @@ def test_each_model_preset_s_sizes_are_the_real_model_s():
     assert int(parameters.replace(",", "")) == sum(p.numel() for p in gpt2.parameters())
     assert shape.startswith("token ids ")
     assert f"`gpt2_tiny`: {width};" in page("tutorials/steering.md")
+
+
+def test_dated_measurements_are_on_one_page_newest_first_and_performance_keeps_the_current_numbers():
+    """The performance page explains and holds the current numbers, linking the measurements page; the
+    measurements page holds every dated run, newest first (no engineering log on the explanation page)."""
+    performance = page("explanation/performance.md")
+    assert "Measured again" not in performance and "(measurements.md)" in performance
+    dated = [title for _, level, title in headings(page("explanation/measurements.md"))
+             if level == 2 and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d", title)]
+    assert len(dated) >= 6 and dated == sorted(dated, reverse=True)
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    assert "explanation/measurements.md" in _nav_pages(nav)
+
+
+def test_the_changelog_is_release_notes_of_the_package_s_version():
+    """Grouped by version (the package's own first), then by kind of change: not a list of commits by day."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    marks = headings(page("explanation/changelog.md"))
+    versions = [title for _, level, title in marks if level == 2]
+    assert versions and versions[0].split()[0] == version
+    assert {title for _, level, title in marks if level == 3} <= {"Added", "Changed", "Fixed", "Removed", "Performance"}
+    assert not re.search(r"^## \d{4}-\d\d-\d\d", page("explanation/changelog.md"), re.M)
 
 
 def test_the_configuration_table_names_every_preset_of_conf():
