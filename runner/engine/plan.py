@@ -2,7 +2,8 @@
 
 Every check a run makes before its first pass happens here, once, in one order (``GATE``, the list
 of the check functions): the modules presets name (``_module_``), the config against the schema
-(also for configs that did not come through Hydra), the run settings, the model target and
+(also for configs that did not come through Hydra), the run settings, the model target, whether
+it can generate (``mode=generate``: before the data and epochs it would make fail) and its
 checkpoint file, the data (built once: image files are read here), the loss, the optimizer, each
 hook entry, the pictures asked for, the device, a rehearsal of one step on the meta device
 (selectors, shapes, what each entry records), and what only the built model can say (the module
