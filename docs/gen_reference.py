@@ -8,17 +8,21 @@ A page asks for a table with a marker line, replaced by ``on_page_markdown``:
   and the keys of the registered schema an option's ``kind``/name selects;
 - ``<!-- generated: columns -->``: every file's columns, Arrow types and meanings from ``common.records``,
   with the ``#:`` comment that declares it;
-- ``<!-- generated: changelog -->``: the commit headlines of ``git log``, by day.
+- ``<!-- generated: model-sizes -->``: each model preset of ``conf/model/`` built (on the meta device, as the
+  rehearsal builds it) and measured: its input, width, layers, heads, vocabulary or classes, parameters;
+- ``<!-- generated: api-imports -->``: a mkdocstrings directive (``::: path``) for every function and class
+  the pages' code imports (``page_imports``) that the API page's own directives do not show.
 
 A key or column without a meaning (its ``#:`` comment) stops the build (``MissingMeaning``), so the reference
 never shows a blank. ``python docs/gen_reference.py MARKER`` prints one of them (``tests/test_docs.py`` checks them).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import inspect
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -212,30 +216,139 @@ def _cell(text: str) -> str:
     return text.replace("``", "`").replace("|", " or ")
 
 
-def changelog() -> str:
-    """The commit headlines of the repository's history, newest day first."""
-    done = subprocess.run(["git", "log", "--no-merges", "--format=%ad%x09%s", "--date=short"], cwd=ROOT,
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        return "(This copy was built without its git history.)\n"
-    days: dict[str, list[str]] = {}
-    for line in done.stdout.splitlines():
-        day, _, headline = line.partition("\t")
-        days.setdefault(day, []).append(headline)
-    out = []
-    for day, headlines in days.items():
-        out.append(f"\n## {day}\n")
-        out += [f"- {_escape(h)}" for h in headlines]
-    return "\n".join(out) + "\n"
+#: Model presets that build nothing by themselves (a Hugging Face folder, your own class): their sizes are yours.
+UNSIZED = {"hf": "a saved Hugging Face model's: its `config.json`", "custom": "your class's"}
 
 
-def _escape(text: str) -> str:
-    """A headline as plain text in Markdown: no stray emphasis, HTML or link syntax."""
-    return re.sub(r"([\\*_<>\[\]])", r"\\\1", text)
+def _size_row(name: str) -> str:
+    """One preset's row: the model its config builds, measured (a transformer's sizes from its ``config``)."""
+    from runner.config.compose import compose_config
+    from runner.engine.plan_cache import built_on_meta
+
+    cfg = compose_config([f"model={name}"]).model
+    model = built_on_meta(cfg)
+    parameters = f"{sum(p.numel() for p in model.parameters()):,}"
+    shape = f"`{list(cfg.input_shape)}`"
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "hidden_size"):
+        return (f"| `{name}` | token ids {shape} | {config.hidden_size} | {config.num_hidden_layers} | "
+                f"{config.num_attention_heads} | {config.vocab_size} (vocabulary) | "
+                f"{config.max_position_embeddings} | {parameters} |")
+    head = model.get_submodule(cfg.head) if cfg.head else model
+    width = f"{head.in_features} (into `{cfg.head or '(model)'}`)"
+    return f"| `{name}` | {shape} | {width} | - | - | {cfg.num_classes} (classes) | - | {parameters} |"
 
 
-GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns,
-              "changelog": changelog}
+def model_sizes() -> str:
+    """Every model preset's sizes, measured on the model its config builds."""
+    import runner.sources  # noqa: F401  (registers the built-in models)
+
+    names = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
+    rows = [_size_row(name) for name in names if name not in UNSIZED]
+    return "\n".join(["| preset | input (the preset's batch) | width (d_model; a vision model: features into its head) "
+                      "| layers | heads | outputs | context | parameters |", "|---|---|---|---|---|---|---|---|",
+                      *rows, "", *(f"`model={name}`: the sizes are {whose}." for name, whose in UNSIZED.items())]) + "\n"
+
+
+#: The packages whose names the pages' code imports from (the API reference shows each).
+PACKAGES = ("runner", "hooks", "common")
+API_PAGE = "reference/api.md"
+DIRECTIVE = re.compile(r"^::: ([\w.]+)$", re.M)
+
+
+def _code_of_pages() -> list[str]:
+    """The Python the pages show: README.md's and each docs page's ``python`` blocks, and each notebook."""
+    docs = ROOT / "docs"
+    texts = [(ROOT / "README.md").read_text(), *(p.read_text() for p in sorted(docs.rglob("*.md")))]
+    code = [block for text in texts for block in re.findall(r"^ *```python\n(.*?)^ *```", text, re.S | re.M)]
+    return code + [p.read_text() for p in sorted((docs / "notebooks").glob("*.py"))]
+
+
+def _named(code: str) -> list[str]:
+    """The dotted names of our packages ``code`` uses: ``from M import name`` (``M.name``), and the
+    attributes it reads of a module it imported (``import runner.analysis as analysis``, then
+    ``analysis.load_stats``: ``runner.analysis.load_stats``)."""
+    try:
+        tree = ast.parse(inspect.cleandoc(code))
+    except SyntaxError:
+        return []  # a fragment (``...`` standing for code): its names are shown elsewhere
+    found, bound = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                root = alias.name.split(".")[0]
+                if root in PACKAGES:  # ``import a.b`` binds ``a``; ``import a.b as c`` binds ``c`` to ``a.b``
+                    bound[alias.asname or root] = alias.name if alias.asname else root
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (dotted := _dotted(node)):
+            head, _, rest = dotted.partition(".")
+            if head in bound:
+                found.append(f"{bound[head]}.{rest}")
+    return found
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` of an attribute chain on a plain name, else ``None``."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _resolved(dotted: str) -> object | None:
+    """The object ``dotted`` names, its modules imported on the way; ``None`` for an attribute of a value
+    (``runner.attach(...).step``: not a name of the API)."""
+    parts = dotted.split(".")
+    value = importlib.import_module(parts[0])
+    for at, part in enumerate(parts[1:], 2):
+        if not hasattr(value, part) and inspect.ismodule(value):
+            try:
+                importlib.import_module(".".join(parts[:at]))
+            except ImportError:
+                return None
+        value = getattr(value, part, None)
+        if value is None or not (inspect.ismodule(value) or inspect.isclass(value) or inspect.isfunction(value)):
+            return None
+    return value
+
+
+def page_imports() -> list[str]:
+    """Where each function and class the pages' code names is defined (``module.qualname``), in order."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    paths = []
+    for dotted in (name for code in _code_of_pages() for name in _named(code)):
+        value = _resolved(dotted)
+        if inspect.isfunction(value) or inspect.isclass(value):
+            paths.append(f"{value.__module__}.{value.__qualname__}")
+    return list(dict.fromkeys(paths))
+
+
+def shown_by(directives: list[str], path: str) -> bool:
+    """Whether a page of ``:::`` ``directives`` shows ``path``: named itself, or a public, documented member
+    of a module named (mkdocstrings-python shows those, within the module's ``__all__`` when it has one)."""
+    module, _, name = path.rpartition(".")
+    if path in directives:
+        return True
+    if module not in directives or name.startswith("_"):
+        return False
+    held = importlib.import_module(module)
+    listed = getattr(held, "__all__", None)
+    return (listed is None or name in listed) and bool(inspect.getdoc(getattr(held, name)))
+
+
+def api_imports() -> str:
+    """A directive for each function and class the pages import that the API page does not show otherwise."""
+    directives = DIRECTIVE.findall((ROOT / "docs" / API_PAGE).read_text())
+    missing = [path for path in page_imports() if not shown_by(directives, path)]
+    return "\n\n".join(f"::: {path}" for path in missing) + "\n"
+
+
+GENERATORS = {"hook-specs": hook_specs, "config-groups": config_groups, "columns": columns, "api-imports": api_imports,
+              "model-sizes": model_sizes}
 
 
 def expand(markdown: str) -> str:

@@ -86,20 +86,24 @@ class EditOutput(Tap):
 
     spec_class = EditOutputSpec
 
+    def on_forward(self, layer: str, call: int, args: tuple, output: Any) -> None:
+        self._layer = layer  # the module the residual is added at, for its shape error
+
     def edit_output(self):
-        value, key = self.spec.value, self.key
+        value = self.spec.value
         if self.spec.op != "add_input":
             op = OPS[self.spec.op]
             return lambda out, args: op(out, value)
+        return self._add_input
 
-        def add_input(out: torch.Tensor, args: tuple) -> torch.Tensor:
-            if not args or not isinstance(args[0], torch.Tensor):
-                raise ConfigError(f"{key}.op: add_input needs a positional tensor input, and the module "
-                                  f"was called without one")
-            if args[0].shape != out.shape:
-                raise ConfigError(f"{key}.op: add_input needs input and output of one shape; got input "
-                                  f"{list(args[0].shape)} and output {list(out.shape)}: select a module "
-                                  f"that keeps the shape ({key}.layers)")
-            return out + args[0]
-
-        return add_input
+    def _add_input(self, out: torch.Tensor, args: tuple) -> torch.Tensor:
+        """``out + args[0]``; a module whose output has another shape than its input (a convolution
+        changing channels, a projection) is named, with both shapes."""
+        if not args or not isinstance(args[0], torch.Tensor):
+            raise ConfigError(f"{self.key}.op: add_input needs a positional tensor input, and module "
+                              f"'{self._layer}' was called without one")
+        if args[0].shape != out.shape:
+            raise ConfigError(f"{self.key}.op: add_input on module '{self._layer}' adds its input "
+                              f"{list(args[0].shape)} to its output {list(out.shape)}, which differ in shape: "
+                              f"select a module that keeps the shape ({self.key}.layers)")
+        return out + args[0]

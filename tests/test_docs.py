@@ -16,12 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import runner
 import runner.analysis as analysis
 from common.errors import OutputError
-from docs_text import DOCS, ROOT, SHOWN_FAILING, blocks, everything, normal, page, pages, section, shell_commands
+from docs_text import (DOCS, ROOT, SHOWN_FAILING, blocks, everything, headings, normal, page, pages, section,
+                       shell_commands)
 from runner.cli.commandline import check_command_line
 from test_readme import COMMANDS as TABLE
 from test_readme_twice import FIXED
@@ -40,6 +42,8 @@ def test_the_site_builds_strict():
     assert done.returncode == 0, done.stderr[-3000:]
     api = (site / "reference" / "api" / "index.html").read_text()
     assert 'id="runner.engine.attach.attach"' in api and 'id="runner.analysis.load.load_stats"' in api
+    imported = _gen_reference().page_imports()
+    assert [path for path in imported if f'id="{path}"' not in api] == []  # each with its heading's anchor
     specs = (site / "reference" / "hook-types" / "index.html").read_text()
     assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
     for notebook in (DOCS / "notebooks").glob("*.py"):
@@ -163,11 +167,91 @@ def test_the_hook_types_table_names_every_registered_type_and_the_error_line_lis
     from hooks.registry import HOOK_TYPES
 
     table = section("reference/hook-types.md", "Hook types")
-    rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    rows = re.findall(r"^\| \[`(\w+)`\]\(#\1\) \|", table, re.M)  # each linking to its spec's heading
     assert sorted(rows) == sorted(HOOK_TYPES)
     for name in ("README.md", "index.md"):
         listed = re.search(r"unknown hook type 'clmap'; valid: (.*?); did you mean", page(name)).group(1)
         assert listed.split(", ") == sorted(HOOK_TYPES), name
+
+
+def test_the_hook_types_table_breaks_no_name_inside_a_word():
+    """At 1,280 px the five-column table broke `edit_output` as `edit_outpu` / `t` (Material breaks code
+    anywhere). The site's stylesheet keeps a table's code spans whole, and the table has four columns
+    (the keys are in each type's spec, which its name links to), none holding an unbroken run of code
+    wider than the longest PyTorch hook name. (Looked at in headless Chromium at 1,280 px.)"""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    (sheet,) = config["extra_css"]
+    css = " ".join((DOCS / sheet).read_text().split())
+    assert re.search(r"\.md-typeset table:not\(\[class\]\) code \{ word-break: normal; \}", css), css
+    text = section("reference/hook-types.md", "Hook types")
+    table = re.search(r"^\| type \|.*?\n(?=[^|])", text, re.S | re.M).group(0).splitlines()  # the first table
+    assert {line.count(" | ") for line in table if not line.startswith("|-")} == {3}  # four cells a row
+    spans = re.findall(r"`([^`]*)`", "\n".join(table))
+    assert max(len(word) for span in spans for word in span.split()) <= len("Tensor.register_post_accumulate_grad_hook")
+
+
+def _size_rows() -> dict[str, list[str]]:
+    """The generated sizes table, by preset: its cells without backticks."""
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", _gen_reference().model_sizes(), re.M)
+    return {name: [cell.replace("`", "") for cell in cells.split(" | ")] for name, cells in rows}
+
+
+def test_each_model_preset_s_sizes_are_the_real_model_s():
+    """Every preset of conf/model (but hf and custom, whose sizes are the user's) has a row whose numbers are
+    those of the model built the plain way (on the CPU, by its own constructor): its input runs through it,
+    the width is what its head reads (d_model), a transformer's layers, heads, vocabulary and context are
+    its modules', and the parameters are counted once each; the steering page's width of gpt2_tiny is its row's."""
+    import torchvision
+    from torch import nn
+
+    from runner.sources.models import ConvNet, DigitsCNN, MLP, gpt2_tiny
+
+    rows = _size_rows()
+    assert set(rows) == {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")} - {"hf", "custom"}
+    built = {"convnet": ConvNet(), "digits_cnn": DigitsCNN(), "linear": nn.Linear(3, 3), "mlp": MLP(),
+             **{name: getattr(torchvision.models, name)() for name in ("resnet18", "resnet34", "resnet50")}}
+    for name, model in built.items():
+        shape, width, layers, heads, outputs, context, parameters = rows[name]
+        head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        with torch.no_grad():  # the preset's input runs through it (one sample of it: the same shape per sample)
+            out = model(torch.zeros([1, *yaml.safe_load(shape)[1:]]))
+        assert out.shape[-1] == head.out_features == int(outputs.split()[0]), name
+        assert int(width.split()[0]) == head.in_features, name
+        assert (layers, heads, context) == ("-", "-", "-"), name
+        assert int(parameters.replace(",", "")) == sum(p.numel() for p in model.parameters()), name
+    gpt2 = gpt2_tiny()
+    shape, width, layers, heads, outputs, context, parameters = rows["gpt2_tiny"]
+    blocks = gpt2.transformer.h
+    assert int(width) == gpt2.transformer.wte.embedding_dim == blocks[0].attn.embed_dim
+    assert (int(layers), int(heads)) == (len(blocks), blocks[0].attn.num_heads)
+    assert int(outputs.split()[0]) == gpt2.lm_head.out_features and int(context) == gpt2.transformer.wpe.num_embeddings
+    assert int(parameters.replace(",", "")) == sum(p.numel() for p in gpt2.parameters())
+    assert shape.startswith("token ids ")
+    assert f"`gpt2_tiny`: {width};" in page("tutorials/steering.md")
+
+
+def test_dated_measurements_are_on_one_page_newest_first_and_performance_keeps_the_current_numbers():
+    """The performance page explains and holds the current numbers, linking the measurements page; the
+    measurements page holds every dated run, newest first (no engineering log on the explanation page)."""
+    performance = page("explanation/performance.md")
+    assert "Measured again" not in performance and "(measurements.md)" in performance
+    dated = [title for _, level, title in headings(page("explanation/measurements.md"))
+             if level == 2 and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d", title)]
+    assert len(dated) >= 6 and dated == sorted(dated, reverse=True)
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    assert "explanation/measurements.md" in _nav_pages(nav)
+
+
+def test_the_changelog_is_release_notes_of_the_package_s_version():
+    """Grouped by version (the package's own first), then by kind of change: not a list of commits by day."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    marks = headings(page("explanation/changelog.md"))
+    versions = [title for _, level, title in marks if level == 2]
+    assert versions and versions[0].split()[0] == version
+    assert {title for _, level, title in marks if level == 3} <= {"Added", "Changed", "Fixed", "Removed", "Performance"}
+    assert not re.search(r"^## \d{4}-\d\d-\d\d", page("explanation/changelog.md"), re.M)
 
 
 def test_the_configuration_table_names_every_preset_of_conf():
@@ -178,6 +262,42 @@ def test_the_configuration_table_names_every_preset_of_conf():
         named = set(re.findall(r"`(\w+)`", row))
         presets = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
         assert presets - named == set(), group
+
+
+def _gen_reference():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    return gen_reference
+
+
+#: Functions the tutorials import that the API reference once left out.
+LEFT_OUT = ["runner.analysis.patching_plots.patching_heatmap", "runner.analysis.unit_plots.layer_histograms",
+            "runner.analysis.unit_plots.top_images_of_run", "runner.analysis.answers.dla.dla_table"]
+
+
+def test_the_api_reference_shows_every_function_and_class_the_pages_import():
+    """The API page as built (its ``:::`` directives, the generated ones included) shows each name the pages'
+    code imports (``from runner.plots import ...``, or ``runner.plots.NAME`` after ``import runner.plots``)."""
+    gen_reference = _gen_reference()
+    imported = gen_reference.page_imports()
+    assert set(LEFT_OUT) <= set(imported)  # found through both kinds of import (patching.md: import runner.plots)
+    directives = gen_reference.DIRECTIVE.findall(gen_reference.expand(page("reference/api.md")))
+    assert [path for path in imported if not gen_reference.shown_by(directives, path)] == []
+
+
+def test_a_name_a_page_imports_that_no_directive_shows_is_added_to_the_api_page(tmp_path, monkeypatch):
+    """A page importing a function the hand-written directives do not show: the generated section names it."""
+    gen_reference = _gen_reference()
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
+    (tmp_path / "docs" / "notebooks").mkdir()
+    (tmp_path / "README.md").write_text("```python\nfrom runner.analysis.units import top_units\n"
+                                        "import runner.plots\nrunner.plots.save_png(None, 'x.png')\n```\n")
+    (tmp_path / "docs" / "reference" / "api.md").write_text("::: runner.analysis.units\n")
+    monkeypatch.setattr(gen_reference, "ROOT", tmp_path)
+    assert gen_reference.api_imports() == "::: runner.analysis.plots.save_png\n"
 
 
 def test_the_generated_reference_expands_every_marker():

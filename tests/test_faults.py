@@ -341,7 +341,7 @@ def test_sweep_job_failing_at_run_time_is_reported_and_the_others_complete(tmp_p
                            "loss=sum,log_mean,mean", f"hydra.sweep.dir={sweep}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    failed = "model=convnet hooks=stats on_nonfinite=error loss=log_mean: step 0: the loss is nan"
+    failed = "job 1 (model=convnet hooks=stats on_nonfinite=error loss=log_mean): failed: step 0: the loss is nan"
     assert proc.stderr.strip().splitlines()[-2:] == [
         "error: 1 of 3 jobs failed:", proc.stderr.strip().splitlines()[-1]]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {failed}")

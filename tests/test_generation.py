@@ -241,6 +241,11 @@ BAD = {
     "not a causal LM": (("model=", "data.tokenizer"), ("model=hf", "model.path=M", "model.auto=model"),
                         "mode=generate: the model (GPT2Model) cannot generate text"),
     "a vision model": (("model=",), ("model=resnet18",), "mode=generate: model resnet18 takes no token ids"),
+    # the run's defaults (data=randn, epochs of it) are not what it is told: the model is the cause
+    "a vision model on the default data": (("model=", "data", "loss"), ("model=resnet18",),
+                                           "mode=generate: model resnet18 takes no token ids (model.input_kind=tensor), "
+                                           "so it cannot generate text; generation needs a causal language model and "
+                                           "data=text: model=hf model.auto=causal_lm, or model=gpt2_tiny"),
     "no tokenizer": (("data",), ("data=tokens", "data.size=4"), "mode=generate: data=tokens has no tokenizer"),
     "missing folder": ((), ("data.tokenizer=/nonexistent/tok",), "data.tokenizer: no folder at '/nonexistent/tok'"),
     "no prompts": ((), ("data.prompts=[]",), "data.prompts: data=text needs prompts"),
@@ -265,6 +270,12 @@ def test_bad_input_is_one_line_with_status_2_and_nothing_written(case, tmp_path,
     lines = ran.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not out.exists()
+
+
+def test_the_gate_names_a_vision_model_before_the_data_it_makes_fail():
+    """A config made without the command line (``runner.attach``, a test) meets the same first answer."""
+    with pytest.raises(ConfigError, match=r"^mode=generate: model resnet18 takes no token ids"):
+        compile_plan(make_config("mode=generate", "model=resnet18"))
 
 
 def test_a_requeued_generation_run_keeps_the_rows_of_the_steps_it_ran(tmp_path, text, monkeypatch):

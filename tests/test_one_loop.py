@@ -115,7 +115,10 @@ def test_the_first_call_rehearsal_names_a_shape_mistake_before_anything_is_compu
                            out_dir=tmp_path / "run") as rec:
             rec.step(model(torch.randn(2, 3, 8, 8)).sum())
     handle.remove()
-    assert "hooks.res.op: add_input needs input and output of one shape" in str(err.value)
+    # the module it matched, with its input's and output's shapes (the rehearsal's batch of 2)
+    assert str(err.value) == ("hooks.res.op: add_input on module 'conv' adds its input [2, 3, 8, 8] to its output "
+                              "[2, 10, 4, 4], which differ in shape: select a module that keeps the shape "
+                              "(hooks.res.layers)")
     assert len(str(err.value).splitlines()) == 1
     assert real_calls == ["meta"]  # the rehearsal's pass only
     assert hook_snapshot(model) == before

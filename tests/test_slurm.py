@@ -87,8 +87,9 @@ def test_a_job_cancelled_with_scancel_is_listed_cancelled(slurm, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
     lines = err.strip().splitlines()
-    assert lines[-2:] == ["error: 1 of 2 jobs failed:",
-                          f"error: model=mlp steps=1000000: cancelled (job {array}_1): Slurm state CANCELLED by 0"]
+    assert lines[-2] == "error: 1 of 2 jobs failed:"
+    assert lines[-1].startswith(f"error: job 1 (model=mlp steps=1000000): cancelled (job {array}_1): "
+                                f"Slurm state CANCELLED by 0; its "), lines[-1]
     assert json.loads((tmp_path / "1" / "status.json").read_text())["status"] == "cancelled"
     jobs = _jobs(tmp_path)
     assert (jobs[0]["state"], jobs[1]["state"]) == ("ok", "cancelled")

@@ -222,3 +222,37 @@ def test_an_unchanged_alias_reuses_its_reduction_and_an_in_place_change_does_not
     assert recorder._raw[1] is recorder._raw[0] and recorder._raw[2] is not recorder._raw[0]
     stats = recorder.drain().stats
     assert stats["min"][0] < 0 and stats["min"][2] == 0 == t.min().item()
+
+
+#: The bound the performance page states for a float32 tensor's mean: a block of 256 elements is summed in
+#: float32 (in whatever order the vectorised loop takes), so the error is at most 256 roundings of 2^-24 of
+#: the elements' magnitudes; the blocks' sums are then added in float64.
+MEAN_BOUND = 256 * 2.0 ** -24
+MEAN_CLAIM = "within 256 × 2^-24 (1.5e-5) of the mean absolute value"
+
+
+def conv_output(seed: int) -> torch.Tensor:
+    """A 1,458-element output of a randomly initialised convolution ([1, 18, 9, 9])."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return torch.nn.Conv2d(3, 18, 3)(torch.randn(1, 3, 11, 11))
+
+
+@pytest.mark.parametrize("path", [native_kernel, reduce_tensor], ids=["native", "dispatch"])
+def test_a_float32_mean_is_within_the_stated_bound_of_float64_and_not_within_1e_11(path):
+    """The stated bound holds against float64 PyTorch on conv outputs, randn, relu and a block of one large
+    value among small ones (no shift: zero-centred data); the relative error of a conv output's mean near 0
+    is float32's, far above the 1e-11 the page once claimed."""
+    from docs_text import page
+
+    assert MEAN_CLAIM in " ".join(page("explanation/performance.md").split())
+    adversarial = torch.full((4096,), 1e-3)
+    adversarial[::256] = -4e3
+    tensors = [conv_output(seed) for seed in range(20)] + [torch.randn(5000), torch.relu(torch.randn(3000)), adversarial]
+    relative = []
+    for t in tensors:
+        exact = t.double().mean().item()
+        error = abs(summary_of(t, path)["mean"] - exact)
+        assert error <= MEAN_BOUND * t.double().abs().mean().item(), (error, exact)
+        relative.append(error / abs(exact))
+    assert max(relative[:20]) > 1e-8  # a conv output's mean carries float32's rounding, as eager PyTorch's does

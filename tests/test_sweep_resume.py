@@ -24,7 +24,7 @@ from omegaconf import open_dict
 
 import runner.analysis as analysis
 from common.errors import ConfigError
-from conftest import make_config, sigint_as_at_a_terminal
+from conftest import make_config, run_main, sigint_as_at_a_terminal
 from docs_text import section
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import NOT_STARTED, IncompleteSweepWarning
@@ -36,7 +36,7 @@ from runner.config.compose import compose_with_hydra
 from runner.engine import whole_pass
 from runner.engine.plan import compile_plan
 from runner.store.lock import DirLock
-from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, SWEEP, read_record, read_sweep,
+from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, STATUS, SWEEP, read_record, read_sweep,
                                        state_line, update_job, write_sweep)
 from sweep_checks import mid_run, tables, wait_for
 
@@ -239,6 +239,49 @@ def test_a_dataset_pass_sharded_over_a_sweep_merges_exactly_after_a_resume(tmp_p
     pd.testing.assert_frame_equal(merged, load_units(whole))
 
 
+#: A sweep of two one-step jobs, the second failing in its run (a NaN loss under on_nonfinite=error).
+FAILING = ["model=linear", "hooks=clip", "loss=sum,log_mean", "on_nonfinite=error"]
+FAILED_JOB = "model=linear hooks=clip loss=log_mean on_nonfinite=error"
+NAN = "step 0: the loss is nan while every hooked tensor was finite"
+
+
+def test_a_failed_job_is_named_when_the_sweep_ends_and_when_it_is_run_again(tmp_path, monkeypatch, capsys):
+    """Its number, overrides, state and error, and where to read more (its status.json: the basic launcher's
+    jobs print to its terminal); the command run again is refused naming it and how resume treats it."""
+    sweep = tmp_path / "sweep"
+    first = run_main(monkeypatch, capsys, "-m", *FAILING, f"hydra.sweep.dir={sweep}")
+    job_line = f"error: job 1 ({FAILED_JOB}): failed: {NAN}"
+    where = f"; its status: {sweep / '1' / STATUS}"
+    *_, head, last = first.stderr.splitlines()
+    assert first.code == 1 and head == "error: 1 of 2 jobs failed:"
+    assert last.startswith(job_line) and last.endswith(where)
+    complete = (sweep / "0" / "manifest.json").stat().st_mtime_ns
+    again = run_main(monkeypatch, capsys, "-m", *FAILING, f"hydra.sweep.dir={sweep}")
+    assert again.code == 2
+    lines = again.stderr.splitlines()
+    assert lines[0] == (f"error: overwrite: '{sweep}' already holds a sweep (1 of 2 job directories hold a complete "
+                        f"run; 1 did not complete, listed below); pass resume=true to continue it (its complete jobs "
+                        f"are kept; resume=failed runs its failed ones again too), overwrite=true to replace it, or "
+                        f"choose another hydra.sweep.dir")
+    assert len(lines) == 2 and lines[1].startswith(job_line) and lines[1].endswith(where)
+    assert (sweep / "0" / "manifest.json").stat().st_mtime_ns == complete
+
+
+@pytest.mark.slow
+def test_a_failed_job_of_a_scheduler_is_named_with_its_log_files(tmp_path):
+    """Under submitit the job's output is in the scheduler's log files, not the launcher's terminal: the
+    line names them, and the error is in the one it names."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "runner", "-m", *FAILING, *LAUNCHERS["submitit_local"],
+                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith(f"error: job 1 ({FAILED_JOB}): failed: {NAN}"), proc.stderr
+    logs = read_sweep(sweep)[1]["logs"]
+    assert last.endswith(f"; its log: {', '.join(logs)}")
+    assert [Path(log).parent.parent for log in logs] == [sweep / ".submitit"] * 2
+    assert NAN in Path(logs[1]).read_text()  # its stderr
+
+
 def test_a_resume_is_refused_while_a_job_of_the_sweep_still_runs(sweep, capsys):
     job(sweep, 0)
     (sweep / "1").mkdir()
@@ -337,10 +380,12 @@ def resumed_equals(sweep: Path, uninterrupted, launcher: str, kept: list[int]) -
     jobs ``kept`` not run again, and its tables are the uninterrupted sweep's."""
     if kept:
         code, _, err = finished(cli(sweep, launcher=launcher))
-        assert code == 2 and err == (f"error: overwrite: '{sweep}' already holds a sweep ({len(kept)} of 6 job "
-                                     f"directories hold a complete run); pass resume=true to continue it (its "
-                                     f"complete jobs are kept), overwrite=true to replace it, or choose another "
-                                     f"hydra.sweep.dir"), err
+        lines = err.splitlines()
+        assert code == 2 and lines[0] == (f"error: overwrite: '{sweep}' already holds a sweep ({len(kept)} of 6 job "
+                                          f"directories hold a complete run; {6 - len(kept)} did not complete, listed "
+                                          f"below); pass resume=true to continue it (its complete jobs are kept), "
+                                          f"overwrite=true to replace it, or choose another hydra.sweep.dir"), err
+        assert [line.partition(" (")[0] for line in lines[1:]] == [f"error: job {n}" for n in range(6) if n not in kept]
     manifests = {num: (sweep / str(num) / "manifest.json").stat().st_mtime_ns for num in kept}
     code, out, err = finished(cli(sweep, "resume=true", launcher=launcher))
     assert code == 0, err

@@ -9,8 +9,8 @@ A sweep that passes writes ``sweep.json`` (``runner.store.sweep_record``): every
 or, with ``resume``, the jobs it keeps (``runner.cli.resume``); each job then updates its own entry
 (``runner.cli.execute``), so the file is true when the sweep is stopped. What can only fail at run
 time (a NaN with ``on_nonfinite=error``, a full disk) is written to the job's ``status.json`` and
-its entry; the other jobs run on and the sweep ends with a list of the failed jobs' overrides and
-a non-zero exit. (Hydra skips ``on_multirun_end`` when a job raises, so jobs report through files
+its entry; the other jobs run on and the sweep ends with a list of the failed jobs (number,
+overrides, state, error, where its log is: ``runner.cli.resume.unfinished_jobs``) and a non-zero exit. (Hydra skips ``on_multirun_end`` when a job raises, so jobs report through files
 instead of exceptions.)
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from common.errors import ConfigError
 from runner.cli.early import expand
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, failure_code, keep_claim
-from runner.cli.resume import carried, resume_mode, swept
+from runner.cli.resume import carried, resume_mode, swept, unfinished_jobs
 from runner.cli.summary import print_summary
 from runner.cli.job_files import job_dir
 from runner.cli.taken_dirs import sweep_dir_problems
@@ -91,6 +91,5 @@ class EarlyChecks(Callback):
             print_summary(sweep_dir, bool(config.get("quiet")))
         if failed:
             print(f"sweep {sweep_dir}: {state_line(jobs)}")
-            _report([f"{' '.join(job['overrides'])}: {job['error']}" for job in failed],
-                    f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
+            _report(unfinished_jobs(jobs), f"{len(failed)} of {len(jobs)} jobs failed:", EXIT_RUN_ERROR)
 

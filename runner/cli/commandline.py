@@ -47,7 +47,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
         return CommandCheck(command.headed())
     held = _may_be_taken(command) and held_run_dir(command.first_with_hydra, command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
-        return CommandCheck([held])
+        return CommandCheck(held)
     checked = CommandCheck()
     with shared_meta_models():  # a sweep's model is not built again on the meta device for each job
         for num, job in enumerate(command.composed):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,7 +42,19 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
     state = state or (FAILED if error else OK)
     status = {"status": state, "overrides": list(overrides), "error": error}
     (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
-    record_entry(out_dir, state=state, error=error)
+    record_entry(out_dir, state=state, error=error, logs=scheduler_logs())
+
+
+def scheduler_logs() -> list[str] | None:
+    """The job's log files when a scheduler runs it (submitit: its stdout and stderr, under the launcher's
+    ``submitit_folder``), for its entry of ``sweep.json``; ``None`` where the launcher's own terminal has
+    its output (the basic and joblib launchers)."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):  # what runner.store.resume.in_scheduler_job reads (torch-free here)
+        return None
+    import submitit
+
+    paths = submitit.JobEnvironment().paths
+    return [str(paths.stdout), str(paths.stderr)]
 
 
 def read_status(out_dir: str | Path) -> dict | None:

@@ -28,7 +28,7 @@ from common.errors import choice_error
 from common.records import CONFIG
 from runner.store.commit import read_manifest
 from runner.store.provenance import differences
-from runner.store.sweep_record import FAILED, OK, PENDING, SWEEP, read_record
+from runner.store.sweep_record import FAILED, OK, PENDING, STATUS, SWEEP, WORDS, read_record
 
 KEY = "resume"
 #: The values of ``resume``: off, on (failed jobs stay failed), on and failed jobs run again.
@@ -117,6 +117,23 @@ def carried(previous: Sequence[dict], mode: str) -> dict[int, dict]:
         state = job["state"] if job["state"] == OK or (job["state"] == FAILED and mode != "failed") else PENDING
         out[job["num"]] = {"state": state, "error": job.get("error") if state != PENDING else None}
     return out
+
+
+def unfinished_jobs(jobs: Sequence[dict]) -> list[str]:
+    """One line for each of a sweep's ``jobs`` (``read_record``'s: absolute ``run_dir``) that did not
+    complete: its number, overrides, state and error, and where to read more (the scheduler's log
+    files of the job, else the ``status.json`` it wrote, else its directory)."""
+    lines = []
+    for job in jobs:
+        if job["state"] == OK:
+            continue
+        status = Path(job["run_dir"]) / STATUS
+        where = (f"its log: {', '.join(job['logs'])}" if job.get("logs") else
+                 f"its status: {status}" if status.is_file() else f"its directory: {job['run_dir']}")
+        state, error = WORDS.get(job["state"], job["state"]), job.get("error") or ""
+        said = error if error.startswith(state) else f"{state}: {error}" if error else state  # not 'cancelled: cancelled (...'
+        lines.append(f"job {job['num']} ({' '.join(job['overrides'])}): {said}; {where}")
+    return lines
 
 
 def kept_problem(plan, out_dir: str | Path) -> str | None:

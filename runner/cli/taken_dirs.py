@@ -15,8 +15,9 @@ from omegaconf import DictConfig
 from common.errors import ConfigError, OutputError
 from runner.cli.execute import failure_code
 from runner.cli.job_files import job_dir
-from runner.cli.resume import command_problem, resume_mode
+from runner.cli.resume import command_problem, resume_mode, unfinished_jobs
 from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
+from runner.store.sweep_record import FAILED, read_record
 
 
 def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: Collection[int] = ()
@@ -38,21 +39,29 @@ def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: 
             code = max(code, failure_code(exc))
             complete += isinstance(exc, CompleteRunError)
     if bad and complete == len(bad):
-        return held_sweep_line(config, complete, len(jobs)), [], code
+        headline, *unfinished = held_sweep_lines(config, complete, len(jobs))
+        return headline, unfinished, code
     if bad:
         return f"sweep rejected before any job ran: {len(bad)} of {len(jobs)} jobs are invalid", bad, code
     return None, [], 0
 
 
-def held_sweep_line(config: DictConfig, held: int, jobs: int) -> str:
-    """The one line refusing a sweep whose ``held`` of ``jobs`` job directories hold a complete run."""
-    return (f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({held} of {jobs} job directories hold "
-            f"a complete run); pass resume=true to continue it (its complete jobs are kept), overwrite=true to "
-            f"replace it, or choose another hydra.sweep.dir")
+def held_sweep_lines(config: DictConfig, held: int, jobs: int) -> list[str]:
+    """The line refusing a sweep whose ``held`` of ``jobs`` job directories hold a complete run, then one
+    line for each job its ``sweep.json`` lists as not complete (``unfinished_jobs``): the same command
+    run again is told which jobs failed, and how ``resume`` treats them."""
+    record = read_record(str(config.hydra.sweep.dir))
+    unfinished = unfinished_jobs(record["jobs"]) if record else []
+    listed = f"; {len(unfinished)} did not complete, listed below" if unfinished else ""
+    failed = any(job["state"] == FAILED for job in record["jobs"]) if record else False
+    rerun = "; resume=failed runs its failed ones again too" if failed else ""
+    return [f"overwrite: '{config.hydra.sweep.dir}' already holds a sweep ({held} of {jobs} job directories hold "
+            f"a complete run{listed}); pass resume=true to continue it (its complete jobs are kept{rerun}), "
+            f"overwrite=true to replace it, or choose another hydra.sweep.dir", *unfinished]
 
 
-def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bool) -> str | None:
-    """The one line refusing a command whose directory already holds its complete run(s), else ``None``.
+def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bool) -> list[str]:
+    """The lines refusing a command whose directory already holds its complete run(s), else ``[]``.
 
     ``config`` is the first job's, Hydra's node included. Only a complete run is looked for here
     (``refuse_complete_run``); the rest of a directory's check (read-only, full, a live run) is Hydra's
@@ -61,20 +70,21 @@ def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bo
     """
     try:
         if resume_mode(config):
-            return command_problem(config, jobs, multirun)
+            problem = command_problem(config, jobs, multirun)
+            return [problem] if problem else []
     except ConfigError as exc:
-        return str(exc)
+        return [str(exc)]
     overwrite = bool(config.get("overwrite"))
     if multirun:
         held = [num for num in range(len(jobs)) if _holds_run(job_dir(config, num), overwrite)]
-        return held_sweep_line(config, len(held), len(jobs)) if held else None
+        return held_sweep_lines(config, len(held), len(jobs)) if held else []
     if config.get("plan"):
-        return None  # a plan writes nothing
+        return []  # a plan writes nothing
     try:
         refuse_complete_run(Path(str(config.hydra.run.dir)), overwrite)
     except CompleteRunError as exc:
-        return str(exc)
-    return None
+        return [str(exc)]
+    return []
 
 
 def _holds_run(out_dir: Path, overwrite: bool) -> bool:

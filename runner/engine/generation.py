@@ -33,14 +33,11 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import CONFIG, GENERATE, GENERATIONS_SCHEMA
+from runner.config.generate_model import CAUSAL_LM
 from runner.config.schema import GenerateConfig, RunConfig
 from runner.sources.batches import Batch
 from runner.sources.data import DataSource
 from runner.sources.text import prompt_set
-
-
-#: What a refusal of the model proposes instead.
-CAUSAL_LM = "use a causal language model: model=hf model.auto=causal_lm, or model=gpt2_tiny"
 
 
 def generating(settings: RunConfig) -> bool:
@@ -48,17 +45,13 @@ def generating(settings: RunConfig) -> bool:
 
 
 def check_run(settings: RunConfig, data: DataSource, hooks, optimizer) -> None:
-    """Refuse what ``mode=generate`` cannot do: data without a tokenizer, settings of a training loop,
+    """Refuse what ``mode=generate`` cannot do (its model is asked first: ``check_generate_model``): data without a tokenizer, settings of a training loop,
     entries that need a backward pass or a pass beside each step."""
     if not generating(settings):
         return
     if data.kind != "text":
         raise ConfigError(f"mode=generate: data={data.kind} has no tokenizer to make and decode text; use data=text "
                           f"(data.prompts=['...'] or data.path=FILE, data.tokenizer=DIR)")
-    if data.model.get("input_kind") != "tokens":
-        name = data.model.get("name") or data.model.get("_target_")
-        raise ConfigError(f"mode=generate: model {name} takes no token ids (model.input_kind="
-                          f"{data.model.get('input_kind')}); {CAUSAL_LM}")
     g = settings.generate
     for key, value, minimum in (("max_new_tokens", g.max_new_tokens, 1), ("top_k", g.top_k, 0)):
         if value < minimum:

@@ -2,7 +2,8 @@
 
 Every check a run makes before its first pass happens here, once, in one order (``GATE``, the list
 of the check functions): the modules presets name (``_module_``), the config against the schema
-(also for configs that did not come through Hydra), the run settings, the model target and
+(also for configs that did not come through Hydra), the run settings, the model target, whether
+it can generate (``mode=generate``: before the data and epochs it would make fail) and its
 checkpoint file, the data (built once: image files are read here), the loss, the optimizer, each
 hook entry, the pictures asked for, the device, a rehearsal of one step on the meta device
 (selectors, shapes, what each entry records), and what only the built model can say (the module
@@ -33,6 +34,7 @@ from hooks.base import HookType
 from hooks.compiled import compiled_problem
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.compose import compose_config
+from runner.config.generate_model import check_generate_model
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
 from runner.config.schema import FsdpConfig, LossConfig, MemoryConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
 from runner.engine.budget import DEVICE, check_budget, held, parse_size, size_text
@@ -88,6 +90,7 @@ def compile_plan(cfg: DictConfig, overrides: Sequence[str] = (), *, check_device
     """
     typed, settings = compile_settings(cfg, overrides)
     model = _model_config(typed.model)
+    check_generate_model(settings.mode, model)  # the real cause, before the data and epochs it makes fail
     _check_checkpoint(model)
     data = _data(_data_config(typed.data), model)
     whole_pass.check(settings, data)
@@ -491,7 +494,7 @@ def describe(plan: Plan) -> str:
 #: ``build_optimizer``) trust what passed.
 GATE = (
     attach_config, _typed, _import_modules, _steps_or_epochs, _check_settings, check_fsdp, check_metric,
-    _check_repeated_presets, _model_config, check_target, check_hf, _check_checkpoint, _data_config, _data,
+    _check_repeated_presets, _model_config, check_target, check_hf, check_generate_model, _check_checkpoint, _data_config, _data,
     whole_pass.check, _steps_of_epochs, get_loss, _optimizer, check_optimizer, compile_hooks, build_hooks,
     _check_hooks_against_run, generation.check_run, warn_of_pads, early_stop.check, _check_plots, _device, meta_model, rehearse, check_budget,
     _check_model, _check_steps, _clean_data,
