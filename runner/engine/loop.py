@@ -88,7 +88,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
         breaks = graph_breaks() if s.compile else 0
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
-        recorder.sample_names = plan.data.items.names if dataset_pass else None  # what units names its examples by
+        recorder.sample_names = plan.data.sample_names  # what units names its examples' dataset indices by
         generation = Generation(plan.data, s.generate, (resume.hooks_state or {}).get(GENERATE)) \
             if generating(s) else None  # mode=generate's steps (a requeued job's rows of the steps it ran)
         for step in range(first, s.steps):
