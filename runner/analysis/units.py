@@ -211,7 +211,8 @@ def _merge(rows: pd.DataFrame) -> dict:
         n, mean, m2 = (row.count, row.mean, row.m2) if n == 0 else chan_merge(n, mean, m2, row.count, row.mean,
                                                                               row.m2)
     out.update(count=n, mean=mean, m2=m2, min=rows["min"].min(), max=rows["max"].max(), above=rows.above.sum())
-    out["named"] = False if any(named is not None and not named for named in rows.named) else first.named
+    out["named"] = False if any(named is not None and not named for named in rows.get("named", ())) \
+        else first.get("named")
     sketch = {}
     for index, count in zip(np.concatenate(rows.sketch_index.to_list()), np.concatenate(rows.sketch_count.to_list())):
         sketch[index] = sketch.get(index, 0) + count
