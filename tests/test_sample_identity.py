@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 from sklearn.datasets import load_digits
 
@@ -179,3 +180,37 @@ def test_a_digits_run_says_its_samples_are_named():
     assert torch.equal(batch.targets, torch.as_tensor(DIGITS.target[batch.samples.numpy()]))
 
 
+
+
+def test_a_store_over_a_shuffled_training_stream_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    """A store keeps each sample under its own id, in order: a training stream's shuffled digits cannot
+    be kept so (they were stored under their place in the stream, as if it were the dataset index)."""
+    from common.errors import ConfigError
+
+    overrides = ("model=digits_cnn", "data=digits", "hooks=store", f"hooks.store.path={tmp_path / 'store'}",
+                 "hooks.store.layers=[conv1]", "steps=2", "progress=false")
+    with pytest.raises(ConfigError, match=r"^hooks.store: the data give their samples shuffled \(ids \d+, .*"
+                                          r"add mode=eval for a pass over the dataset in order$"):
+        run(make_config(*overrides), tmp_path / "run", overrides)
+    assert not (tmp_path / "store").exists()
+
+
+def test_eval_passes_give_the_recorder_each_held_out_batch_s_ids_and_the_training_batch_s_after():
+    """Entries that record during eval passes number the held-out digits by their own indices, not
+    by the training batch's (a held-out batch of another size was refused for it)."""
+    from hooks.recorder import Recorder
+    from runner.engine.train import eval_passes
+    from runner.sources.batches import Batch
+
+    recorder, seen = Recorder(), []
+    recorder.samples = torch.arange(4)
+    held_out = [Batch(IMAGES[ids], torch.as_tensor(DIGITS.target[ids]), torch.as_tensor(ids))
+                for ids in ([5, 9, 2], [1000, 7])]
+
+    def forward(x):
+        seen.append(recorder.samples.tolist())
+        return torch.zeros(len(x), 10)
+
+    eval_passes(forward, torch.nn.Linear(1, 1), held_out, None, recorder=recorder)
+    assert seen == [[5, 9, 2], [1000, 7]]
+    assert recorder.samples.tolist() == [0, 1, 2, 3]

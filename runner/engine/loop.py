@@ -107,7 +107,8 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
             run.end_step(loss, accuracy=accuracy, **measures.take(), **beside)
             if plan.schedule.due(step):
                 with run.evaluating() as result:
-                    eval_loss, eval_accuracy = eval_passes(forward, model, held_out, plan.loss_fn, plan.classifies)
+                    eval_loss, eval_accuracy = eval_passes(forward, model, held_out, plan.loss_fn, plan.classifies,
+                                                           recorder)
                     result.set(eval_loss, accuracy=eval_accuracy, **measures.take())
             bar.set_postfix(loss=loss, refresh=False)
             bar.update()
