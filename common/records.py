@@ -224,7 +224,7 @@ LENS = "lens.parquet"
 #: - ``layer``: the block's qualified module name
 #: - ``block``: the block's number, from 0
 #: - ``step``: step number, from 0
-#: - ``sample``: the sample's index in the batch
+#: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
 #: - ``position``: the token position
 #: - ``top_ids``: the ``top_k`` token ids the block's output reads as, most likely first
 #: - ``top_logits``: their logits
@@ -248,7 +248,7 @@ DLA = "dla.parquet"
 DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
 #: - ``hook``: the ``dla`` entry's name
 #: - ``step``: step number, from 0
-#: - ``sample``: the sample's index in the batch
+#: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
 #: - ``position``: the token position whose logits are split
 #: - ``component``: the part: ``embed``, ``pos_embed``, ``attn``, ``mlp``, ``rest``, ``bias``, ``head`` or ``attn_bias``
 #: - ``layer``: the block's qualified module name ("" for parts outside the blocks)
