@@ -214,3 +214,19 @@ def test_eval_passes_give_the_recorder_each_held_out_batch_s_ids_and_the_trainin
     eval_passes(forward, torch.nn.Linear(1, 1), held_out, None, recorder=recorder)
     assert seen == [[5, 9, 2], [1000, 7]]
     assert recorder.samples.tolist() == [0, 1, 2, 3]
+
+
+def test_a_folder_of_images_names_each_row_by_its_file(tmp_path):
+    """``data=image`` over a folder: every step's batch is the files in name order, row ``i`` named by file ``i``."""
+    from PIL import Image
+
+    from runner.sources.data import DataSource
+
+    for name, colour in (("b.png", (255, 0, 0)), ("a.png", (0, 0, 255))):
+        Image.new("RGB", (12, 12), colour).save(tmp_path / name)
+    cfg = make_config("model=convnet", "data=image", f"data.path={tmp_path}", "data.resize=8", "data.crop=8")
+    source = DataSource(cfg.data, cfg.model)
+    batch = next(source.batches(0, torch.device("cpu")))
+    assert batch.samples.tolist() == [0, 1]
+    assert [source.sample_names(i) for i in (0, 1)] == [("a.png", ""), ("b.png", "")]
+    assert batch.x[0, 2].mean() > batch.x[0, 0].mean()  # row 0 is a.png, the blue one

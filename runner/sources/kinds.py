@@ -8,7 +8,10 @@ how many random numbers building the model consumed: step k always gets the same
 reads torchvision's ``FakeData`` in order (``random_offset = seed * size``, so runs with
 different seeds see different images) and uses its labels as targets. ``digits`` is real data
 shipped with scikit-learn: a training stream reshuffled each epoch and a held-out part for the
-eval passes.
+eval passes. Each row keeps its identity in every pass (``Maker.make``'s ids): a digit its index in
+``load_digits()`` (and its label as its class), a token set's sequence, a fake image or an image file
+its index (the file its name); ``randn``, ``ones`` and ``tokens`` without a size have no items, so
+their samples are unnamed.
 """
 from __future__ import annotations
 
