@@ -134,6 +134,7 @@ _F64, _I64 = pa.float64(), pa.int64()
 #: - ``bottom_position``: the flat position of each ``bottom_value`` within ``position_shape``
 #: - ``position_shape``: the shape of the positions of one sample (``[h, w]`` for a conv map, ``[]`` for none)
 #: - ``second_moment``: this unit's row of the layer's sum of x x^T over its units (``second_moment: true``; empty otherwise)
+#: - ``named``: whether the sample ids are the data's own (dataset indices, ``run.samples`` ids); false where the data cannot say (an infinite random stream, e.g. ``data=randn``): the ids then only count the run's samples in order, never an index
 UNITS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
     pa.field("count", _I64), pa.field("mean", _F64), pa.field("m2", _F64), pa.field("min", _F64),
@@ -145,6 +146,7 @@ UNITS_SCHEMA = pa.schema([
     pa.field("top_position", pa.list_(_I64)), pa.field("bottom_value", pa.list_(_F64)),
     pa.field("bottom_sample", pa.list_(_I64)), pa.field("bottom_position", pa.list_(_I64)),
     pa.field("position_shape", pa.list_(_I64)), pa.field("second_moment", pa.list_(_F64)),
+    pa.field("named", pa.bool_()),
 ])
 UNIT_COLUMNS = tuple(UNITS_SCHEMA.names)
 
@@ -164,17 +166,19 @@ UNIT_EXAMPLES = "unit_examples.parquet"
 #: - ``position``: the flat position of ``value`` within the unit's map
 #: - ``map_shape``: the shape of ``map`` (``[h, w]``; empty when the positions are not 2-D)
 #: - ``map``: the unit's map at that sample, max-pooled to at most 16 x 16, float32
+#: - ``named``: whether the sample ids are the data's own (dataset indices, ``run.samples`` ids); false where the data cannot say (an infinite random stream, e.g. ``data=randn``): the ids then only count the run's samples in order, never an index
 UNIT_EXAMPLES_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("call", _I64), pa.field("unit", _I64),
     pa.field("rank", _I64), pa.field("sample", _I64), pa.field("value", _F64), pa.field("position", _I64),
-    pa.field("map_shape", pa.list_(_I64)), pa.field("map", pa.list_(pa.float32())),
+    pa.field("map_shape", pa.list_(_I64)), pa.field("map", pa.list_(pa.float32())), pa.field("named", pa.bool_()),
 ])
 #: ``unit_inputs.parquet``: one row per (entry, sample) of ``unit_examples.parquet``: the model's input for
 #: that sample as the run fed it: an image (``[C, H, W]`` floats) area-pooled to at most 64 x 64 in
 #: ``input`` (float32, 48 KiB at most for RGB), or token ids (1-D integers) as they were in ``input_ids``;
 #: other inputs are not kept (both empty). ``input_name`` and ``input_class``: the sample as its user knows it,
-#: from the data (``imagefolder``: the file's path under the folder and its class folder; ``""`` where the data
-#: names none, the sample id being its name); a sample with neither an input nor a name kept has no row.
+#: from the data, in every pass (``imagefolder``: the file's path under the folder and its class folder;
+#: ``digits``: ``""`` and the digit's label; ``text``: the prompt; ``""`` where the data names none, the
+#: sample id being its name); a sample with neither an input nor a name kept has no row.
 UNIT_INPUTS = "unit_inputs.parquet"
 #: - ``hook``: the ``units`` entry's name
 #: - ``sample``: the sample id
@@ -182,11 +186,12 @@ UNIT_INPUTS = "unit_inputs.parquet"
 #: - ``input``: the image the model was fed, area-pooled to at most 64 x 64, float32, flattened
 #: - ``input_ids``: the token ids the model was fed (empty for other inputs)
 #: - ``input_name``: the sample's name in the data (an ``imagefolder`` file's path under the folder), or ``""``
-#: - ``input_class``: the sample's class in the data (an ``imagefolder`` file's class folder), or ``""``
+#: - ``input_class``: the sample's class in the data (an ``imagefolder`` file's class folder, a digit's label), or ``""``
+#: - ``named``: whether the sample ids are the data's own (dataset indices, ``run.samples`` ids); false where the data cannot say (an infinite random stream, e.g. ``data=randn``): the ids then only count the run's samples in order, never an index
 UNIT_INPUTS_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("sample", _I64), pa.field("input_shape", pa.list_(_I64)),
     pa.field("input", pa.list_(pa.float32())), pa.field("input_ids", pa.list_(_I64)),
-    pa.field("input_name", pa.string()), pa.field("input_class", pa.string()),
+    pa.field("input_name", pa.string()), pa.field("input_class", pa.string()), pa.field("named", pa.bool_()),
 ])
 
 #: ``steer.parquet``: one row per (entry, step, sample) of a ``steer`` entry: the next-token
@@ -219,7 +224,7 @@ LENS = "lens.parquet"
 #: - ``layer``: the block's qualified module name
 #: - ``block``: the block's number, from 0
 #: - ``step``: step number, from 0
-#: - ``sample``: the sample's index in the batch
+#: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
 #: - ``position``: the token position
 #: - ``top_ids``: the ``top_k`` token ids the block's output reads as, most likely first
 #: - ``top_logits``: their logits
@@ -243,7 +248,7 @@ DLA = "dla.parquet"
 DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
 #: - ``hook``: the ``dla`` entry's name
 #: - ``step``: step number, from 0
-#: - ``sample``: the sample's index in the batch
+#: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
 #: - ``position``: the token position whose logits are split
 #: - ``component``: the part: ``embed``, ``pos_embed``, ``attn``, ``mlp``, ``rest``, ``bias``, ``head`` or ``attn_bias``
 #: - ``layer``: the block's qualified module name ("" for parts outside the blocks)

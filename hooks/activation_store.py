@@ -4,7 +4,8 @@ A forward hook on each selected module hands every call's output (``slot``) with
 sample ids to a ``hooks.store_files.ShardWriter`` at ``path/LAYER``: fixed-size safetensors shards
 of ``shard_size`` samples in ``dtype``, listed in ``store.json`` once whole (the layout:
 ``common.store_format``). Memory: one shard per layer. Sample ids (``hooks.samples``, the
-dataset indices of a whole-dataset pass) are kept beside the rows; a pass over a store a killed pass left writes on from its first incomplete
+dataset indices of a whole-dataset pass; a training stream's shuffled ones are refused at its first
+batch, one line) are kept beside the rows; a pass over a store a killed pass left writes on from its first incomplete
 shard, and the runner's pass skips the batches the complete shards hold (``samples_held``).
 Under ``torch.distributed`` each rank writes its own part, ``path/LAYER/rank-N`` (its samples:
 the ranks take contiguous parts of the data), and the readers read the parts as one. Read back
@@ -77,6 +78,11 @@ class Store(SampleOutputs):
 
     def take(self, layer: str, x: torch.Tensor, samples: torch.Tensor) -> None:
         if layer not in self.writers:
+            if len(samples) > 1 and not bool((samples[1:] - samples[:-1] == 1).all()):
+                shown = ", ".join(map(str, samples[:5].tolist()))
+                raise ConfigError(f"{self.key}: the data give their samples shuffled (ids {shown}, ...: a training "
+                                  f"stream), and a store keeps a contiguous part of the data in order under each "
+                                  f"sample's own id; add mode=eval for a pass over the dataset in order")
             self.writers[layer] = ShardWriter(self.store_dir(layer), layer, self.spec.shard_size, self.spec.dtype,
                                               process_group())
         self.writers[layer].add(x, samples)

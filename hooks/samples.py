@@ -1,10 +1,12 @@
 """The base of hook types that keep per-sample results of module outputs (``units``, ``store``).
 
 ``SampleOutputs`` registers one forward hook per selected module, takes the output tensor named
-by ``slot`` and hands it, with the sample id of each row, to ``take(layer, x, samples)``. A
-whole-dataset pass (``runner.engine.whole_pass``) puts each batch's dataset indices on the
-recorder (``Recorder.samples``); other data give none, and a sample is then numbered by its place
-in the run (the samples of earlier steps first). On the meta device (the plan's rehearsal) only
+by ``slot`` and hands it, with the sample id of each row, to ``take(layer, x, samples)``. Every
+pass over data that know their items (a training stream however shuffled, a whole-dataset pass,
+``run.samples(ids)``) puts each batch's dataset indices on the recorder (``Recorder.samples``).
+A source that cannot say (an infinite random stream: ``data=randn``) gives none: a sample is then
+numbered by its place in the run (the samples of earlier steps first), and ``named`` turns False,
+so that the tables say the ids are no index. On the meta device (the plan's rehearsal) only
 ``check(layer, x)`` runs: shapes, no data.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ class SampleOutputs(HookType):
         self._step = -1
         self._seen = 0    # samples counted in finished steps (no ids from the data)
         self._offset = 0
+        #: whether every sample id handed to ``take`` was the data's own (False once one was a count)
+        self.named = True
         #: the shape of each output seen on the meta device (the plan's rehearsal), by layer, in call order
         self.planned: dict[str, list[torch.Size]] = {}
 
@@ -79,6 +83,7 @@ class SampleOutputs(HookType):
                 raise ConfigError(f"{self.key}: {layer}'s output has {n} rows where the batch has {len(given)} "
                                   f"samples; it needs the batch as the output's first dim")
             return given
+        self.named = False
         if self.session.step != self._step:
             self._step, self._offset = self.session.step, self._seen
         self._seen = max(self._seen, self._offset + n)
@@ -92,7 +97,8 @@ class SampleOutputs(HookType):
                           f"recorded for them", UserWarning, stacklevel=3)
 
     def run_state(self) -> dict:
-        return {"seen": self._seen}
+        return {"seen": self._seen, "named": self.named}
 
     def restore_run_state(self, state: dict) -> None:
         self._seen = state.get("seen", 0)
+        self.named = state.get("named", True)

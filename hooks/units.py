@@ -7,15 +7,18 @@ error ``relative_error``, the ``top_k`` / bottom-k samples with their values, sa
 positions, and with ``second_moment: true`` the sum of the layer's outer products. The unit
 axis is ``unit_axis`` (null: dim 1 of outputs with 4 or more dims, the channels; the last dim
 otherwise, the features of a linear or transformer output); the other dims after the batch are
-positions. Sample ids: ``hooks.samples`` (dataset indices in a whole-dataset pass). Nothing goes to ``stats.parquet``: ``tables()`` hands
-the run's totals to the writer once, at the end.
+positions. Sample ids: ``hooks.samples`` (the data's own indices in every pass whose data know their
+items, shuffled or not; column ``named`` false where the data cannot say and the ids only count the
+run's samples). Nothing goes to ``stats.parquet``: ``tables()`` hands the run's totals to the writer
+once, at the end.
 
 What a picture of a unit's top examples needs is kept by this run, which saw them with its own
 weights: for the first ``examples`` top samples of each unit, the unit's map at the sample
 (``unit_examples.parquet``: ``hooks.unit_stats``) and the model's input for the sample
 (``unit_inputs.parquet``: an image pooled to at most ``INPUT_SIDE`` a side, or token ids), read by a
 forward pre-hook on the model itself, with the sample's name and class as its user knows them where the
-data give them (``Recorder.sample_names``: an ``imagefolder`` file's path and class folder). The first
+data give them (``Recorder.sample_names``: an ``imagefolder`` file's path and class folder, a digit's
+class, a prompt). The first
 ``examples`` of the top-k at the end were among the first ``examples`` from the moment they were seen (a sample leaves them only for larger ones), so
 keeping those few is exact.
 """
@@ -126,7 +129,8 @@ class Units(SampleOutputs):
 
     def _keep_inputs(self, stats: UnitStats, samples: torch.Tensor) -> None:
         """The inputs and names of this batch's samples that are now among a unit's first ``examples`` top samples."""
-        batch, names = self._input, self.session.recorder.sample_names
+        recorder = self.session.recorder  # names are of dataset indices: of none where the ids are a count
+        batch, names = self._input, recorder.sample_names if recorder.samples is not None else None
         if batch is not None and (batch.is_meta or batch.dim() == 0 or len(batch) != len(samples)):
             batch = None  # not the batch these rows came from
         if not self.examples or (batch is None and names is None):
@@ -202,6 +206,7 @@ class Units(SampleOutputs):
                         "bottom_position"):
                 columns[key] += getattr(stats, key).T.tolist()
             columns["second_moment"] += [[] for _ in range(n)] if stats.second is None else stats.second.tolist()
+            columns["named"] += [self.named] * n
         return {UNITS: columns, UNIT_EXAMPLES: self._examples_table(), UNIT_INPUTS: self._inputs_table()}
 
     def _examples_table(self) -> dict[str, list]:
@@ -222,6 +227,7 @@ class Units(SampleOutputs):
                 mapped = rank < len(stats.top_map)
                 columns["map_shape"] += [stats.map_shape if mapped else []] * n
                 columns["map"] += stats.top_map[rank].tolist() if mapped else [[] for _ in range(n)]
+                columns["named"] += [self.named] * n
         return columns
 
     def _inputs_table(self) -> dict[str, list]:
@@ -232,7 +238,8 @@ class Units(SampleOutputs):
                 "input_shape": [self.inputs[s][0] for s in kept],
                 **{column: [[] if self.inputs[s][i] is None else self.inputs[s][i].tolist() for s in kept]
                    for i, column in ((1, "input"), (2, "input_ids"))},
-                **{column: [self.inputs[s][i] for s in kept] for i, column in ((3, "input_name"), (4, "input_class"))}}
+                **{column: [self.inputs[s][i] for s in kept] for i, column in ((3, "input_name"), (4, "input_class"))},
+                "named": [self.named] * len(kept)}
 
     def run_state(self) -> dict:
         return {**super().run_state(), "stats": {key: stats.state() for key, stats in self.stats.items()},

@@ -11,11 +11,14 @@ import sys
 
 import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 
 from conftest import make_config, run
 from runner.analysis.units import load_units
 
 pytestmark = pytest.mark.statistics
+#: Each digit's class, by its index in ``load_digits()``: what a trained run's sample ids are.
+DIGIT_CLASSES = load_digits().target
 
 TRAINED = ("model=digits_cnn", "data=digits", "hooks=units", "optimizer=sgd", "steps=20", "loss=cross_entropy",
            "progress=false")
@@ -42,7 +45,7 @@ def test_a_trained_run_s_drawn_maps_peak_at_its_recorded_top_values(trained):
         fig = top_images_of_run(out, units, layer, int(unit))
         cells = [ax for ax in fig.axes if len(ax.images) == 2]
         for ax, sample, value in zip(cells, row.top_sample, row.top_value):
-            assert ax.get_title() == f"sample {sample}: {value:.3g}"
+            assert ax.get_title() == f"sample {sample} (class {DIGIT_CLASSES[sample]}): {value:.3g}"
             peak = float(np.max(ax.images[1].get_array()))
             assert peak == pytest.approx(value, rel=2 ** -23, abs=1e-12), (layer, unit, sample)
         assert len(cells) == 4  # the entry's default examples: 4

@@ -1,7 +1,8 @@
 """Pictures of ``units.parquet``: a unit's top examples, and per-layer distributions of unit means and dead fractions.
 
 * ``top_images(units, layer, unit, images, maps, names)``: the unit's top-k images in a grid, each
-  titled by its name (an ``imagefolder`` file's path under the folder; its sample id otherwise), class
+  titled by its name (an ``imagefolder`` file's path under the folder; its dataset index otherwise;
+  ``unnamed`` where the data cannot say), class
   and value, with the unit's map over it as a heat that is transparent where the unit is quiet and an
   outline where it is above half its range; the maximum's position is marked, and a legend says so.
   ``top_images_of_run`` draws it from a run directory alone: the maps and inputs the run
@@ -29,7 +30,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from runner.analysis.load import config_path, run_dirs
-from runner.analysis.units import classes_said, kept_inputs, load_unit_examples
+from runner.analysis.units import UNNAMED, classes_said, kept_inputs, load_unit_examples
 
 
 def unit_row(units: pd.DataFrame, layer: str, unit: int, call: int = 0) -> pd.Series:
@@ -130,7 +131,8 @@ def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, m
         if i >= k:
             continue
         ax.imshow(images[i], extent=(0, images.shape[2], images.shape[1], 0))  # the overlay's extent: aligned
-        ax.set_title(f"{example_name(int(row.top_sample[i]), *names[i])}: {row.top_value[i]:.3g}", fontsize=9)
+        said = example_name(int(row.top_sample[i]), *names[i]) if row.get("named") in (None, True) else UNNAMED
+        ax.set_title(f"{said}: {row.top_value[i]:.3g}", fontsize=9)
         if maps is not None:
             shown = _overlay(ax, images[i], maps[i], int(row.top_position[i]), span, list(row.position_shape))
     if maps is not None:
@@ -144,8 +146,8 @@ def top_images(units: pd.DataFrame, layer: str, unit: int, images: np.ndarray, m
 
 def example_name(sample: int, name: str, label: str) -> str:
     """A top example as its user knows it: the file's path (with its class when the path does not begin
-    with the class folder), or its sample id (in a whole-dataset pass its dataset index), with its class
-    when the data give one."""
+    with the class folder), or its sample id (its dataset index), with its class when the data give one.
+    A sample of data that cannot name it (``named`` false) is ``unnamed`` (``top_images``)."""
     named = name or f"sample {sample}"
     return named if not label or named.startswith(f"{label}/") else f"{named} (class {label})"
 

@@ -53,7 +53,8 @@ def load_unit_examples(path: str | Path, on_corrupt: str = "error") -> pd.DataFr
     merged like ``load_units``' top samples: per unit, the first ``examples`` of all parts in the top
     order, ``rank`` 0 the largest; ``map`` as ``[h, w]`` float32 arrays (``None`` for a unit without
     one). Rows in the order the first run recorded its layers (the model's call order)."""
-    tables = [pq.read_table(file) for run in run_dirs(path, on_corrupt) for _, file in rank_files(run, UNIT_EXAMPLES)]
+    tables = [with_named(pq.read_table(file)) for run in run_dirs(path, on_corrupt)
+              for _, file in rank_files(run, UNIT_EXAMPLES)]
     if not tables:
         raise FileNotFoundError(f"no run at or under '{path}' wrote {UNIT_EXAMPLES} (a units entry with examples > 0 "
                                 f"writes it)")
@@ -116,8 +117,8 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
     merged, as ``load_units``), each with its first ``examples`` top samples: one row per unit and sample
     (``rank`` 0 its largest, ``value``), ``input`` naming the sample as its user knows it (an ``imagefolder``
     file's path under the folder, with its ``class`` folder; a text sample's tokens around the top position,
-    the top one bracketed, as ids (no tokenizer is kept); ``sample N`` otherwise, its sample id: in a
-    whole-dataset pass its dataset index), the
+    the top one bracketed, as ids (no tokenizer is kept); ``sample N`` otherwise, N its dataset index in
+    every pass; ``unnamed`` where the data cannot say which item it was, ``named`` false), the
     unit's ``dead_fraction`` (of its values at or below the entry's threshold), and its layer's units and
     dead units (never above the threshold); layers in the model's order. Read from the run's files alone
     (``TOP_UNIT_COLUMNS``).
@@ -144,9 +145,10 @@ def top_units(path: str | Path, layer: str | None = None, k: int = 3, examples: 
             for rank in range(min(examples, len(row.top_sample))):
                 sample, position = int(row.top_sample[rank]), int(row.top_position[rank])
                 named, label = names.get((hook, sample), ("", ""))
+                said = named or (_text_or_index(inputs.get((hook, sample)), sample, position)
+                                 if row.named is None or row.named else UNNAMED)
                 rows.append([hook, name, call, row.unit, unit_rank, row.max, row.mean, 1 - row.fraction_above,
-                             len(group), dead_units, rank, sample, float(row.top_value[rank]),
-                             named or _text_or_index(inputs.get((hook, sample)), sample, position), label or None])
+                             len(group), dead_units, rank, sample, float(row.top_value[rank]), said, label or None])
     return pd.DataFrame(rows, columns=TOP_UNIT_COLUMNS)
 
 
@@ -162,9 +164,20 @@ def classes_said(labels: list[str | None]) -> str:
     return "classes " + ", ".join(f"{name} {count}" for name, count in counts.items())
 
 
+#: What ``top_units`` calls a sample of data that cannot name it (``named`` false: its id only counts the run's samples).
+UNNAMED = "unnamed"
+
+
+def with_named(table: pa.Table) -> pa.Table:
+    """``table`` with its ``named`` column; a file written before it had one gets nulls: not known."""
+    if "named" in table.column_names:
+        return table
+    return table.append_column("named", pa.nulls(len(table), pa.bool_()))
+
+
 def _text_or_index(kept: np.ndarray | None, sample: int, position: int) -> str:
     """A sample without a name: its token ids around ``position`` (the top one bracketed) when the run kept
-    them, else its sample id (in a whole-dataset pass, its dataset index)."""
+    them, else its sample id (its dataset index)."""
     if kept is None or kept.dtype.kind not in "iu" or kept.ndim != 1 or not 0 <= position < len(kept):
         return f"sample {sample}"
     first, last = max(0, position - CONTEXT), min(len(kept), position + CONTEXT + 1)
@@ -181,7 +194,7 @@ def recorded_layers(run_dir: str | Path) -> list[str]:
 def _read(file: Path) -> pa.Table:
     """One ``units.parquet``; one whose sketches use another bucket mapping (written by an earlier
     version) is refused: its quantiles would be read with the wrong buckets."""
-    table = pq.read_table(file)
+    table = with_named(pq.read_table(file))
     mappings = set(table.column("sketch_mapping").to_pylist()) if "sketch_mapping" in table.column_names else {None}
     if mappings != {SketchGrid.MAPPING}:
         raise ValueError(f"'{file}' holds quantile sketches of another bucket mapping ({sorted(map(str, mappings))}, "
@@ -198,6 +211,8 @@ def _merge(rows: pd.DataFrame) -> dict:
         n, mean, m2 = (row.count, row.mean, row.m2) if n == 0 else chan_merge(n, mean, m2, row.count, row.mean,
                                                                               row.m2)
     out.update(count=n, mean=mean, m2=m2, min=rows["min"].min(), max=rows["max"].max(), above=rows.above.sum())
+    out["named"] = False if any(named is not None and not named for named in rows.get("named", ())) \
+        else first.get("named")
     sketch = {}
     for index, count in zip(np.concatenate(rows.sketch_index.to_list()), np.concatenate(rows.sketch_count.to_list())):
         sketch[index] = sketch.get(index, 0) + count

@@ -88,7 +88,7 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
         breaks = graph_breaks() if s.compile else 0
         beside_entries = [hook for hook in run.session.hooks if hook.side_data is not None]
         recorder = run.session.recorder
-        recorder.sample_names = plan.data.items.names if dataset_pass else None  # what units names its examples by
+        recorder.sample_names = plan.data.sample_names  # what units names its examples' dataset indices by
         generation = Generation(plan.data, s.generate, (resume.hooks_state or {}).get(GENERATE)) \
             if generating(s) else None  # mode=generate's steps (a requeued job's rows of the steps it ran)
         for step in range(first, s.steps):
@@ -107,7 +107,8 @@ def _run(plan: Plan, out_dir: Path, claim: RunClaim | None, device: torch.device
             run.end_step(loss, accuracy=accuracy, **measures.take(), **beside)
             if plan.schedule.due(step):
                 with run.evaluating() as result:
-                    eval_loss, eval_accuracy = eval_passes(forward, model, held_out, plan.loss_fn, plan.classifies)
+                    eval_loss, eval_accuracy = eval_passes(forward, model, held_out, plan.loss_fn, plan.classifies,
+                                                           recorder)
                     result.set(eval_loss, accuracy=eval_accuracy, **measures.take())
             bar.set_postfix(loss=loss, refresh=False)
             bar.update()

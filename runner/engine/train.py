@@ -107,16 +107,21 @@ def train_step(forward: Forward, model: nn.Module, batch: Batch, loss_fn: LossFn
 
 
 def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_fn: LossFn | None,
-                classifies: bool = False) -> tuple[float | None, float | None]:
+                classifies: bool = False, recorder=None) -> tuple[float | None, float | None]:
     """Run the held-out batches in eval mode without gradients; return their mean loss and (when
     ``classifies``) the accuracy over all their samples. Run inside ``AttachedRun.evaluating()``,
-    which labels their captures phase ``eval``, so they never mix with the training step's rows."""
+    which labels their captures phase ``eval``, so they never mix with the training step's rows.
+    ``recorder``: given each held-out batch's sample ids while it runs (``Recorder.samples``), the
+    training batch's again after."""
     was_training = model.training
     model.eval()
     losses, right, total = [], 0, 0
+    training_samples = recorder.samples if recorder is not None else None
     try:
         with torch.no_grad():
             for batch in held_out:
+                if recorder is not None:
+                    recorder.samples = batch.samples
                 out = forward(batch.x)
                 if loss_fn is not None:
                     losses.append(float(loss_fn(first_tensor(out), batch.targets)))
@@ -124,4 +129,6 @@ def eval_passes(forward: Forward, model: nn.Module, held_out: list[Batch], loss_
                     right, total = right + correct(first_tensor(out), batch.targets), total + len(batch.targets)
     finally:
         model.train(was_training)
+        if recorder is not None:
+            recorder.samples = training_samples
     return statistics.fmean(losses) if losses else None, right / total if total else None

@@ -19,13 +19,18 @@ class Batch:
 
     x: torch.Tensor
     targets: torch.Tensor
-    samples: torch.Tensor | None = None  #: the dataset index of each row (a whole-dataset pass), else None
+    #: the data's own id of each row (its dataset index, wherever the batch was drawn: shuffled, held
+    #: out, sharded), else None: a source that cannot say (an infinite random stream)
+    samples: torch.Tensor | None = None
 
 
 @dataclass
 class Maker:
-    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever;
-    ``held_out(gen)`` likewise from a part kept apart for eval passes (``None``: no such part)."""
+    """How a data kind makes its batches: ``make(gen)`` yields ``(x, labels or None)`` forever, or
+    ``(x, labels or None, ids)`` where the kind knows each row's dataset index (``ids``, int64:
+    what names a sample in every table, ``Batch.samples``); ``held_out(gen)`` likewise from a part
+    kept apart for eval passes (``None``: no such part). ``names(i)``: item ``i``'s ``(name, class)``
+    (as ``ItemRange.names``; null: ``items``' own, if any)."""
 
     shape: list[int]
     dtype: torch.dtype
@@ -36,6 +41,7 @@ class Maker:
     items: ItemRange | None = None
     #: fingerprints of the files the kind read (``runner.store.provenance.describe_bytes``), by path
     fingerprints: dict[str, dict] = field(default_factory=dict)
+    names: Callable[[int], tuple[str, str]] | None = None
 
 
 @dataclass
@@ -49,6 +55,15 @@ class ItemRange:
     batch_size: int
     read: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor | None]]]
     names: Callable[[int], tuple[str, str]] | None = None
+
+
+def numbered(read: Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor | None]]], start: int,
+             stop: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """``read(start, stop)``'s batches with each row's dataset index: ``(x, labels, ids)``."""
+    first = start
+    for x, labels in read(start, stop):
+        yield x, labels, torch.arange(first, first + len(x))
+        first += len(x)
 
 
 def in_batches(x: torch.Tensor, y: torch.Tensor | None, size: int) -> ItemRange:

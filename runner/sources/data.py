@@ -8,14 +8,14 @@ class targets, the device and ``requires_grad``. The shape follows the model
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig
 
 from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
-from runner.sources.batches import Batch, ItemRange
+from runner.sources.batches import Batch, ItemRange, numbered
 
 
 #: The dtypes of token ids an embedding takes (``model.input_kind: tokens``: ``data=tokens``, or a
@@ -48,8 +48,10 @@ class DataSource:
         ``data.seed`` is added to ``seed``: a corrupted batch for the clean one, on the same model."""
         gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
         make = self._make.held_out if held_out and self._make.held_out is not None else self._make.make
-        for x, labels in make(gen):
-            yield self._batch(x, labels, gen, device)
+        for x, labels, *ids in make(gen):
+            batch = self._batch(x, labels, gen, device)
+            batch.samples = ids[0].to(torch.int64).cpu() if ids else None
+            yield batch
 
     @property
     def items(self) -> ItemRange | None:
@@ -59,12 +61,16 @@ class DataSource:
     def item_batches(self, start: int, stop: int, seed: int, device: torch.device) -> Iterator[Batch]:
         """Items ``start..stop-1`` in order, once, each ``Batch`` with their indices as ``samples``."""
         gen = torch.Generator().manual_seed(int(seed) + int(self.data.get("seed") or 0))
-        first = start
-        for x, labels in self._make.items.read(start, stop):
+        for x, labels, ids in numbered(self._make.items.read, start, stop):
             batch = self._batch(x, labels, gen, device)
-            batch.samples = torch.arange(first, first + len(x))
-            first += len(x)
+            batch.samples = ids
             yield batch
+
+    @property
+    def sample_names(self) -> Callable[[int], tuple[str, str]] | None:
+        """A dataset index's ``(name, class)`` as its user knows it (``ItemRange.names``), in every pass
+        whose batches carry indices (``Batch.samples``); ``None`` where the kind names none."""
+        return self._make.names or (self._make.items.names if self._make.items is not None else None)
 
     def _batch(self, x: torch.Tensor, labels: torch.Tensor | None, gen: torch.Generator,
                device: torch.device) -> Batch:

@@ -45,11 +45,12 @@ def loader_maker(data: DictConfig, model: DictConfig) -> Maker:
     options = {"batch_size": size, "num_workers": workers}
 
     def make(gen: torch.Generator):
-        loader = DataLoader(train, shuffle=bool(data.shuffle), drop_last=bool(data.drop_last), generator=gen, **options)
+        loader = DataLoader(_numbered(train, dataset), shuffle=bool(data.shuffle), drop_last=bool(data.drop_last),
+                            generator=gen, **options)
         return _forever(loader, data)
 
     def held_out(gen: torch.Generator):
-        return _forever(DataLoader(held, generator=gen, **options), data)
+        return _forever(DataLoader(_numbered(held, dataset), generator=gen, **options), data)
 
     epoch = None
     if not isinstance(train, IterableDataset):
@@ -59,6 +60,28 @@ def loader_maker(data: DictConfig, model: DictConfig) -> Maker:
     items = None if isinstance(dataset, IterableDataset) else ItemRange(len(dataset), size, _reader(dataset, options),
                                                                       folder_names(dataset))
     return Maker([size, *x.shape[1:]], x.dtype, make, held_out if held is not None else None, epoch, items)
+
+
+class Numbered(Dataset):
+    """``part``'s items as ``(dataset index, item)``: the index in the whole dataset (through a
+    ``random_split`` part's ``Subset``) travels with each item through the loader's shuffling and workers."""
+
+    def __init__(self, part: Dataset, ids: list[int] | None) -> None:
+        self.part, self.ids = part, ids
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+    def __getitem__(self, i: int):
+        return (self.ids[i] if self.ids is not None else i), self.part[i]
+
+
+def _numbered(part: Dataset, whole: Dataset) -> Dataset:
+    """``Numbered(part)`` of ``whole`` (itself, or a ``random_split`` part); an ``IterableDataset`` as it
+    is: its items have no index (unnamed)."""
+    if isinstance(part, IterableDataset):
+        return part
+    return Numbered(part, None if part is whole else list(part.indices))
 
 
 def _reader(dataset: Dataset, options: dict):
@@ -161,7 +184,10 @@ def _forever(loader: DataLoader, data: DictConfig) -> Iterator[tuple[torch.Tenso
         empty = True
         for batch in loader:
             empty = False
-            yield _input_and_labels(batch)
+            if isinstance(loader.dataset, Numbered):
+                yield (*_input_and_labels(batch[1]), batch[0])
+            else:
+                yield _input_and_labels(batch)
         if empty:
             raise ConfigError(f"data: the {data.kind} dataset yielded no batch")
 

@@ -8,7 +8,10 @@ how many random numbers building the model consumed: step k always gets the same
 reads torchvision's ``FakeData`` in order (``random_offset = seed * size``, so runs with
 different seeds see different images) and uses its labels as targets. ``digits`` is real data
 shipped with scikit-learn: a training stream reshuffled each epoch and a held-out part for the
-eval passes.
+eval passes. Each row keeps its identity in every pass (``Maker.make``'s ids): a digit its index in
+``load_digits()`` (and its label as its class), a token set's sequence, a fake image or an image file
+its index (the file its name); ``randn``, ``ones`` and ``tokens`` without a size have no items, so
+their samples are unnamed.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from omegaconf import DictConfig
 from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DigitsData, FakeImages, ImageFiles, SyntheticData, TokenData
-from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape
+from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape, numbered
 from runner.store.provenance import describe_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -56,7 +59,8 @@ def _fake(data: DictConfig, model: DictConfig) -> Maker:
         dataset = datasets.FakeData(size=size, image_size=tuple(shape[1:]), num_classes=classes,
                                     transform=transforms.ToTensor(), random_offset=gen.initial_seed() * size)
         loader = DataLoader(dataset, batch_size=shape[0], drop_last=True)
-        return ((x, y) for _ in itertools.count() for x, y in loader)
+        return ((x, y, torch.arange(i * shape[0], (i + 1) * shape[0]))
+                for _ in itertools.count() for i, (x, y) in enumerate(loader))
 
     return Maker(shape, torch.float32, make)
 
@@ -84,7 +88,7 @@ def _token_set(data: DictConfig, shape: list[int], vocab: int) -> Maker:
     items = in_batches(tokens, None, shape[0])
 
     def make(gen: torch.Generator):  # whole batches, in order, one epoch after another
-        return (xy for _ in itertools.count() for xy in items.read(0, size - size % shape[0]))
+        return (xy for _ in itertools.count() for xy in numbered(items.read, 0, size - size % shape[0]))
 
     return Maker(shape, torch.long, make, epoch_steps=size // shape[0], items=items)
 
@@ -106,7 +110,7 @@ def _images(data: DictConfig, model: DictConfig) -> Maker:
     else:
         raise ConfigError(f"data.path: no file or folder at '{path}'")
     transform = imagenet_transform(data)
-    images, fingerprints = [], {}
+    images, fingerprints, ids = [], {}, torch.arange(len(files))
     for f in files:
         try:
             raw = f.read_bytes()  # read once: the image and, for one file, the manifest's fingerprint
@@ -117,8 +121,9 @@ def _images(data: DictConfig, model: DictConfig) -> Maker:
         if f == path:
             fingerprints[str(data.path)] = describe_bytes(path, raw)
     batch = torch.stack(images)  # read once; each step gets a copy, as a model may change its input in place
-    return Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None) for _ in itertools.count()),
-                 fingerprints=fingerprints)
+    names = [f.name if f == path else f.relative_to(path).as_posix() for f in files]
+    return Maker(list(batch.shape), batch.dtype, lambda gen: ((batch.clone(), None, ids) for _ in itertools.count()),
+                 fingerprints=fingerprints, names=lambda i: (names[i], ""))
 
 
 @DATA_KINDS.register("digits", schema=DigitsData)
@@ -146,8 +151,9 @@ def _digits(data: DictConfig, model: DictConfig) -> Maker:
             epoch = train[torch.randperm(len(train), generator=gen)]
             for start in range(0, len(epoch) - size + 1, size):
                 index = epoch[start:start + size]
-                yield x[index], y[index]
+                yield x[index], y[index], index  # each digit named by its index in load_digits()
 
     return Maker([size, 1, 8, 8], torch.float32, make,
-                  held_out=lambda gen: ((x[held], y[held]) for _ in itertools.count()), epoch_steps=len(train) // size,
+                 held_out=lambda gen: ((x[held], y[held], held) for _ in itertools.count()),
+                 epoch_steps=len(train) // size,
                  items=in_batches(x, y, size))

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import TextData
-from runner.sources.batches import ItemRange, Maker
+from runner.sources.batches import ItemRange, Maker, numbered
 from runner.store.provenance import describe_bytes
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _text(data: DictConfig, model: DictConfig) -> Maker:
 
     items = ItemRange(n, size, read, lambda i: (prompts.texts[i], ""))
     return Maker([min(size, n), prompts.ids.shape[1]], torch.long,
-                 lambda gen: (xy for _ in itertools.count() for xy in read(0, n)),
+                 lambda gen: (xy for _ in itertools.count() for xy in numbered(read, 0, n)),
                  epoch_steps=-(-n // size), items=items, fingerprints=prompts.fingerprints)
 
 
