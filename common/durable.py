@@ -4,7 +4,9 @@ A file is written under a hidden temporary name in its own directory (``.NAME.tm
 fsynced, then renamed over its final name (``os.replace``, atomic on POSIX); the rename itself
 is durable once the directory is fsynced. A reader of the final name sees the old file or the
 new one, whole, never a half. Temporary names hold ``TMP_MARK``, so whoever claims a directory
-next finds and removes what a killed writer left.
+next finds and removes what a killed writer left. The file has the run's permissions, those of any
+new file under its umask (``0o644`` under ``022``), whatever mode its writer gave it (safetensors
+writes ``0o600``, ``mkstemp`` too): a colleague's tool reads a store as it reads the parquet files.
 
 - ``replaced(path)``: yields the temporary path for any writer (json, safetensors, pyarrow);
   fsynced and renamed when the block ends, removed when it raises.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +59,9 @@ def staged(path: Path) -> Iterator[Path]:
     """
     tmp = tmp_path(path)
     try:
+        mode = _created(tmp)
         yield tmp
+        os.chmod(tmp, mode)
         sync_file(tmp)
     except BaseException:
         _remove(tmp)
@@ -83,6 +88,18 @@ def replaced(path: Path, sync_directory: bool = True) -> Iterator[Path]:
         raise
     if sync_directory:
         fsync_dir(path.parent)
+
+
+def _created(tmp: Path) -> int:
+    """Create ``tmp`` empty, as any new file of this process is created (``0o666`` less the umask), and
+    return its mode: the run's permissions, read without changing the umask (another thread may be
+    creating files)."""
+    tmp.unlink(missing_ok=True)  # a killed writer's file of the same pid keeps its own mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        return stat.S_IMODE(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def _remove(tmp: Path) -> None:

@@ -24,12 +24,12 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from common.durable import replaced
 from common.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("stats_kernel.c")
@@ -84,17 +84,12 @@ def library_path(compiler: str, source: Path = SOURCE, extra: tuple[str, ...] = 
 
 
 def build(compiler: str, target: Path, source: Path = SOURCE, extra: tuple[str, ...] = ()) -> None:
-    """Compile into a temporary file and rename it into place: jobs of a sweep may build at once."""
+    """Compile into a temporary file and rename it into place (``common.durable.replaced``): jobs of a sweep
+    may build at once, and a cache shared with colleagues holds files they can read."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, *extra, "-o", tmp, str(source)], check=True, capture_output=True,
+    with replaced(target) as tmp:
+        subprocess.run([compiler, *FLAGS, *extra, "-o", str(tmp), str(source)], check=True, capture_output=True,
                        text=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def kernel():

@@ -1,5 +1,6 @@
 """Make the SAE fixtures of ``tests/test_sae*.py`` with sae-lens itself (run it with sae-lens 6 installed:
-``/work/venv-sae/bin/python scripts/make_sae_fixture.py [OUT_DIR]``; default ``tests/fixtures``).
+``DIR/bin/python scripts/make_sae_fixture.py [OUT_DIR]``, DIR built by ``scripts/make-sae-env.sh DIR``; default
+``tests/fixtures``).
 
 For each case below, a random-weight sae-lens SAE for gpt2_tiny's hidden size (d_in 32) with a tiny
 d_sae, saved with ``save_model`` to ``OUT_DIR/sae_<case>/`` (``cfg.json``, ``sae_weights.safetensors``),

@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import collections
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import hooks
 import runner
 from hooks import HookSession, build_hooks, native
+from project_code import project_file
 
 pytestmark = pytest.mark.statistics
-
-#: The repository's code (``hooks/``, ``runner/``, ``common/``), whichever checkout is imported.
-REPO = str(Path(hooks.__file__).resolve().parent.parent)
-TESTS = str(Path(__file__).resolve().parent)
 
 #: Calls into the repository per recorded tensor of ``stats`` (output or output gradient), beyond
 #: the step's fixed calls (10 measured on 2026-11-28; 23 before, on 2026-11-27; 31 before the
@@ -57,13 +52,12 @@ X = torch.randn(2, 3, 8, 8)
 
 
 def repo_calls(fn) -> int:
-    """Python function calls into the repository's code while ``fn`` runs."""
+    """Python function calls into the project's packages while ``fn`` runs (not torch's, wherever the venv is)."""
     count = 0
 
     def profile(frame, event, arg):
         nonlocal count
-        name = frame.f_code.co_filename
-        if event == "call" and name.startswith(REPO) and not name.startswith(TESTS):
+        if event == "call" and project_file(frame.f_code.co_filename):
             count += 1
 
     sys.setprofile(profile)
@@ -210,7 +204,7 @@ def landed_calls(entries: dict) -> tuple[int, int]:
 
     def profile(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code.co_name == "landed" and frame.f_code.co_filename.startswith(REPO):
+        if event == "call" and frame.f_code.co_name == "landed" and project_file(frame.f_code.co_filename):
             calls += 1
 
     with HookSession(model, build_hooks(entries)) as session:

@@ -24,9 +24,9 @@ from torch import nn
 
 import runner
 from conftest import hook_snapshot, make_config, run
+from project_code import project_file
 from runner.engine import loop
 
-ROOT = str(Path(__file__).resolve().parents[1])
 CLI_OVERRIDES = ["model=mlp", "hooks=[clip,stats]", "steps=2"]
 
 
@@ -46,11 +46,11 @@ def live(kind: type) -> int:
 
 
 def our_calls() -> collections.Counter:
-    """Python functions of this repository that run in a fresh model's forward and backward."""
+    """Python functions of the project's packages that run in a fresh model's forward and backward."""
     calls: collections.Counter = collections.Counter()
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(ROOT):
+        if event == "call" and project_file(frame.f_code.co_filename):
             calls[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
 
     model, x = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), torch.randn(5, 3, requires_grad=True)

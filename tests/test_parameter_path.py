@@ -15,6 +15,7 @@ from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import compose_config
 from docs_text import page
+from project_code import project_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGV = ["hooks=clip", "hooks.clip.min=-0.01", "model=custom", "model._target_=torch.nn.Linear",
@@ -56,8 +57,7 @@ def test_the_readme_traces_a_clamps_min_along_the_calls_a_run_makes(tmp_path):
         if event != "call":
             return
         calls += 1
-        where = (str(Path(frame.f_code.co_filename).resolve().relative_to(ROOT)) if frame.f_code.co_filename.startswith(
-            str(ROOT)) else "", frame.f_code.co_qualname)
+        where = (project_file(frame.f_code.co_filename) or "", frame.f_code.co_qualname)
         if where in functions and where not in first_call:
             first_call[where] = calls
             spec = frame.f_locals.get("self")

@@ -302,20 +302,19 @@ def test_tutorial_command_runs_as_written_and_gives_what_its_row_says(run_with, 
 
 
 def test_ci_runs_exactly_the_readmes_test_commands():
-    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest and mkdocs lines of the
-    README's "Tests" block are those of ``.ci/run``, in the same order."""
+    """``.ci/run`` runs the README's test commands and nothing cleverer: the pytest, mkdocs and scripts/ lines
+    of the README's "Tests" block are those of ``.ci/run``, in the same order."""
     (tests,) = blocks(section("README.md", "Tests"), "bash")
-    command = r"(?:[A-Z_]+=\S+ )*(?:python -m pytest|mkdocs build)[^#&]*"  # with the environment it sets
+    command = r"(?:[A-Z_]+=\S+ )*(?:python -m pytest|mkdocs build|scripts/\S+\.sh)[^#&]*"  # with the environment it sets
     readme = [re.search(command, line).group(0).strip() for line in tests.splitlines()
-              if re.search(r"python -m pytest|mkdocs build", line)]
+              if re.search(r"python -m pytest|mkdocs build|^scripts/", line)]
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if re.fullmatch(command, line.strip())]
     assert readme == ci
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     markers = {m.split(":")[0] for m in options["markers"]}
     chosen = [re.findall(r' -m ("[^"]*"|\w+)', line)[-1].strip('"') for line in ci if re.search(r" -m (?!pytest)", line)]
-    assert {expression.split()[0] for expression in chosen} == markers - {"sae"}, \
-        "every marked group runs in CI, but sae-lens's own venv (tests/test_sae.py says why)"
+    assert {expression.split()[0] for expression in chosen} == markers, "every marked group runs in CI"
     groups = re.findall(r"not (\w+)", options["addopts"])  # what the default run leaves out
     assert f"statistics and not ({' or '.join(groups)})" in chosen, "the statistics tests again: the default run's only"
 

@@ -40,6 +40,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
+from common.durable import replaced
 from common.records import RUN_TOTAL_SCHEMAS, UNITS
 from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
@@ -144,7 +145,9 @@ def write_report(path: str | Path, out: str | Path | None = None, corrupted: str
     """Write the report of ``path`` to ``out`` (default ``PATH/report.html``) and return where
     (``on_corrupt`` as for ``render``)."""
     out = Path(out) if out else Path(path) / REPORT
-    out.write_text(render(path, corrupted, on_corrupt), encoding="utf-8")
+    page = render(path, corrupted, on_corrupt)
+    with replaced(out) as tmp:  # whole or the old one, with the run's permissions
+        tmp.write_text(page, encoding="utf-8")
     return out
 
 

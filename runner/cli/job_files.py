@@ -16,6 +16,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from common.durable import replaced
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,8 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
     out_dir.mkdir(parents=True, exist_ok=True)
     state = state or (FAILED if error else OK)
     status = {"status": state, "overrides": list(overrides), "error": error}
-    (out_dir / STATUS).write_text(json.dumps(status, indent=2) + "\n")
+    with replaced(out_dir / STATUS) as tmp:  # a reader of the sweep sees the old status or the new one, whole
+        tmp.write_text(json.dumps(status, indent=2) + "\n")
     record_entry(out_dir, state=state, error=error, logs=scheduler_logs())
 
 
