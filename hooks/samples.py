@@ -10,7 +10,6 @@ in the run (the samples of earlier steps first). On the meta device (the plan's 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,13 +17,9 @@ from torch import nn
 
 from common.errors import ConfigError
 from hooks import tensor_kinds
-from hooks.base import HookSpec, HookType
+from hooks.base import HookType
 from hooks.recorder import walk
-
-
-@dataclass
-class SampleOutputsSpec(HookSpec):
-    slot: str = "0"  #: which tensor of a tuple or mapping output (``hooks.recorder.walk``)
+from hooks.specs.samples import SampleOutputsSpec
 
 
 class SampleOutputs(HookType):
