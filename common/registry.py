@@ -9,7 +9,7 @@ for presets to inherit, whenever the module is imported (a user's module importe
 
 A built-in choice whose module imports torch is *declared* first, as SPEC 1's lazy loading does
 (``lazy_loader``): its name, its schema and the module that registers it, from a module importing
-no torch (``hooks.specs``, ``runner.config.index``), so the command line is checked before torch is
+no torch (``hooks.specs``, ``runner.config.registry``), so the command line is checked before torch is
 imported; ``get`` imports the module when what builds the choice is first asked for, and that
 module's own ``register`` completes the declaration (with the same schema, else ``KeyError``).
 """

@@ -15,14 +15,12 @@ as rows of method ``attribution`` beside real patching's.
 """
 from __future__ import annotations
 
-
 import torch
 
 from common.errors import ConfigError
 from hooks.interventions import BesideStep, clean_data_keys
 from hooks.registry import register
 from hooks.specs.attribution import AttributionSpec
-
 
 
 def estimate(clean: torch.Tensor, corrupted: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ attaching fails with one line. ``node`` hooks fire after every tensor hook on th
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
@@ -34,7 +33,6 @@ from hooks.registry import register
 from hooks.specs.index import narrowed
 from hooks.tap import Tap, apply_edit
 from hooks.specs.backward import BackwardSpec, NodeSpec
-
 
 
 class PerCall:
@@ -213,8 +211,6 @@ class BackwardPre(ModuleBackward):
             return new
 
         return on_backward_pre
-
-
 
 
 @register("node")

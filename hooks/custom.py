@@ -47,7 +47,6 @@ from hooks.registry import register
 from hooks.specs.custom import CustomSpec
 
 
-
 @register("custom")
 class Custom(HookType):
     """Registers ``spec.fn`` with the PyTorch function ``spec.hook`` names; records what it saw or returned."""

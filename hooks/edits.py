@@ -9,7 +9,6 @@ Each records statistics of the tensor it produced (kind ``input`` or ``output``)
 """
 from __future__ import annotations
 
-
 import torch
 
 from common.errors import ConfigError
@@ -37,8 +36,6 @@ class Shift(Tap):
     @property
     def edited_input(self) -> tuple[str, str]:
         return ("kwarg", self.spec.kwarg) if self.spec.kwarg is not None else ("slot", str(self.spec.slot))
-
-
 
 
 @register("edit_output")

@@ -36,7 +36,6 @@ from hooks.tap import Tap, apply_edit
 from hooks.specs.gradients import ClampSpec, GradSpec, ReplaceSpec, ScaleSpec
 
 
-
 def select_params(hook: Tap, modules: list[tuple[str, nn.Module]],
                   wanted: list[str] | None) -> list[tuple[str, str, nn.Parameter]]:
     """``(layer, name, parameter)`` for the trainable parameters the selected modules own directly.

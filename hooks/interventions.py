@@ -39,7 +39,6 @@ from hooks.tap import Tap
 from hooks.specs.interventions import AblateSpec, CLEAN, PatchSpec
 
 
-
 def overwritten(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """A copy of ``x`` holding ``value``: bit for bit ``value``, yet still in ``x``'s graph (with zero
     gradient), so a loss computed after a fully replaced layer can still run backward."""
@@ -131,8 +130,6 @@ class Ablate(Tap):
         if x.is_meta:
             return x.clone()
         return x[derangement(x.shape[0], self._generator).to(x.device)]
-
-
 
 
 class BesideStep(Tap):

@@ -13,7 +13,6 @@ Where each kind is taken, and why gradients use tensor hooks, is explained in ``
 """
 from __future__ import annotations
 
-
 import torch
 
 from hooks.registry import register

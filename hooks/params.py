@@ -9,7 +9,6 @@ runner calls.
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -18,7 +17,6 @@ from hooks.base import HookType
 from hooks.gradients import select_params
 from hooks.registry import register
 from hooks.specs.params import PostAccumulateSpec
-
 
 
 @register("post_accumulate")

@@ -38,7 +38,6 @@ from hooks.unit_stats import default_unit_axis
 from hooks.specs.steer import SteerSpec
 
 
-
 def mean_output(path: str, layers: list[str], slot: str, key: str) -> dict[str, torch.Tensor]:
     """Per layer, the float64 mean per unit of every ``slot`` output the run at ``path`` kept of it."""
     kept = stored_tensors(path, layers, "output", key)

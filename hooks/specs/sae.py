@@ -26,7 +26,7 @@ def feature_index(value: Any, key: str) -> Index | None:
 
 @dataclass
 class SaeSpec(TapSpec):
-    """Keys of an ``sae`` entry (see the module docstring)."""
+    """Keys of an ``sae`` entry (``hooks.sae`` says what each does)."""
 
     path: str = ""                    #: the SAE's folder
     _target_: str = SAELENS_LOADER    #: the function loading it from ``path``

@@ -19,7 +19,7 @@ class FLOAT32:
 
 @dataclass
 class UnitsSpec(SampleOutputsSpec):
-    """Keys of a ``units`` entry (see the module docstring)."""
+    """Keys of a ``units`` entry (``hooks.units`` says what it computes)."""
 
     unit_axis: Optional[int] = None       #: null: 1 for outputs of 4+ dims, the last dim otherwise
     threshold: float = 0.0                #: ``above`` counts values > threshold (dead fraction: 1 - above/count)
