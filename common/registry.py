@@ -6,11 +6,18 @@ As torchvision's ``@register_model`` / ``get_model``: a module-level ``Registry`
 listed in one place. Registering stores the schema in Hydra's ConfigStore (``data_schema/randn``)
 for presets to inherit, whenever the module is imported (a user's module imported late included);
 ``get`` gives the one-line error for an unknown name.
+
+A built-in choice whose module imports torch is *declared* first, as SPEC 1's lazy loading does
+(``lazy_loader``): its name, its schema and the module that registers it, from a module importing
+no torch (``hooks.specs``, ``runner.config.registry``), so the command line is checked before torch is
+imported; ``get`` imports the module when what builds the choice is first asked for, and that
+module's own ``register`` completes the declaration (with the same schema, else ``KeyError``).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -21,11 +28,14 @@ from common.errors import choice_error
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered choice: what builds it and the dataclass its config is merged into."""
+    """One registered choice: what builds it and the dataclass its config is merged into; ``module``,
+    for a declared choice, the module registering what builds it (``build`` is ``None`` until then)."""
 
     name: str
     build: Any
     schema: type | None
+    module: str | None = None
+    registered: bool = True
 
 
 class Registry:
@@ -44,14 +54,34 @@ class Registry:
         """Decorator registering ``name``; a duplicate name is a bug (``KeyError``)."""
 
         def deco(build: Any) -> Any:
-            if name in self._entries:
-                raise KeyError(f"{self.what} '{name}' is already registered by {self._entries[name].build!r}")
+            declared = self._entries.get(name)
+            if declared is not None and declared.registered:
+                raise KeyError(f"{self.what} '{name}' is already registered by {declared.build!r}")
+            if declared is not None:  # the declaration's module registering it: the same schema
+                if schema is not declared.schema:
+                    raise KeyError(f"{self.what} '{name}' is declared with schema {declared.schema!r}, "
+                                   f"registered with {schema!r}")
+                self._entries[name] = replace(declared, build=build, registered=True)
+                return build
             self._entries[name] = Entry(name, build, schema)
             if schema is not None and self.group:
                 self.store(name, schema)
             return build
 
         return deco
+
+    def declare(self, name: str, module: str, schema: type | None = None) -> None:
+        """Register ``name`` and its ``schema`` now, and what builds it when ``module`` is imported (by
+        ``get``, at the first use); a duplicate name is a bug (``KeyError``)."""
+        if name in self._entries:
+            raise KeyError(f"{self.what} '{name}' is already registered by {self._entries[name].build!r}")
+        self._entries[name] = Entry(name, None, schema, module, registered=False)
+        if schema is not None and self.group:
+            self.store(name, schema)
+
+    def declared(self) -> dict[str, str]:
+        """The declared choices' names and the modules registering them."""
+        return {name: entry.module for name, entry in self._entries.items() if entry.module is not None}
 
     def store(self, name: str, schema: type) -> None:
         """Store ``schema`` in Hydra's ConfigStore as ``GROUP/NAME`` (what presets of ``name`` inherit)."""
@@ -75,9 +105,19 @@ class Registry:
     def get(self, name: object, key: str | None = None) -> Entry:
         """The entry of ``name``; else the one-line error listing the choices and the closest, naming
         ``key`` (default: the registry's own; a hook type's key is its entry's, ``hooks.NAME.type``)."""
+        self.check(name, key)
+        entry = self._entries[name]
+        if not entry.registered:
+            importlib.import_module(entry.module)
+            entry = self._entries[name]
+            if not entry.registered:
+                raise KeyError(f"{self.what} '{name}' is declared in {entry.module}, which does not register it")
+        return entry
+
+    def check(self, name: object, key: str | None = None) -> None:
+        """``get``'s one-line error for a ``name`` not registered, importing nothing."""
         if name not in self._entries:
             raise choice_error(key or self.key, name, list(self._entries), self.what)
-        return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -1,8 +1,17 @@
-"""Hook types and their registry. Importing this package registers every built-in type."""
+"""Hook types and their registry. Importing this package declares every built-in type (``hooks.specs``,
+no torch); a type's implementation is imported when an entry of it is built."""
 from common.errors import ConfigError
-from hooks import (activation_store, attribution, backward, custom, dla, edits, gradients, interventions,  # noqa: F401
-                   lens, observe, params, sae, saved, steer, units)  # registration side effects
-from hooks.registry import HOOK_TYPES, build_hooks, register
-from hooks.session import HookSession
+from hooks.specs import HOOK_TYPES
+
+#: Names read from the modules that import torch, imported when first asked for (PEP 562).
+_LAZY = {"build_hooks": "hooks.registry", "register": "hooks.registry", "HookSession": "hooks.session"}
 
 __all__ = ["HOOK_TYPES", "ConfigError", "HookSession", "build_hooks", "register"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hooks' has no attribute '{name}'")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -15,31 +15,12 @@ as rows of method ``attribution`` beside real patching's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
-from common.errors import ConfigError, choice_error
-from hooks.interventions import BesideStep, check_clean, clean_data_keys
+from common.errors import ConfigError
+from hooks.interventions import BesideStep, clean_data_keys
 from hooks.registry import register
-from hooks.tap import SlotEditSpec
-
-METRICS = ("logit_diff", "logit")
-
-
-@dataclass
-class AttributionSpec(SlotEditSpec):
-    clean: Any = None  #: the data keys making the clean batch (default ``{seed: 0}``)
-    metric: str = "logit_diff"  #: the step metric differentiated (``metric.diff`` / ``metric.target``)
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.index is not None:
-            raise ConfigError(f"{key}.index: attribution estimates every index of dim 1 at once; drop index")
-        if self.metric not in METRICS:
-            raise choice_error(f"{key}.metric", self.metric, METRICS, "metric")
-        check_clean(self.clean, f"{key}.clean")
+from hooks.specs.attribution import AttributionSpec
 
 
 def estimate(clean: torch.Tensor, corrupted: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

@@ -22,38 +22,17 @@ attaching fails with one line. ``node`` hooks fire after every tensor hook on th
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Optional
-
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from common.errors import ConfigError, choice_error
+from common.errors import ConfigError
 from hooks.junction import junction_for
 from hooks.recorder import walk
 from hooks.registry import register
-from hooks.index import narrowed
-from hooks.tap import EditSpec, Tap, TapSpec, check_kinds, apply_edit
-
-MECHANISMS = ("tensor", "module")
-
-
-@dataclass
-class BackwardSpec(EditSpec):
-    mechanism: str = "tensor"  #: ``tensor`` (tensor hooks, the default) or ``module`` (PyTorch's full backward hooks)
-    replace: Optional[float] = None  #: null: record only; a number: every ``grad_input`` (``full_backward``) or ``grad_output`` (``backward_pre``) becomes it
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.mechanism not in MECHANISMS:
-            raise choice_error(f"{key}.mechanism", self.mechanism, MECHANISMS, "mechanism")
-        if self.replace is not None and math.isnan(self.replace):
-            raise ConfigError(f"{key}.replace: NaN is not a gradient value")
-        if self.index is not None and self.replace is None:
-            raise ConfigError(f"{key}.index: narrows what replace overwrites, and replace is null; set "
-                              f"{key}.replace or drop the index")
+from hooks.specs.index import narrowed
+from hooks.tap import Tap, apply_edit
+from hooks.specs.backward import BackwardSpec, NodeSpec
 
 
 class PerCall:
@@ -232,21 +211,6 @@ class BackwardPre(ModuleBackward):
             return new
 
         return on_backward_pre
-
-
-NODE_KINDS = ("grad_output", "grad_input")
-
-
-@dataclass
-class NodeSpec(TapSpec):
-    kinds: list[str] = field(default_factory=lambda: ["grad_output", "grad_input"])  #: ``grad_output`` (the Node's pre-hook), ``grad_input`` (its post-hook), or both
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        check_kinds(key, self.kinds)
-        for kind in self.kinds:
-            if kind not in NODE_KINDS:
-                raise choice_error(f"{key}.kinds", kind, NODE_KINDS, "kind for a Node hook")
 
 
 @register("node")

@@ -24,8 +24,8 @@ written, and a model whose dropout is on (training mode) before the run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,22 +35,12 @@ from common.records import DLA, DLA_SCHEMA, DLA_WHOLE
 from hooks.lens import lens_parts
 from hooks.recorder import walk
 from hooks.registry import register
-from hooks.samples import SampleOutputs, SampleOutputsSpec
+from hooks.samples import SampleOutputs
+from hooks.specs.dla import DlaSpec
 
 READER = "direct logit attribution"
 #: The children naming a block's attention, its MLP and the attention's output projection, as GPT-2-like models name them.
 ATTENTION, MLP, OUT_PROJ = ("attn", "self_attn", "attention"), ("mlp",), ("c_proj", "o_proj", "out_proj")
-
-
-@dataclass
-class DlaSpec(SampleOutputsSpec):
-    diff: list[int] = field(default_factory=list)  #: ``[a, b]``: the logit difference ``logit[a] - logit[b]``, as ``metric.diff``
-    position: Optional[int] = -1  #: the position read (-1: the last, as ``metric.diff`` reads it); null: every position
-
-    def check(self, key: str) -> None:
-        if len(self.diff) != 2 or min(self.diff) < 0:
-            raise ConfigError(f"{key}.diff: {list(self.diff)} must be two token ids [a, b]: the logit difference "
-                              f"logit[a] - logit[b], e.g. '{key}.diff=[3,7]'")
 
 
 @dataclass

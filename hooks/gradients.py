@@ -23,9 +23,6 @@ subtraction) go, and what is left is the edit itself.
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass
-from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -34,36 +31,9 @@ from common.errors import ConfigError, choice_error
 from hooks import shards
 from hooks.junction import param_lineup
 from hooks.registry import register
-from hooks.index import narrowed
-from hooks.tap import SlotEditSpec, Tap, apply_edit
-
-TARGETS = ("params", "output", "input")
-
-
-@dataclass
-class GradSpec(SlotEditSpec):
-    layers: Any = "**"
-    target: str = "params"  #: where the gradient is taken: ``params``, ``output`` or ``input``
-    params: Optional[list[str]] = None  #: with ``target: params``: only these parameter names, e.g. ``[bias]`` (null: all)
-    record: bool = True  #: false (``target: params`` only): record nothing, only the edit
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.target not in TARGETS:
-            raise choice_error(f"{key}.target", self.target, TARGETS, "target")
-        if self.params is not None and self.target != "params":
-            raise ConfigError(f"{key}.params: only meaningful with target=params (got target={self.target})")
-        if self.slot is not None and self.target == "params":
-            raise ConfigError(f"{key}.slot: only meaningful with target=output or input; "
-                              f"name parameters with {key}.params, e.g. [bias]")
-        if self.params is not None and not self.params:
-            raise ConfigError(f"{key}.params: empty list; use null for every parameter or name some, e.g. [bias]")
-        if not self.record and self.target != "params":
-            raise ConfigError(f"{key}.record: false is for target=params; a gradient edit on activations "
-                              f"(target={self.target}) records what it changed")
-        if self.target == "params" and self.scope == "global":
-            raise ConfigError(f"{key}.scope: global applies to module calls; target=params hooks parameters "
-                              f"directly, so use scope=module")
+from hooks.specs.index import narrowed
+from hooks.tap import Tap, apply_edit
+from hooks.specs.gradients import ClampSpec, GradSpec, ReplaceSpec, ScaleSpec
 
 
 def select_params(hook: Tap, modules: list[tuple[str, nn.Module]],
@@ -187,23 +157,6 @@ class GradTransform(Tap):
         return [p for _, _, p in self._params] if self.records_params else []
 
 
-@dataclass
-class ClampSpec(GradSpec):
-    min: Optional[float] = None  #: lower bound (null: none)
-    max: Optional[float] = None  #: upper bound (null: none)
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.min is None and self.max is None:
-            raise ConfigError(f"{key}: set min, max or both (e.g. {key}.min=-0.01 {key}.max=0.01)")
-        for bound in ("min", "max"):
-            value = getattr(self, bound)
-            if value is not None and math.isnan(value):
-                raise ConfigError(f"{key}.{bound}: NaN is not a bound")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ConfigError(f"{key}: min ({self.min}) > max ({self.max}); swap them")
-
-
 @register("clamp")
 class Clamp(GradTransform):
     """Clamp each gradient element to ``[min, max]`` (either bound may be null)."""
@@ -222,11 +175,6 @@ class Clamp(GradTransform):
                               slot=slot, call=call)
 
 
-@dataclass
-class ScaleSpec(GradSpec):
-    factor: float = 2.0  #: what the gradient is multiplied by
-
-
 @register("scale")
 class Scale(GradTransform):
     """Multiply the gradient by ``factor`` (the tutorials' doubled gradient)."""
@@ -235,11 +183,6 @@ class Scale(GradTransform):
 
     def transform(self, grad: torch.Tensor) -> torch.Tensor:
         return grad * self.spec.factor
-
-
-@dataclass
-class ReplaceSpec(GradSpec):
-    value: float = 0.0  #: what every gradient element becomes
 
 
 @register("replace")

@@ -27,38 +27,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from common.errors import ConfigError, choice_error
+from common.errors import ConfigError
 from hooks.registry import register
 from hooks.select import select_modules
 from common.rundir import StoredKey, check_run_dir, stored_steps, stored_tensors
-from hooks.tap import SlotEditSpec, Tap
-
-ABLATE_OPS = ("zero", "mean", "resample")
-ABLATE_TARGETS = ("output", "input")
-
-
-@dataclass
-class AblateSpec(SlotEditSpec):
-    op: str = "zero"  #: ``zero``, ``mean`` or ``resample`` (another sample's value)
-    target: str = "output"  #: ``output``, or ``input`` (the first input, or the one ``slot`` names)
-    reference: str = "batch"  #: where ``mean`` and ``resample`` take values: ``batch`` or a stored run's directory
-    seed: int = 0  #: seeds ``resample``'s choice of samples
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.op not in ABLATE_OPS:
-            raise choice_error(f"{key}.op", self.op, ABLATE_OPS, "op")
-        if self.target not in ABLATE_TARGETS:
-            raise choice_error(f"{key}.target", self.target, ABLATE_TARGETS, "target")
-        if self.reference != "batch":
-            if self.op == "zero":
-                raise ConfigError(f"{key}.reference: op=zero takes no reference; drop it or use op=mean|resample")
-            check_run_dir(self.reference, f"{key}.reference")
+from hooks.tap import Tap
+from hooks.specs.interventions import AblateSpec, CLEAN, PatchSpec
 
 
 def overwritten(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -89,6 +67,10 @@ class Ablate(Tap):
     @property
     def stored_runs(self) -> tuple[str, ...]:
         return () if self.spec.reference == "batch" else (self.spec.reference,)
+
+    def check_spec(self) -> None:
+        for run in self.stored_runs:
+            check_run_dir(run, f"{self.key}.reference")
 
     def attach(self, model, session) -> None:
         self._generator = torch.Generator().manual_seed(self.spec.seed)
@@ -150,10 +132,6 @@ class Ablate(Tap):
         return x[derangement(x.shape[0], self._generator).to(x.device)]
 
 
-#: ``source`` value of a patch taken from a clean pass of the same run.
-CLEAN = "clean"
-
-
 class BesideStep(Tap):
     """A Tap acting in the clean and corrupted passes the runner's loop runs beside each step
     (``side_mode``: ``capture``, ``off``; ``step`` in the step proper), its output edit knowing
@@ -181,45 +159,9 @@ class BesideStep(Tap):
             self._mode = before
 
 
-def check_clean(clean: Any, key: str) -> None:
-    """``clean`` (the data keys of a clean pass beside each step) is a mapping, or ``None``."""
-    if clean is not None and not isinstance(clean, dict):
-        raise ConfigError(f"{key}: {clean!r} must be a mapping of data keys, e.g. {{seed: 0}}")
-
-
 def clean_data_keys(clean: dict | None) -> dict:
     """The data keys of the clean batch over the run's ``data``: ``clean``, default ``{seed: 0}``."""
     return dict(clean) if clean is not None else {"seed": 0}
-
-
-@dataclass
-class PatchSpec(SlotEditSpec):
-    source: str = ""  #: a stored run's directory, or ``clean`` (a clean pass of the same run beside each step)
-    source_step: Optional[int] = None  #: the stored run's step to take values from (null: the same step)
-    clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
-    receiver: Optional[str] = None  #: a later module: patch only what ``layers`` send it (path patching)
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if self.receiver is not None and self.scope == "global":
-            raise ConfigError(f"{key}.receiver: a path runs from the modules layers names; use scope=module")
-        if not self.source:
-            raise ConfigError(f"{key}.source: required: the directory of a complete run that kept these "
-                              f"layers' outputs (hooks=extract or capture), e.g. {key}.source=runs/clean, "
-                              f"or clean (a clean pass of this run on {key}.clean's data)")
-        if self.source == CLEAN:
-            if self.source_step is not None:
-                raise ConfigError(f"{key}.source_step: a clean pass runs before every step of this run; "
-                                  f"source_step is for a stored source run")
-            check_clean(self.clean, f"{key}.clean")
-            return
-        if self.clean is not None:
-            raise ConfigError(f"{key}.clean: only meaningful with {key}.source=clean (the source is the run "
-                              f"'{self.source}')")
-        check_run_dir(self.source, f"{key}.source")
-        if self.source_step is not None and self.source_step < 0:
-            raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
-
 
 
 @register("patch")
@@ -257,6 +199,10 @@ class Patch(BesideStep):
     @property
     def stored_runs(self) -> tuple[str, ...]:
         return () if self.side_by_side else (self.spec.source,)
+
+    def check_spec(self) -> None:
+        for run in self.stored_runs:
+            check_run_dir(run, f"{self.key}.source")
 
     def attach(self, model, session) -> None:
         if self._source is None and self.side_by_side:

@@ -24,7 +24,6 @@ of their own, which neither has in the models the lens reads (GPT-2's, Llama's),
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,25 +33,11 @@ from common.errors import ConfigError
 from common.records import LENS, LENS_SCHEMA
 from hooks.recorder import walk
 from hooks.registry import register
-from hooks.samples import SampleOutputs, SampleOutputsSpec
+from hooks.samples import SampleOutputs
+from hooks.specs.lens import FINAL, LogitLensSpec, NEXT
 
 #: The models the lens reads, for the one-line refusal.
 CAUSAL_MODELS = ("model=gpt2_tiny", "model=hf model.auto=causal_lm")
-NEXT, FINAL = "next", "final"
-
-
-@dataclass
-class LogitLensSpec(SampleOutputsSpec):
-    top_k: int = 5  #: how many top tokens ``lens.parquet`` keeps per block and position
-    target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
-
-    def check(self, key: str) -> None:
-        if self.top_k < 1:
-            raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
-        if self.target not in (FINAL, NEXT) and (isinstance(self.target, bool) or not isinstance(self.target, int)
-                                                 or self.target < 0):
-            raise ConfigError(f"{key}.target: {self.target!r} is not '{FINAL}' (the model's own top token), "
-                              f"'{NEXT}' (the input's next token) nor a token id")
 
 
 def lens_parts(model: nn.Module, key: str, reader: str = "the logit lens") -> tuple[nn.Module, nn.Module]:

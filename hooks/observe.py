@@ -13,23 +13,11 @@ Where each kind is taken, and why gradients use tensor hooks, is explained in ``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
 from hooks.registry import register
-from hooks.tap import Tap, TapSpec, check_kinds
-
-
-@dataclass
-class ObserveSpec(TapSpec):
-    layers: Any = "leaf:**"
-    kinds: list[str] = field(default_factory=lambda: ["output", "grad_output"])  #: what is recorded: ``input``, ``output``, ``grad_input``, ``grad_output``
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        check_kinds(key, self.kinds)
+from hooks.tap import Tap
+from hooks.specs.observe import CaptureSpec, ObserveSpec, PrintSpec
 
 
 class Observe(Tap):
@@ -47,24 +35,12 @@ class Stats(Observe):
     """Statistics only: the cheap way to watch every layer."""
 
 
-@dataclass
-class CaptureSpec(ObserveSpec):
-    kinds: list[str] = field(default_factory=lambda: ["output"])
-
-
 @register("capture")
 class Capture(Observe):
     """Statistics plus a copy of each tensor, written to ``tensors.parquet``."""
 
     spec_class = CaptureSpec
     keep = True
-
-
-@dataclass
-class PrintSpec(ObserveSpec):
-    layers: Any = "*"
-    kinds: list[str] = field(default_factory=lambda: ["output"])
-    values: bool = False  #: true: print the values, not only the shape
 
 
 @register("print")

@@ -6,25 +6,22 @@ key, lists what is valid and suggests the closest choice.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig
 
 from common.errors import ConfigError
-from common.registry import Registry
 from common.schema_merge import merged_object
 from hooks.base import HookType
+from hooks.specs.base import HOOK_TYPES, check_finite
 
-#: Every hook type by its ``type`` name (``@register("clamp")``); each type's spec is stored in Hydra's
-#: ConfigStore as ``hook_schema/TYPE`` (with ``type`` filled in) for presets to inherit.
-HOOK_TYPES = Registry("hooks.NAME.type", "hook type", "hook_schema", name_field="type")
+__all__ = ["HOOK_TYPES", "build_hook", "build_hooks", "check_finite", "register", "typed_config"]
 
 
 def register(name: str) -> Callable[[type[HookType]], type[HookType]]:
-    """Class decorator registering a hook type under ``name`` with its ``spec_class``; a duplicate name is a bug."""
+    """Class decorator registering a hook type under ``name`` with its ``spec_class``: a built-in type
+    declared in ``hooks.specs`` with that spec, or a user's type (stored now); a duplicate name is a bug."""
 
     def deco(cls: type[HookType]) -> type[HookType]:
         HOOK_TYPES.register(name, schema=cls.spec_class)(cls)
@@ -47,21 +44,9 @@ def build_hook(name: str, entry: Mapping | DictConfig) -> HookType:
     spec.check_lifetime(key)
     spec.check(key)  # first: a type's own message for a NaN says what it would do
     check_finite(key, spec)
-    return cls(name, spec)
-
-
-def check_finite(key: str, spec: Any) -> None:
-    """Refuse NaN and ±Inf in every float key of ``spec`` (also inside lists), unless the spec
-    names the key in ``nonfinite_ok``: a NaN factor or value would poison every result after it."""
-    allowed = getattr(spec, "nonfinite_ok", ())
-    for f in dataclasses.fields(spec):
-        if f.name in allowed:
-            continue
-        value = getattr(spec, f.name)
-        for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(item, float) and not math.isfinite(item):
-                where = f"{key}.{f.name}" + (f"[{i}]" if isinstance(value, (list, tuple)) else "")
-                raise ConfigError(f"{where}: {item} is not a finite number; hook parameters must be finite")
+    hook = cls(name, spec)
+    hook.check_spec()
+    return hook
 
 
 def typed_config(key: str, spec_class: type, entry: Mapping | DictConfig, what: str = "key") -> Any:

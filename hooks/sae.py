@@ -30,76 +30,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 from omegaconf import ListConfig
 from torch import nn
 
-from common.errors import ConfigError, choice_error
+from common.errors import ConfigError
 from common.unit_sketch import default_unit_axis
 from hooks.base import HookType
-from hooks.callables import resolve_callable
+from hooks.specs.callables import resolve_callable
 from hooks.edits import OPS as EDITS
-from hooks.index import Index, narrowed, parse_index
-from hooks.registry import check_finite, register
+from hooks.specs.index import Index, narrowed
+from hooks.registry import register
 from hooks.sae_format import check_sae, check_saelens, host_bytes
 from hooks.sae_width import input_width, output_width
-from hooks.tap import TapSpec, Tap
+from hooks.tap import Tap
+from hooks.specs.sae import SAELENS_LOADER, SaeSpec, feature_index
 
-#: The loader of a SAELens folder, ``_target_``'s default.
-SAELENS_LOADER = "hooks.sae_format.load_saelens"
 #: The name of the features module under each spliced module.
 FEATURES = "sae"
-TARGETS = ("output", "input")
 #: Modules whose forward (or their owner's loop) calls every child: a features module added there would run.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 #: Each op as ``hooks.edits``' op and its value (``None``: the entry's ``value``).
 EDIT_OPS = {"ablate": (EDITS["set"], 0.0), "clamp": (EDITS["set"], None), "steer": (EDITS["add"], None)}
-OPS = tuple(EDIT_OPS)
-
-
-@dataclass
-class SaeSpec(TapSpec):
-    """Keys of an ``sae`` entry (see the module docstring)."""
-
-    path: str = ""                    #: the SAE's folder
-    _target_: str = SAELENS_LOADER    #: the function loading it from ``path``
-    target: str = "output"            #: splice at the modules' output or input
-    slot: Any = None                  #: which tensor of a tuple output (or which input: position or keyword)
-    features: Any = None              #: the features the edit changes
-    op: Optional[str] = None          #: ablate | clamp | steer (null: splice only)
-    value: float = 0.0                #: clamp's value, steer's addend
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        check_finite(key, self)  # first: a NaN value is the mistake, whatever else is missing
-        if self.scope != "module":
-            raise ConfigError(f"{key}.scope: an SAE is spliced at the modules {key}.layers names; use scope=module")
-        if self.target not in TARGETS:
-            raise choice_error(f"{key}.target", self.target, TARGETS, "target")
-        if not self.path:
-            raise ConfigError(f"{key}.path: required: the SAE's folder (SAELens: cfg.json and "
-                              f"sae_weights.safetensors), e.g. {key}.path=saes/blocks.0")
-        if self._target_ != SAELENS_LOADER:  # a SAELens folder is checked once, by the entry (``Sae.folder``)
-            resolve_callable(self._target_, f"{key}._target_", 1, "(path)")
-        if self.op is not None and self.op not in OPS:
-            raise choice_error(f"{key}.op", self.op, OPS, "op")
-        if (self.op is None) != (self.features is None):
-            given, lacking = ("op", "features") if self.features is None else ("features", "op")
-            raise ConfigError(f"{key}.{lacking}: required with {key}.{given}: an edit names the features "
-                              f"({key}.features=[3,17]) and what it does ({key}.op={'|'.join(OPS)})")
-        feature_index(self.features, f"{key}.features")
-
-
-def feature_index(value: Any, key: str) -> Index | None:
-    """The features ``value`` picks: a list of feature numbers along the last dim, or an ``index`` string."""
-    index = parse_index(value, key)
-    if index is None or isinstance(value, str):
-        return index
-    return Index((Ellipsis, index.parts[1]), index.text, key)
 
 
 class SaeFeatures(nn.Module):

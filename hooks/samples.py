@@ -12,7 +12,6 @@ so that the tables say the ids are no index. On the meta device (the plan's rehe
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,13 +19,9 @@ from torch import nn
 
 from common.errors import ConfigError
 from hooks import tensor_kinds
-from hooks.base import HookSpec, HookType
+from hooks.base import HookType
 from hooks.recorder import walk
-
-
-@dataclass
-class SampleOutputsSpec(HookSpec):
-    slot: str = "0"  #: which tensor of a tuple or mapping output (``hooks.recorder.walk``)
+from hooks.specs.samples import SampleOutputsSpec
 
 
 class SampleOutputs(HookType):

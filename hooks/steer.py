@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,39 +33,9 @@ from common.records import STEER
 from common.rundir import check_run_dir, stored_tensors
 from hooks.recorder import walk
 from hooks.registry import register
-from hooks.tap import SlotEditSpec, Tap
+from hooks.tap import Tap
 from hooks.unit_stats import default_unit_axis
-
-VECTOR_FILES = (".npy", ".pt")
-
-
-@dataclass
-class SteerSpec(SlotEditSpec):
-    scale: float = 1.0  #: what the vector is multiplied by before it is added
-    positive: str = ""  #: a run directory: its mean output is added ...
-    negative: str = ""  #: ... minus this run's
-    file: str = ""      #: or a 1-D vector in a .npy or .pt file
-    baseline: bool = True  #: an unsteered pass beside each step: steer.parquet's KL and top-k
-    top_k: int = 5  #: how many top next tokens ``steer.parquet`` keeps, steered and unsteered
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        runs = bool(self.positive) or bool(self.negative)
-        if runs == bool(self.file):
-            raise ConfigError(f"{key}: give the vector as {key}.positive=RUN_DIR {key}.negative=RUN_DIR (the mean "
-                              f"output difference) or as {key}.file=PATH.npy|.pt, not {'both' if runs else 'neither'}")
-        if runs:
-            for name in ("positive", "negative"):
-                if not getattr(self, name):
-                    raise ConfigError(f"{key}.{name}: required with the other run; a run directory that kept "
-                                      f"these layers' outputs (hooks=extract)")
-                check_run_dir(getattr(self, name), f"{key}.{name}")
-        elif Path(self.file).suffix not in VECTOR_FILES:
-            raise ConfigError(f"{key}.file: '{self.file}' is not a {' or '.join(VECTOR_FILES)} file")
-        elif not Path(self.file).is_file():
-            raise ConfigError(f"{key}.file: no file at '{self.file}'")
-        if self.top_k < 1:
-            raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
+from hooks.specs.steer import SteerSpec
 
 
 def mean_output(path: str, layers: list[str], slot: str, key: str) -> dict[str, torch.Tensor]:
@@ -122,6 +90,10 @@ class Steer(Tap):
     @property
     def stored_runs(self) -> tuple[str, ...]:
         return (self.spec.positive, self.spec.negative) if self.spec.positive else ()
+
+    def check_spec(self) -> None:
+        for name, run in zip(("positive", "negative"), self.stored_runs):
+            check_run_dir(run, f"{self.key}.{name}")
 
     @property
     def side_data(self) -> dict | None:

@@ -45,7 +45,7 @@ def test_the_site_builds_strict():
     imported = _gen_reference().page_imports()
     assert [path for path in imported if f'id="{path}"' not in api] == []  # each with its heading's anchor
     specs = (site / "reference" / "hook-types" / "index.html").read_text()
-    assert "hooks.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
+    assert "hooks.specs.gradients.ClampSpec" in specs  # the generated reference, expanded at build time
     for notebook in (DOCS / "notebooks").glob("*.py"):
         rendered = (site / "notebooks" / notebook.stem / "index.html").read_text()
         assert "runner</span><span class=\"o\">.</span><span class=\"n\">attach" in rendered, notebook.name

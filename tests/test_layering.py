@@ -1,7 +1,7 @@
 """The house's import arrows, read with ``ast`` (every import of common/, hooks/ and runner/, inside
 functions too; not under ``if TYPE_CHECKING:``): README's "How it is built", arrow by arrow. The
 bottom floor (common/) stands on nothing of the project, hooks/ on common/ alone, runner/sources and
-runner/store on no hooks/ module, runner/analysis reads files only (nothing of runner/engine,
+runner/store on no hooks/ module, the hook specs' room (hooks/specs/) on common/ alone and no torch, runner/analysis reads files only (nothing of runner/engine,
 runner/sources or hooks/), no arrow from the engine up to the command line, and no import cycle
 among the project's modules."""
 from __future__ import annotations
@@ -33,6 +33,12 @@ def _project_module(name: str, modules: dict[str, Path]) -> str | None:
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules ``name`` imports anywhere in it (module level, inside functions, classes,
     ``try``/``if``); not under ``if TYPE_CHECKING:``, which runs for type checkers only."""
+    targets = {_project_module(imported, modules) for imported in _imported_names(name, path)}
+    return {t for t in targets if t is not None and t != name}
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """Every module (or name in a module) ``name`` imports, the project's and others', read as ``_imports`` reads."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     statements: list[ast.AST] = [ast.parse(path.read_text())]
     found: set[str] = set()
@@ -50,8 +56,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 base = ".".join(up + ([node.module] if node.module else []))
             found |= {f"{base}.{alias.name}" for alias in node.names}  # a submodule, or a name in ``base``
         statements += ast.iter_child_nodes(node)
-    targets = {_project_module(imported, modules) for imported in found}
-    return {t for t in targets if t is not None and t != name}
+    return found
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -155,3 +160,16 @@ def test_the_sources_import_no_hooks_module():
 
 def test_the_store_imports_no_hooks_module():
     assert _arrows_into("runner.store", "hooks") == []
+
+
+def test_the_hook_specs_room_stands_on_common_alone_and_imports_no_torch():
+    """hooks/specs/ is read by the command line before torch is imported: its modules import no torch, numpy,
+    pyarrow or pandas, nothing of runner/, and nothing of hooks/ outside the room (common/ is allowed)."""
+    room = {name: path for name, path in _modules().items() if name == "hooks.specs" or name.startswith("hooks.specs.")}
+    assert {"hooks.specs", "hooks.specs.base", "hooks.specs.gradients"} <= set(room)
+    heavy = sorted((name, imported) for name, path in room.items() for imported in _imported_names(name, path)
+                   if imported.split(".")[0] in ("torch", "torchvision", "numpy", "pyarrow", "pandas", "matplotlib"))
+    assert heavy == []
+    outside = sorted((name, imported) for name, imports in import_graph().items() if name in room
+                     for imported in imports if not imported.startswith(("hooks.specs", "common.")))
+    assert outside == []

@@ -1,6 +1,8 @@
 """A new data source, optimizer and hook type, each one Python module plus one YAML file outside the
 project (a tmp dir on ``sys.path`` and a conf dir on Hydra's search path), run through the command
-line and ``runner.attach`` against the same computation in plain PyTorch; a new picture, one module."""
+line and ``runner.attach`` against the same computation in plain PyTorch; a hook type added to the project
+(its spec declared in a new module of ``hooks/specs/``, its class in one of ``hooks/``), known to the
+command line before its class is imported; a new picture, one module."""
 from __future__ import annotations
 
 import ast
@@ -19,6 +21,7 @@ import runner
 import runner.analysis as analysis
 from hooks import HOOK_TYPES
 from runner.cli.commandline import check_command_line
+from runner.cli.early import compose_command_line
 from runner.cli.execute import execute
 from runner.config.compose import CONF_DIR, compose_config
 import runner.analysis.plots  # noqa: F401  (the built-in pictures, registered before the fixture copies PLOTS)
@@ -28,6 +31,35 @@ from runner.config.registry import DATA_KINDS, METRICS, OPTIMIZERS, PLOTS
 from runner.engine.plan import compile_plan
 from runner.sources.models import MLP
 
+#: A hook type's spec and its implementation, the same in a user's one module and in the project's two (the
+#: spec in ``hooks/specs/``, declared; the class in ``hooks/``).
+SCALE_SPEC = '''
+
+        @dataclass
+        class ScaleOutputSpec(HookSpec):
+            layers: Any = "**"
+            factor: float = 1.0
+
+
+        '''
+SCALE_HOOK = '''
+        class ScaleOutput(HookType):
+            spec_class = ScaleOutputSpec
+            pytorch_hooks = "register_forward_hook"
+            expected_kinds = frozenset({"output"})
+
+            def attach(self, model, session):
+                for layer, module in self.targets(model):
+                    session.add(module.register_forward_hook(self._hook(session.recorder, layer)))
+
+            def _hook(self, recorder, layer):
+                def scale(module, args, output):
+                    output = output * self.spec.factor
+                    recorder.record(output, hook=self.name, layer=layer, phase="forward", kind="output", slot="0",
+                                    call=recorder.next_call((self.name, layer)))
+                    return output
+                return scale
+    '''
 MODULES = {
     "fixture_counting_data": '''
         """data=counting: batches start + step + arange, in the shape asked for."""
@@ -80,39 +112,14 @@ MODULES = {
                     for p in group["params"]:
                         p.add_(p.grad, alpha=-group["lr"])
     ''',
-    "fixture_scale_output": '''
-        """hooks type scale_output: a forward hook multiplying the output by factor, recording it."""
+    "fixture_scale_output": """
+        \"\"\"hooks type scale_output: a forward hook multiplying the output by factor, recording it.\"\"\"
         from dataclasses import dataclass
         from typing import Any
 
         from hooks.base import HookSpec, HookType
         from hooks.registry import register
-
-
-        @dataclass
-        class ScaleOutputSpec(HookSpec):
-            layers: Any = "**"
-            factor: float = 1.0
-
-
-        @register("scale_output")
-        class ScaleOutput(HookType):
-            spec_class = ScaleOutputSpec
-            pytorch_hooks = "register_forward_hook"
-            expected_kinds = frozenset({"output"})
-
-            def attach(self, model, session):
-                for layer, module in self.targets(model):
-                    session.add(module.register_forward_hook(self._hook(session.recorder, layer)))
-
-            def _hook(self, recorder, layer):
-                def scale(module, args, output):
-                    output = output * self.spec.factor
-                    recorder.record(output, hook=self.name, layer=layer, phase="forward", kind="output", slot="0",
-                                    call=recorder.next_call((self.name, layer)))
-                    return output
-                return scale
-    ''',
+    """ + SCALE_SPEC + '@register("scale_output")' + SCALE_HOOK,
     "fixture_target_probability": '''
         """metric.measures=[target_probability]: the batch mean of softmax(logits)[metric.target]."""
         from runner.config.registry import METRICS
@@ -183,36 +190,6 @@ def _oracle_losses(steps: int, factor: float, lr: float) -> list[float]:
             for p in model.parameters():
                 p -= lr * p.grad
     return losses
-
-
-def test_own_data_optimizer_and_hook_type_run_through_the_command_line(own_parts, tmp_path):
-    argv = [own_parts, "model=mlp", "data=counting", "optimizer=plain_step", "hooks=scaled", "loss=sum", "steps=3"]
-    checked = check_command_line(argv)
-    assert checked.problems == []
-    cfg = compose_config(argv)
-    execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
-    steps = analysis.load_steps(tmp_path / "run")
-    assert steps.loss.tolist() == pytest.approx(_oracle_losses(3, 3.0, 0.05), rel=1e-5)
-    stats = analysis.load_stats(tmp_path / "run")
-    scaled = stats[stats.hook == "scaled"]
-    assert sorted(scaled.step.unique()) == [0, 1, 2] and set(scaled.layer) == {"fc2"}
-
-
-def test_own_hook_type_runs_in_runner_attach(own_parts, tmp_path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    x = torch.randn(5, 3)
-    plain = model(x).detach()
-    with runner.attach(model, hooks=["scaled"], overrides=[own_parts, "hooks.scaled.layers='2'"],
-                       out_dir=tmp_path / "run") as run:
-        out = model(x)
-        run.backward(out.sum())
-        run.step(out.sum())
-    torch.testing.assert_close(out, plain * 3.0)
-    stats = analysis.load_stats(tmp_path / "run")
-    row = stats[(stats.hook == "scaled") & (stats.kind == "output")].iloc[0]
-    assert row.layer == "2"
-    assert row["max"] == pytest.approx(float((plain * 3.0).max()), rel=1e-6)
 
 
 def test_a_module_that_does_not_import_is_one_line_naming_its_key(own_parts):
@@ -313,3 +290,110 @@ def test_a_hook_type_registered_late_stores_its_schema_for_presets_to_inherit(ow
     assert (entry.type, entry.layers, entry.factor) == ("scale_output", "fc2", 1.0)
     with pytest.raises(ConfigError, match=r"hooks\.inherited\.factr"):
         compose_config([own_parts, "model=mlp", "hooks=inherited", "hooks.inherited.factr=2"])
+
+
+#: A hook type added to the project as "Where a new thing goes" (docs/explanation/architecture.md) says: its
+#: spec in a new module of ``hooks/specs/`` declaring it, its class in a new module of ``hooks/``, its preset
+#: in ``conf/hooks/`` inheriting ``hook_schema/TYPE`` (no ``_module_``). Nothing else is touched.
+PROJECT_TYPE = {
+    "specs/fixture_times.py": """
+        \"\"\"times: the spec of a forward hook multiplying the output by factor.\"\"\"
+        from dataclasses import dataclass
+        from typing import Any
+
+        from hooks.specs.base import HOOK_TYPES, HookSpec
+    """ + SCALE_SPEC + 'HOOK_TYPES.declare("times", "hooks.fixture_times", ScaleOutputSpec)\n',
+    "fixture_times.py": """
+        \"\"\"times: the forward hook multiplying the output by factor, recording it.\"\"\"
+        from hooks.base import HookType
+        from hooks.registry import register
+        from hooks.specs.fixture_times import ScaleOutputSpec
+
+
+        @register("times")""" + SCALE_HOOK,
+}
+
+
+@pytest.fixture
+def project_type(own_parts, tmp_path, monkeypatch):
+    """The project's ``hooks/`` and ``hooks/specs/`` extended by a folder each (their package paths), as if the
+    two modules were added there; the preset beside the other fixtures' presets. Undone after."""
+    import hooks
+    import hooks.specs
+
+    for path, text in PROJECT_TYPE.items():
+        (tmp_path / "project" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "project" / path).write_text(textwrap.dedent(text))
+    monkeypatch.setattr(hooks, "__path__", [*hooks.__path__, str(tmp_path / "project")])
+    monkeypatch.setattr(hooks.specs, "__path__", [*hooks.specs.__path__, str(tmp_path / "project" / "specs")])
+    (tmp_path / "conf" / "hooks" / "tripled.yaml").write_text(
+        "# @package hooks.tripled\ndefaults:\n  - /hook_schema/times@_here_\n  - _self_\nlayers: fc2\nfactor: 3.0\n")
+    hooks.specs.declare_all()  # what importing hooks.specs does: every module of the room
+    yield own_parts
+    for name in ("hooks.specs.fixture_times", "hooks.fixture_times"):
+        sys.modules.pop(name, None)
+
+
+def test_a_project_hook_type_is_known_to_the_command_line_before_its_module_is_imported(project_type):
+    assert "hooks.fixture_times" not in sys.modules
+    entry = compose_config([project_type, "model=mlp", "hooks=tripled"]).hooks.tripled
+    assert (entry.type, entry.layers, entry.factor) == ("times", "fc2", 3.0)
+    with pytest.raises(ConfigError, match=r"^hooks\.tripled\.factr: unknown key of hooks\.tripled 'factr'"):
+        compose_config([project_type, "model=mlp", "hooks=tripled", "hooks.tripled.factr=2"])
+    problems = compose_command_line([project_type, "model=mlp", "hooks=tripled", "hooks.tripled.type=timez"]).problems
+    assert len(problems) == 1 and problems[0].startswith("hooks.tripled.type: unknown hook type 'timez'; valid: ")
+    assert " times, " in problems[0] and problems[0].endswith("did you mean 'times'?")
+    assert "hooks.fixture_times" not in sys.modules
+
+
+@pytest.fixture(params=["own", "project"])
+def hook_preset(request):
+    """The search path and the preset of a hook type added either way: a user's one module (``hooks=scaled``,
+    imported through ``_module_``) or the project's spec and class (``hooks=tripled``)."""
+    if request.param == "own":
+        return request.getfixturevalue("own_parts"), "scaled"
+    return request.getfixturevalue("project_type"), "tripled"
+
+
+def test_own_data_optimizer_and_hook_type_run_through_the_command_line(hook_preset, tmp_path):
+    searchpath, preset = hook_preset
+    argv = [searchpath, "model=mlp", "data=counting", "optimizer=plain_step", f"hooks={preset}", "loss=sum", "steps=3"]
+    checked = check_command_line(argv)
+    assert checked.problems == []
+    cfg = compose_config(argv)
+    execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
+    steps = analysis.load_steps(tmp_path / "run")
+    assert steps.loss.tolist() == pytest.approx(_oracle_losses(3, 3.0, 0.05), rel=1e-5)
+    stats = analysis.load_stats(tmp_path / "run")
+    scaled = stats[stats.hook == preset]
+    assert sorted(scaled.step.unique()) == [0, 1, 2] and set(scaled.layer) == {"fc2"}
+
+
+def test_own_hook_type_runs_in_runner_attach(hook_preset, tmp_path):
+    searchpath, preset = hook_preset
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    plain = model(x).detach()
+    with runner.attach(model, hooks=[preset], overrides=[searchpath, f"hooks.{preset}.layers='2'"],
+                       out_dir=tmp_path / "run") as run:
+        out = model(x)
+        run.backward(out.sum())
+        run.step(out.sum())
+    torch.testing.assert_close(out, plain * 3.0)
+    stats = analysis.load_stats(tmp_path / "run")
+    row = stats[(stats.hook == preset) & (stats.kind == "output")].iloc[0]
+    assert row.layer == "2"
+    assert row["max"] == pytest.approx(float((plain * 3.0).max()), rel=1e-6)
+
+
+def test_the_names_a_spec_accepts_are_the_ones_its_hook_applies():
+    """A spec checks its values without torch; the hook maps the same names to what torch does."""
+    from hooks import edits, sae, saved
+    from hooks.specs import edits as edit_specs, sae as sae_specs, saved as saved_specs, units as unit_specs
+
+    assert tuple(edits.OPS) == edit_specs.OPS
+    assert tuple(sae.EDIT_OPS) == sae_specs.OPS
+    assert tuple(saved.DTYPES) == saved_specs.DTYPES
+    finfo = torch.finfo(torch.float32)
+    assert (unit_specs.FLOAT32.tiny, unit_specs.FLOAT32.max) == (finfo.tiny, finfo.max)

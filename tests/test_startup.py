@@ -1,9 +1,10 @@
-"""The command line is checked before torch is imported: the static index of registered names
-(``runner.config.index``) equals the registries, its schemas compose as the real ones, a mistake in a
-choice is the gate's own line, and ``python -m runner`` answers one without importing torch or a hook module."""
+"""The command line is checked before torch is imported: every built-in choice is declared, with its schema,
+by a module importing no torch (``hooks.specs``, ``runner.config.registry``), its implementation imported
+only when it is built; a mistake in a choice is the gate's own line, and ``python -m runner`` answers one
+without importing torch or a hook type's implementation."""
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -11,13 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from runner.cli.commandline import check_command_line
 from runner.cli.early import compose_command_line
 from runner.config.compose import compose_config
-from runner.config.index import REGISTRIES, live_index, schemas
-from runner.config.registered import INDEX
 from runner.engine.plan import compile_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: One mistake in each kind of choice, each of which only the gate (with torch) caught before.
 CHOICE_MISTAKES = [
     ["hooks=clip", "hooks.clip.type=clmap"],
-    ["model=convnet", "model.name=resnet19"],
     ["data.kind=randm"],
     ["loss.name=sums"],
     ["optimizer.name=sdg"],
@@ -33,29 +31,79 @@ CHOICE_MISTAKES = [
     ["plots=[gradflow]"],
     ["metric.measures=[logitt]"],
 ]
+#: The modules registering the built-in choices (each hook type's implementation among them).
+REGISTERING = sorted(f"hooks.{path.stem}" for path in (ROOT / "hooks").glob("*.py") if path.stem != "__init__") + [
+    "runner.sources", "runner.live", "runner.engine.metrics", "runner.analysis.plots", "runner.analysis.lens"]
+_REGISTRIES = ("from hooks.specs import HOOK_TYPES\n"
+               "from runner.config.registry import DATA_KINDS, LOGGERS, LOSSES, METRICS, MODELS, OPTIMIZERS, PLOTS\n"
+               "REGISTRIES = dict(hook_types=HOOK_TYPES, models=MODELS, data_kinds=DATA_KINDS, losses=LOSSES,"
+               " optimizers=OPTIMIZERS, metrics=METRICS, loggers=LOGGERS, plots=PLOTS)\n")
 
 
-def test_the_index_equals_the_registries():
-    """Regenerate it with ``python -m runner.config.index`` when a choice or a schema changes."""
-    assert live_index() == INDEX
+def _python(code: str) -> dict:
+    """What ``code``, run in a fresh interpreter, prints as JSON on its last line."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
-def test_each_stand_in_schema_has_the_real_ones_fields_types_and_defaults():
-    import importlib
-
-    built = schemas(INDEX)
-    compared = 0
-    for module, attribute in REGISTRIES.values():
-        registry = getattr(importlib.import_module(module), attribute)
-        for name in registry:
-            real = registry.get(name).schema
-            if real is None:
+def test_every_built_in_choice_is_declared_and_its_module_registers_it():
+    """Once every registering module is imported, each registry holds only declared choices (a registration
+    without a declaration would be unknown to the command line) and each is registered by the module its
+    declaration names (a declaration without a registration would fail when the choice is built). The
+    loggers, whose modules import no torch, are registered by importing them, which the command line does."""
+    found = _python(_REGISTRIES + f"import importlib, json\nfor m in {REGISTERING!r}: importlib.import_module(m)\n"
+                    "print(json.dumps({label: {name: [e.module, e.registered, getattr(e.build, '__module__', None)]"
+                    " for name, e in ((n, r._entries[n]) for n in r)} for label, r in REGISTRIES.items()}))")
+    assert found["hook_types"] and all(len(names) > 1 for names in found.values()), found
+    for label, names in found.items():
+        for name, (module, registered, built_in) in names.items():
+            if label == "loggers":
+                assert module is None and registered and built_in.startswith("runner.live.to_"), (name, built_in)
                 continue
-            stand_in = built[real.__name__]
-            assert [f.name for f in dataclasses.fields(stand_in)] == [f.name for f in dataclasses.fields(real)], name
-            assert OmegaConf.to_yaml(OmegaConf.structured(stand_in)) == OmegaConf.to_yaml(OmegaConf.structured(real))
-            compared += 1
-    assert compared == sum(1 for spec in INDEX["registries"].values() for schema in spec["names"].values() if schema)
+            assert module is not None and registered, f"{label} '{name}' is registered without a declaration"
+            if label == "hook_types":
+                assert built_in == module, (name, module, built_in)
+
+
+def test_declaring_imports_no_torch_and_building_imports_only_the_types_module():
+    """Composing a job and checking its choices imports no torch and no hook type's implementation; building
+    an entry imports its type's module (``hooks.gradients`` for ``clamp``), and only then."""
+    seen = _python(
+        "import json, sys\nfrom runner.cli.early import compose_command_line\n"
+        "command = compose_command_line(['hooks=clip', 'model=convnet', 'data=randn', 'optimizer=sgd'])\n"
+        "before = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'numpy', 'pyarrow')"
+        " or (m.startswith('hooks.') and not m.startswith('hooks.specs')))\n"
+        "from hooks import HOOK_TYPES\nbuilt = HOOK_TYPES.get('clamp').build\n"
+        "print(json.dumps(dict(problems=command.problems, before=before, built=built.__module__ + '.' + built.__name__,"
+        " after='hooks.gradients' in sys.modules and 'hooks.observe' not in sys.modules)))")
+    assert seen == {"problems": [], "before": [], "built": "hooks.gradients.Clamp", "after": True}
+
+
+def test_a_declaration_without_its_registration_fails_at_the_first_use(monkeypatch):
+    """A declaration naming a module that does not register the choice is a bug said where it is built."""
+    from hooks.specs import HOOK_TYPES
+    from hooks.specs.observe import ObserveSpec
+
+    monkeypatch.setattr(HOOK_TYPES, "_entries", dict(HOOK_TYPES._entries))
+    HOOK_TYPES.declare("undelivered", "hooks.observe", ObserveSpec)
+    with pytest.raises(KeyError, match="hook type 'undelivered' is declared in hooks.observe, which does not "
+                                       "register it"):
+        HOOK_TYPES.get("undelivered")
+
+
+def test_a_registration_with_another_schema_than_declared_is_refused(monkeypatch):
+    from hooks.registry import register
+    from hooks.specs import HOOK_TYPES
+    from hooks.specs.gradients import ScaleSpec
+    from hooks.gradients import Clamp
+
+    monkeypatch.setattr(HOOK_TYPES, "_entries", dict(HOOK_TYPES._entries))
+    HOOK_TYPES.declare("clamp_twice", "hooks.gradients", ScaleSpec)
+    with pytest.raises(KeyError, match="hook type 'clamp_twice' is declared with schema .*ScaleSpec.*, registered "
+                                       "with .*ClampSpec"):
+        register("clamp_twice")(Clamp)
 
 
 def _gate_line(argv: list[str]) -> str:
@@ -76,11 +124,21 @@ def test_a_choice_a_users_module_may_register_is_left_to_the_gate():
     assert "unknown hook type 'mine'" in _gate_line(argv)
 
 
+def test_a_model_name_the_registries_lack_is_left_to_the_full_check_which_says_the_gates_line():
+    """torchvision's model names are known by importing it: the command line leaves ``model.name`` to the gate,
+    whose one line the full check gives (no file records torchvision's names)."""
+    argv = ["model=convnet", "model.name=resnet19"]
+    assert compose_command_line(argv).problems == []
+    assert check_command_line(argv).problems == [_gate_line(argv)]
+    assert "did you mean 'resnet18'?" in _gate_line(argv)
+
+
 @pytest.mark.parametrize("argv", [CHOICE_MISTAKES[0], CHOICE_MISTAKES[1], ["hooks=clip", "hooks.clip.maxx=1"]],
                          ids=lambda argv: argv[-1])
 def test_a_mistake_imports_no_torch_and_says_its_one_line(argv, tmp_path):
     """The whole command: status 2, the gate's one line, and no torch, torchvision, pandas, pyarrow, numpy or hook
-    module imported (Hydra imports the Slurm launcher plugin, whose job files write parquet only when a job ends)."""
+    type's module imported, only ``hooks`` and its specs (Hydra imports the Slurm launcher plugin, whose job
+    files write parquet only when a job ends)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "runner", *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -89,8 +147,10 @@ def test_a_mistake_imports_no_torch_and_says_its_one_line(argv, tmp_path):
     assert proc.returncode == 2
     assert lines == [f"error: {_gate_line(argv)}"]
     heavy = {m for m in imported if m.split(".")[0] in ("torch", "torchvision", "pandas", "pyarrow", "numpy",
-                                                             "matplotlib", "hooks")}
+                                                             "matplotlib", "hooks")
+             and m != "hooks" and not m.startswith("hooks.specs")}
     assert not heavy, sorted(heavy)[:10]
+    assert "hooks.specs" in imported
     assert not list(tmp_path.iterdir()), "a mistake writes nothing"
 
 

@@ -1,7 +1,7 @@
 """The command line, checked before Hydra runs: every mistake is one line and status 2, nothing written.
 
 ``check_command_line`` takes every job of the command composed, its choices checked against the
-static index (``runner.cli.early``: no torch imported, so a typo is answered at once), and compiles
+registries (``runner.cli.early``: no torch imported, so a typo is answered at once), and compiles
 each job's plan, unless the command's fixed directory already holds its run(s): that one line comes
 first, before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command
 before Hydra creates any directory. It returns the plans with the problems: ``runner.__main__``
@@ -54,7 +54,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
             if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once
                 return CommandCheck([problem])
             try:
-                checked.plans[OmegaConf.to_yaml(job.config)] = compile_plan(_untyped(job.config), job.overrides,
+                checked.plans[OmegaConf.to_yaml(job.config)] = compile_plan(job.config, job.overrides,
                                                                               check_device=not job.remote)
             except ConfigError as exc:
                 command.reject(num, job.overrides, str(exc))
@@ -75,10 +75,3 @@ def _may_be_taken(command: ComposedCommand) -> bool:
         return True  # held_run_dir says why
     dirs = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False).get("hydra", {})
     return not all("${now:" in str((dirs.get(part) or {}).get("dir", "")) for part in ("run", "sweep"))
-
-
-def _untyped(cfg: DictConfig) -> DictConfig:
-    """``cfg``'s values without the schema types it was composed with: the static index's stand-ins
-    (``runner.config.index``) where the registering modules were not imported, which the gate's
-    merge into the real schemas refuses (an unrelated class of the same name)."""
-    return OmegaConf.create(OmegaConf.to_container(cfg, enum_to_str=True))

@@ -1,7 +1,8 @@
 """The command line read before torch is imported: what it asks for, and each job composed and its choices checked.
 
-``compose_command_line`` expands a sweep, composes every job with Hydra against the static index's
-schemas (``runner.config.index``) and looks each job's choices up in it (``runner.cli.choices``).
+``compose_command_line`` expands a sweep, composes every job with Hydra against the real schemas,
+stored by modules importing no torch (``runner.config.compose``), and looks each job's choices up in
+the registries (``runner.cli.choices``).
 A mistake there (a key, a type, a preset, a hook type, a model, ...) is the one line the full check
 would give, said at the cost of importing Hydra. Otherwise the composed jobs go on to
 ``runner.cli.commandline.check_command_line``, which compiles each job's plan (torch) without

@@ -5,8 +5,10 @@ Hydra reports its own composition errors (``hooks=clp``, ``model=resnet19``, ``h
 ``step=3``, ``mode=trian``) in several lines, advises ``+`` for a misspelled key, and exits 1;
 here each becomes the runner's one line (the key, the valid choices, the closest). Presets beyond
 ``conf/`` are found through Hydra's search path (``hydra.searchpath=[file:///my/conf]``). The schemas
-presets inherit are the registering modules' own once imported, else the static index's stand-ins
-(``runner.config.index``): composing imports neither torch nor a hook module.
+presets inherit are the real ones, stored by modules importing no torch: the hook types' by
+``hooks.specs``, the other choices' by ``runner.config.registry``, the loggers' by ``runner.live``'s
+modules (imported when the command line names a logger): composing imports neither torch nor a
+hook type's implementation.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 import yaml
 
 from common.errors import ConfigError, choice_error
-from runner.config.index import stand_ins
+import hooks.specs  # noqa: F401  (stores the hook types' schemas, hook_schema/clamp, ...)
+import runner.config.registry  # noqa: F401  (stores the built-in choices' schemas, data_schema/randn, ...)
 import runner.config.schema  # noqa: F401  (stores the schemas the presets inherit from)
 import runner.config.slurm  # noqa: F401  (stores the Slurm presets' schema)
 
@@ -57,7 +60,10 @@ def compose_with_hydra(overrides: Sequence[str]) -> DictConfig:
     Raises:
         ConfigError: Hydra could not compose it; one line naming the key or the preset.
     """
-    stand_ins()  # the schemas presets inherit (hook_schema/clamp, ...), where their modules are not imported
+    if any(o.lstrip("+~").startswith("logger") for o in overrides):  # presets inherit logger_schema/NAME
+        from runner.live.config import register_backends  # numpy and pyarrow, not torch: only when named
+
+        register_backends()
     try:
         _check_keys_and_presets(overrides)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError
+
+if TYPE_CHECKING:  # parsed without torch (``hooks.specs``); applied to tensors by the hooks
+    import torch
 
 
 @dataclass(frozen=True)
