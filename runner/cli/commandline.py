@@ -25,7 +25,6 @@ from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
-from runner.config.compose import CONF_DIR
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
@@ -91,7 +90,8 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
 def _may_be_taken(command: ComposedCommand) -> bool:
     """Whether the command's directories may hold its run(s) already, so that looking there (one
     job directory per job of a sweep) is worth it: not when they are ``conf/config.yaml``'s own,
-    which name the moment they are made (``${now:...}``), and the command resumes nothing."""
+    which name the moment they are made (``${now:...}``), and the command resumes nothing (read in the
+    first job's composition, which holds them as written)."""
     if any(job.lstrip("+~").startswith("hydra") for job in command.jobs[0]):
         return True  # a directory, a search path or a launcher of the command's own
     try:
@@ -99,7 +99,7 @@ def _may_be_taken(command: ComposedCommand) -> bool:
             return True
     except ConfigError:
         return True  # held_run_dir says why
-    dirs = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False).get("hydra", {})
+    dirs = OmegaConf.to_container(command.first_with_hydra.hydra, resolve=False)  # as composed, not resolved
     return not all("${now:" in str((dirs.get(part) or {}).get("dir", "")) for part in ("run", "sweep"))
 
 

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.records import LOCK
 from runner.store.errors import OutputError, naming
 
-LOCK = ".runner.lock"
 #: Seconds between two touches of a live claim.
 HEARTBEAT_S = 30.0
 #: A claim from another host untouched this long (file system clock) belongs to a dead run.

@@ -27,12 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common.durable import replaced
+from common.job_status import STATUS, StatusError, read_job_status
 from common.manifest import ManifestError, read_manifest
 from runner.store.lock import live_holder
 
 SWEEP = "sweep.json"
-#: Where one job of a sweep says how it ended (``runner.cli.execute``); read here to reconcile.
-STATUS = "status.json"
 _LOCK = ".sweep.json.lock"
 #: Jobs named per state in a one-line account of a sweep.
 MOST_NAMED = 8
@@ -83,7 +82,7 @@ def finish_sweep(sweep_dir: str | Path) -> list[dict]:
         for i, job in enumerate(record["jobs"]):
             job = reconcile({**job, "run_dir": str(sweep_dir / job["run_dir"])})
             if job["state"] in UNFINISHED:
-                status = _read_json(Path(job["run_dir"]) / STATUS)
+                status = _job_status(Path(job["run_dir"]))
                 job.update(state=status.get("status", MISSING), error=status.get("error", f"the job wrote no {STATUS}"))
             record["jobs"][i] = {**job, "run_dir": record["jobs"][i]["run_dir"]}
         _write(sweep_dir, record)
@@ -214,6 +213,14 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def _job_status(run_dir: Path) -> dict:
+    """Where one job of a sweep says how it ended (``common.job_status``); ``{}`` for none or an unreadable one."""
+    try:
+        return read_job_status(run_dir) or {}
+    except StatusError:
+        return {}
 
 
 def _entry(sweep_dir: Path, record: dict | None, run_dir: str | Path) -> dict | None:
