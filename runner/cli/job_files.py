@@ -35,7 +35,7 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
     ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
     did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
     """
-    from runner.store.sweep_record import FAILED, OK
+    from common.sweep_format import FAILED, OK
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     state = state or (FAILED if error else OK)

@@ -28,7 +28,7 @@ from common.errors import choice_error
 from common.run_config import RunConfigError, read_run_config
 from runner.store.commit import read_manifest
 from runner.store.provenance import differences
-from runner.store.sweep_record import FAILED, OK, PENDING, SWEEP, read_record
+from common.sweep_format import FAILED, OK, PENDING, SWEEP, read_record
 
 KEY = "resume"
 #: The values of ``resume``: off, on (failed jobs stay failed), on and failed jobs run again.
