@@ -120,7 +120,7 @@ class _Composition(NamedTuple):
 
     plain: dict
     sources: tuple[str, ...]  #: the search path's directories (``hydra.runtime.config_sources`` of schema file)
-    inputs: tuple | None  #: ``_inputs(sources)`` taken before composing; ``None``: not known, compose again
+    inputs: tuple | None  #: the YAML files of ``sources`` and ``registered`` by id; ``None``: not known, compose again
     registered: tuple  #: the ConfigStore nodes ``inputs`` names by id, held so that no id is reused
 
 
@@ -142,14 +142,14 @@ def compose_plain(overrides: Sequence[str]) -> dict:
     key = tuple(overrides)
     held = _COMPOSED.pop(key, None)
     sources = held.sources if held is not None else _search_path(key)
-    registered = _registered()
-    inputs = (_yaml_files(sources), tuple(map(id, registered)))
-    if held is None or held.inputs != inputs:
+    files = _yaml_files(sources)  # taken before composing: a file edited meanwhile is composed again next time
+    if held is None or held.inputs != (files, tuple(map(id, _registered()))):
         cfg = compose_with_hydra(key)
         read = tuple(str(source.path) for source in cfg.hydra.runtime.config_sources if source.schema == "file")
         plain = OmegaConf.to_container(job_config(cfg)[0], enum_to_str=True)
+        registered = _registered()  # after: composing stores the static index's schemas not registered yet
         # the search path is known once composed: taken on another one, the fingerprint is not this one's
-        held = _Composition(plain, read, inputs if read == sources else None, registered)
+        held = _Composition(plain, read, (files, tuple(map(id, registered))) if read == sources else None, registered)
     _COMPOSED[key] = held
     while len(_COMPOSED) > _COMPOSITIONS_KEPT:
         del _COMPOSED[next(iter(_COMPOSED))]
@@ -174,9 +174,9 @@ def _yaml_files(directories: Sequence[str]) -> tuple[tuple[str, bytes], ...]:
     for directory in directories:
         for root, _, names in os.walk(directory):
             for name in names:
+                path = os.path.join(root, name)
                 if name.endswith((".yaml", ".yml")):
-                    path = os.path.join(root, name)
-                    with open(path, "rb") as f:
+                    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:  # removed meanwhile: not read
                         found.append((path, f.read()))
     return tuple(sorted(found))
 
