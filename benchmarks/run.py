@@ -11,7 +11,7 @@ The tables
 are printed and written to ``benchmarks/results/`` (git-ignored) as ``results.md`` and
 ``results.parquet``.
 
-    python -m benchmarks.run               # resnet18 at batch 8 and 32, I/O, start-up, memory (< 10 min)
+    python -m benchmarks.run               # resnet18 at batch 8 and 32, I/O, start-up, memory, attach (< 10 min)
     python -m benchmarks.run --resnet50    # also resnet50 at batch 8
     python -m benchmarks.run --quick       # tiny sizes, one repetition: the smoke test
     python -m benchmarks.run --long        # also a 10,000-job sweep to load
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 import torch
 import torchvision
 
-from benchmarks import io, process, startup, sweep_load
+from benchmarks import attach_block, io, process, startup, sweep_load
 from benchmarks.variants import make_variants, peer_variants, preset, runner_hooks
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -72,6 +72,7 @@ class Settings:
     first_step_overrides: list[str]
     first_step_reps: int
     sweep_template: list[str]
+    attach_rounds: int
     device: str = "cpu"
     quick: bool = False  #: tiny sizes: the numbers say nothing of a target, so none is judged
 
@@ -97,7 +98,7 @@ class Settings:
                        startup_reps=1, memory_steps=(3, 1), memory_overrides=["model=convnet"],
                        sweep_jobs=[3], load_reps=1, peers=False,
                        first_step_overrides=["hooks=stats", "model=convnet", "steps=3"], first_step_reps=1,
-                       sweep_template=["hooks=stats", "model=convnet", "steps=2"])
+                       sweep_template=["hooks=stats", "model=convnet", "steps=2"], attach_rounds=2)
         models = [("resnet18", 8, 224), ("resnet18", 32, 224)] + ([("resnet50", 8, 224)] if args.resnet50 else [])
         return cls(models, rounds=args.rounds, warmup=3, tensor_steps=30, io_reps=5, stats_steps=100,
                    startup_reps=5, memory_steps=(200, 10),
@@ -105,7 +106,7 @@ class Settings:
                    sweep_jobs=[1000, 10000] if args.long else [1000], load_reps=5, peers=True,
                    first_step_overrides=["hooks=stats", "model=resnet18", "data.shape=[8,3,224,224]", "steps=6"],
                    first_step_reps=5,
-                   sweep_template=sweep_load.TEMPLATE)
+                   sweep_template=sweep_load.TEMPLATE, attach_rounds=50)
 
 
 class Report:
@@ -362,6 +363,21 @@ def load() -> str:
     return "load average " + (" ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a")
 
 
+def attach_blocks(report: Report, s: Settings) -> None:
+    """One ``runner.attach`` block's CPU time beside a bare step and the durable write of the files it commits."""
+    times = attach_block.measure(s.attach_rounds)
+    block = statistics.median(times["attach block"])
+    verdict = s.judged(f"≤ {attach_block.TARGET_MS:.0f} ms", block <= attach_block.TARGET_MS)
+    rows = []
+    for name, spent in times.items():
+        median = statistics.median(spent)
+        report.add("attach block", "3-layer MLP, hooks=[clip,stats], one step", name, median, "CPU ms",
+                   median / block, verdict if name == "attach block" else "")
+        rows.append([name, f"{median:.2f}", f"{median / block:.3f}", verdict if name == "attach block" else ""])
+    report.table(f"A runner.attach block of a 3-layer MLP (clip and stats, one step, committed), CPU "
+                 f"(median of {s.attach_rounds}, interleaved)", ["", "CPU ms", "of the block", "target"], rows)
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (smoke test)")
@@ -387,6 +403,7 @@ def main(argv: list[str] | None = None) -> Path:
     process_costs(report, s)
     first_step(report, s)
     sweep_loading(report, s)
+    attach_blocks(report, s)
     report.say("", f"Total {time.perf_counter() - started:.0f} s; {load()} at the end.")
     report.write(args.out)
     return args.out

@@ -24,6 +24,8 @@ TABLES = (STATS, TENSORS, STEPS)
 #: The table of run totals a ``units`` entry writes once, at the end of the run.
 UNITS = "units.parquet"
 CONFIG, MANIFEST = "config.yaml", "manifest.json"
+#: The run-directory claim (``runner.store.lock``): held by the run writing there.
+LOCK = ".runner.lock"
 #: The run directory's TensorBoard event files: the export's and ``logger=tensorboard``'s.
 EVENTS_DIR = "tensorboard"
 #: Manifest key: the classes ``loss=class_score`` without ``target_class`` chose for step 0's samples.

@@ -52,8 +52,10 @@ def _run_jobs(checked) -> None:
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def hydra_main(cfg: DictConfig) -> None:  # each job runs the plan the check compiled for it
         hydra_cfg = HydraConfig.get()
-        execute(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task),
-                multirun=hydra_cfg.mode == RunMode.MULTIRUN, plan=checked.plan_for(cfg))
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        task = list(hydra_cfg.overrides.task)
+        execute(cfg, hydra_cfg.runtime.output_dir, task, multirun=multirun,
+                plan=checked.plan_for(hydra_cfg.job.num if multirun else 0, task))
 
     try:
         hydra_main()

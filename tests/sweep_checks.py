@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 import runner.analysis as analysis
-from runner.store.sweep_record import read_sweep
+from common.sweep_format import read_sweep
 
 #: Columns that differ between two runs of the same jobs: where and how they ran (the launcher's
 #: settings are overrides of the job's too), and how long they took.

@@ -4,6 +4,7 @@ Timings are not asserted (the machine is shared); only that each number exists a
 """
 from __future__ import annotations
 
+import argparse
 import math
 
 import pyarrow.parquet as pq
@@ -23,7 +24,7 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     for row in rows:
         by_section.setdefault(row["section"], []).append(row)
     assert set(by_section) == {"hook overhead", "against hand-written", "parquet write", "stats table", "start-up",
-                               "peak memory", "first step", "sweep loading"}
+                               "peak memory", "first step", "sweep loading", "attach block"}
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
 
     overhead = {r["name"]: r for r in by_section["hook overhead"]}
@@ -49,6 +50,23 @@ def test_quick_benchmark_writes_every_table(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_attach_block_is_timed_beside_a_bare_step_and_the_durable_write_of_its_files(tmp_path):
+    """A tiny smoke run of the attach section: every row timed, the block judged against its target."""
+    from benchmarks import attach_block
+
+    settings = bench.Settings.from_args(argparse.Namespace(quick=False, resnet50=False, long=False, rounds=1,
+                                                           device="cpu"))
+    settings.attach_rounds = 2
+    report = bench.Report()
+    bench.attach_blocks(report, settings)
+    rows = {r["name"]: r for r in report.rows}
+    assert list(rows) == list(attach_block.ROWS) and all(r["section"] == "attach block" for r in rows.values())
+    assert all(r["value"] > 0 and r["unit"] == "CPU ms" for r in rows.values())
+    assert rows["attach block"]["ratio"] == 1.0 and rows["attach block"]["target"].startswith("≤ 20 ms ")
+    assert rows["bare step"]["value"] < rows["attach block"]["value"]  # the block holds a step and more
+    assert "| attach block |" in "\n".join(report.lines)
+
+
 def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp():
     """The observing variants leave bare's gradients; the runner's clip leaves those of the clamp by hand
     (which differ from bare's: the benchmark times the same edit both ways)."""

@@ -18,7 +18,7 @@ from hooks.recorder import ID_COLUMNS, StepCaptures
 from hooks.stats import STAT_COLUMNS
 from runner.store.claim import claim_run_dir
 from runner.store.errors import OutputError
-from runner.store.lock import LOCK
+from common.records import LOCK
 from runner.store.outputs import SCHEMA_VERSION, RunOutputs
 
 INJECTED = ("fsync", "replace", "rename")

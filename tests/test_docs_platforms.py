@@ -20,15 +20,16 @@ import runner
 import runner.analysis as analysis
 from common.errors import OutputError
 from runner.engine import memory
-from runner.store import lock
+from common import claim_record
+from common.records import LOCK
 
 
 @pytest.fixture
 def no_proc(monkeypatch, tmp_path):
     """Every ``/proc`` path the runner reads is missing, as on macOS."""
-    read = lock._read_text
-    monkeypatch.setattr(lock, "_read_text", lambda path: None if path.startswith("/proc/") else read(path))
-    monkeypatch.setattr(lock, "_pid_namespace", lambda: None)
+    read = claim_record._read_text
+    monkeypatch.setattr(claim_record, "_read_text", lambda path: None if path.startswith("/proc/") else read(path))
+    monkeypatch.setattr(claim_record, "_pid_namespace", lambda: None)
     monkeypatch.setattr(memory, "_STATUS", str(tmp_path / "no-proc" / "status"))
     monkeypatch.setattr(memory, "_CLEAR_REFS", str(tmp_path / "no-proc" / "clear_refs"))
 
@@ -47,11 +48,11 @@ def _claim(out_dir, pid: int) -> None:
     out_dir.mkdir(parents=True)
     record = {"host": socket.gethostname(), "boot_id": None, "pid_ns": None, "pid": pid, "pid_start": None,
               "started": "2026-11-27T00:00:00+00:00", "token": "0" * 32}
-    (out_dir / lock.LOCK).write_text(json.dumps(record))
+    (out_dir / LOCK).write_text(json.dumps(record))
 
 
 def test_a_run_commits_without_proc_and_reports_its_peak_memory(no_proc, tmp_path):
-    assert lock._machine()["boot_id"] is None
+    assert claim_record.machine()["boot_id"] is None
     _run(tmp_path / "run")
     steps = analysis.load_steps(tmp_path / "run")
     assert list(steps.step) == [0, 1] and (steps.peak_memory_bytes > 0).all()  # ru_maxrss

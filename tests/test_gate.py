@@ -174,7 +174,7 @@ def test_each_check_runs_once_for_one_command_line_run_and_none_outside_the_gate
     assert checked.problems == []
     cfg = compose_config(argv)  # Hydra's job composes it again
     watch.after_gate()
-    execute_module.execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
+    execute_module.execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(0, argv))
     assert (tmp_path / "run" / "manifest.json").is_file()
     _once(watch, set(GATE) - ATTACH_ONLY - not_reached)
     _clean(watch)
@@ -245,7 +245,7 @@ def test_a_check_made_in_the_run_is_found(watch, tmp_path, monkeypatch):
     cfg = compose_config(argv)
     watch.after_gate()
     monkeypatch.setattr(loop, "build_model", build_model_then_a_stray)
-    execute_module.execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
+    execute_module.execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(0, argv))
     assert watch.in_run == ["tests/test_gate.py:build_model_then_a_stray"]
 
 

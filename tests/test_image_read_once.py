@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from conftest import cli
-from runner.store.provenance import describe_file
+from common.fingerprint import describe_file
 
 IMAGE = Path(__file__).resolve().parents[1] / "assets" / "house.png"
 

@@ -11,7 +11,7 @@ import runner.cli.execute as execute_module
 from conftest import make_config
 from runner.cli.execute import execute
 from runner.cli.exit_codes import EXIT_INTERRUPTED
-from runner.store.sweep_record import STATUS
+from common.job_status import STATUS
 from runner.cli.signals import Terminated, sigterm_raises
 
 OVERRIDES = ["model=linear", "steps=2"]

@@ -173,3 +173,33 @@ def test_the_hook_specs_room_stands_on_common_alone_and_imports_no_torch():
     outside = sorted((name, imported) for name, imports in import_graph().items() if name in room
                      for imported in imports if not imported.startswith(("hooks.specs", "common.")))
     assert outside == []
+
+
+def test_analysis_and_sources_reach_files_through_the_bottom_floor_only():
+    """What a run wrote (manifest, claim, ranks' parts, sweep record, statuses, config) is read through
+    common/, never through the writer's modules in runner/store."""
+    assert _arrows_into("runner.analysis", "runner.store") == []
+    assert _arrows_into("runner.sources", "runner.store") == []
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, pending = set(), [start]
+    while pending:
+        for imported in graph.get(pending.pop(), ()):
+            if imported not in seen:
+                seen.add(imported)
+                pending.append(imported)
+    return seen
+
+
+def test_the_loop_stands_on_the_plan_and_not_the_other_way():
+    """``runner.engine.loop`` runs a compiled ``Plan``; the plan (the gate) imports nothing of the loop,
+    directly or through another module."""
+    graph = import_graph()
+    assert "runner.engine.plan" in graph["runner.engine.loop"]
+    assert "runner.engine.loop" not in _reaches(graph, "runner.engine.plan")
+
+
+def test_the_reach_finder_follows_imports_through_other_modules():
+    assert _reaches({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}

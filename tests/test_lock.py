@@ -20,7 +20,8 @@ from common.errors import ConfigError
 import runner.store.lock as lock
 from runner.store.claim import MIN_FREE_BYTES, check_output_dir, claim_run_dir
 from runner.store.errors import OutputError
-from runner.store.lock import LOCK, STALE_AFTER_S
+from common.claim_record import STALE_AFTER_S, machine, process_start
+from common.records import LOCK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def foreign_claim(out: Path, **record) -> Path:
     """A claim written by someone else: this machine's identity unless ``record`` says otherwise."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
-    path.write_text(json.dumps({**lock._machine(), "pid_start": None, "started": "2026-01-01T00:00:00+00:00",
+    path.write_text(json.dumps({**machine(), "pid_start": None, "started": "2026-01-01T00:00:00+00:00",
                                 "token": "theirs", **record}))
     return path
 
@@ -63,7 +64,7 @@ def test_a_claim_names_its_owner_and_release_removes_it(tmp_path):
 def test_a_live_claim_on_this_host_is_refused_before_anything_is_created(tmp_path):
     out = tmp_path / "run"
     live = os.getppid()
-    foreign_claim(out, pid=live, pid_start=lock._process_start(live))
+    foreign_claim(out, pid=live, pid_start=process_start(live))
     before = listing(out)
     for check in (lambda: check_output_dir(out, overwrite=True), lambda: claim_run_dir(out, overwrite=True)):
         with pytest.raises(OutputError) as info:

@@ -67,7 +67,7 @@ def test_the_readme_traces_a_clamps_min_along_the_calls_a_run_makes(tmp_path):
     try:  # what ``python -m runner ARGV`` does, in this process
         checked = check_command_line(ARGV)
         cfg = compose_config(ARGV)
-        execute(cfg, tmp_path / "run", ARGV, plan=checked.plan_for(cfg))
+        execute(cfg, tmp_path / "run", ARGV, plan=checked.plan_for(0, ARGV))
     finally:
         sys.setprofile(None)
     assert (tmp_path / "run" / "manifest.json").is_file()

@@ -114,7 +114,7 @@ def test_units_and_a_store_under_torchrun_merge_to_the_one_process_run(tmp_path,
     from common.records import UNITS
     from runner.analysis.units import load_units
     from runner.store.activations import ActivationStore, ShuffledStore
-    from runner.store.ranks import rank_files
+    from common.ranks import rank_files
 
     (tmp_path / "units_ranks.py").write_text(blocks("python")[3])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -361,7 +361,7 @@ def test_own_data_optimizer_and_hook_type_run_through_the_command_line(hook_pres
     checked = check_command_line(argv)
     assert checked.problems == []
     cfg = compose_config(argv)
-    execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(cfg))
+    execute(cfg, tmp_path / "run", argv, plan=checked.plan_for(0, argv))
     steps = analysis.load_steps(tmp_path / "run")
     assert steps.loss.tolist() == pytest.approx(_oracle_losses(3, 3.0, 0.05), rel=1e-5)
     stats = analysis.load_stats(tmp_path / "run")

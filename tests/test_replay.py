@@ -29,7 +29,7 @@ import runner.__main__ as runner_main
 from runner.cli import replay
 from runner.config.compose import compose_config
 from runner.sources.models import build_model
-from runner.store import provenance
+from common import fingerprint
 from conftest import Ran, make_config, run, run_main
 from docs_text import section
 
@@ -192,15 +192,15 @@ def test_a_changed_kept_tensor_is_reported(run_with, tmp_path, capsys):
 
 
 def test_large_data_is_fingerprinted_by_size_and_mtime(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, "HASH_LIMIT", 4)
+    monkeypatch.setattr(fingerprint, "HASH_LIMIT", 4)
     data = tmp_path / "data.bin"
     data.write_bytes(b"12345")
-    first = provenance.describe_file(str(data))
+    first = fingerprint.describe_file(str(data))
     os.utime(data, ns=(1, 1))
     assert set(first) == {"path", "size_mtime"}
-    assert provenance.describe_file(str(data))["size_mtime"] != first["size_mtime"]
-    monkeypatch.setattr(provenance, "HASH_LIMIT", 5)
-    assert set(provenance.describe_file(str(data))) == {"path", "sha256"}
+    assert fingerprint.describe_file(str(data))["size_mtime"] != first["size_mtime"]
+    monkeypatch.setattr(fingerprint, "HASH_LIMIT", 5)
+    assert set(fingerprint.describe_file(str(data))) == {"path", "sha256"}
 
 
 def test_a_changed_checkpoint_is_one_warning_line_and_the_replay_still_runs(tmp_path, run_with, capsys,

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_config, run
 from runner.engine import loop
-from runner.store.resume import RESUME
+from common.resume_point import RESUME, read_resume_point
 
 OVERRIDES = ("model=convnet", "data=fake", "data.shape=[4,3,8,8]", "loss=cross_entropy", "optimizer=adam",
              "steps=6", "eval_every=2", "hooks=stats")
@@ -57,7 +57,7 @@ def test_a_requeued_run_resumes_at_its_last_complete_step_and_equals_an_uninterr
     with pytest.raises(SystemExit):
         run(make_config(*overrides), out, overrides)
     assert not (out / "manifest.json").exists()
-    kept = pq.read_table(out / RESUME / "steps.parquet").to_pandas()
+    kept = read_resume_point(out)[1]["steps.parquet"].to_pandas()  # the one reader of the format
     assert sorted(kept.step.unique()) == [0, 1, 2, 3]  # steps 0-3 complete, with the eval rows after 1 and 3
     monkeypatch.setattr(loop, "train_step", real)
     run(make_config(*overrides), out, overrides)

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import runner.analysis as analysis
-from runner.store.resume import RESUME
-from runner.store.sweep_record import SWEEP
+from common.resume_point import RESUME
+from common.sweep_format import SWEEP
 from slurm_cluster import ENV, ROOT, SCRIPT, array_id, sh, slurm, submit  # noqa: F401  (slurm: the cluster fixture)
 
 pytestmark = pytest.mark.slurm

@@ -16,7 +16,7 @@ import pytest
 import runner.analysis as analysis
 from runner.analysis.report import render
 from runner.analysis.sweep_jobs import IncompleteSweepWarning
-from runner.store.sweep_record import OK, PENDING, RUNNING, read_record
+from common.sweep_format import OK, PENDING, RUNNING, read_record
 from slurm_cluster import array_id, sh, slurm, submit  # noqa: F401  (slurm: the cluster fixture)
 from sweep_checks import tables, wait_for
 

@@ -8,7 +8,7 @@ import pytest
 import runner.analysis as analysis
 from conftest import run_main
 from runner.analysis.sweep_jobs import IncompleteSweepWarning
-from runner.store.sweep_record import SWEEP
+from common.sweep_format import SWEEP
 
 
 def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path, monkeypatch, capsys):

@@ -36,8 +36,9 @@ from runner.config.compose import compose_with_hydra
 from runner.engine import whole_pass
 from runner.engine.plan import compile_plan
 from runner.store.lock import DirLock
-from runner.store.sweep_record import (INTERRUPTED, OK, PENDING, RUNNING, STATUS, SWEEP, read_record, read_sweep,
-                                       state_line, update_job, write_sweep)
+from common.job_status import STATUS
+from common.sweep_format import INTERRUPTED, OK, PENDING, RUNNING, SWEEP, read_record, read_sweep, state_line
+from runner.store.sweep_record import update_job, write_sweep
 from sweep_checks import mid_run, tables, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,15 +25,13 @@ import pyarrow.parquet as pq
 
 from common.durable import TMP_MARK
 from common.errors import choice_error
+from common.job_status import STATUS  # where a job ended without data: it is not pending
 from common.manifest import MANIFEST, ManifestError, read_manifest
-from common.ranks import part_rank
-from runner.store.lock import LOCK
-from runner.store.ranks import is_part
+from common.records import LOCK
+from common.ranks import is_part, part_rank
 
 #: What the loaders do with a damaged run: raise (``error``) or read the others (``skip``).
 ON_CORRUPT = ("error", "skip")
-#: Where a job ended without data (``runner.cli.execute.STATUS``); it is not pending.
-_STATUS = "status.json"
 
 
 class CorruptRunError(ValueError):
@@ -56,7 +54,7 @@ def find_jobs(path: Path) -> tuple[list[Path], list[Path]]:
         if MANIFEST in files:
             if not is_part(Path(root)):
                 found.append(Path(root))
-        elif _STATUS not in files and (".hydra" in dirs or LOCK in files or any(TMP_MARK in f for f in files)):
+        elif STATUS not in files and (".hydra" in dirs or LOCK in files or any(TMP_MARK in f for f in files)):
             pending.append(Path(root))
         dirs[:] = [d for d in dirs if not d.startswith(".")]
     return found, pending

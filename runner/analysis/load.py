@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.job_status import StatusError, job_dirs_with_status, read_job_status
 from common.records import ID_FIELDS, MANIFEST, RUN_TOTAL_SCHEMAS, STATS, STEPS, TABLE_SCHEMAS, TENSORS
 from common.tags import label_of
 from runner.analysis.frame import to_frame
@@ -54,7 +54,6 @@ from runner.analysis.saved_config import config_path
 from runner.analysis.sweep_jobs import incomplete, listed_failures, listed_runs, listed_states
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
-STATUS = "status.json"
 #: Stored column names before ``schema_version`` "2" -> the names the loaders return.
 RENAMED = {"values": "tensor_values", "shape": "tensor_shape"}
 #: Columns of a capture row and of a step row, for the empty frame of runs that wrote no such file.
@@ -109,12 +108,11 @@ def failed_jobs(path: str | Path) -> pd.DataFrame:
     if listed is not None:
         return pd.DataFrame(listed, columns=["job_dir", "overrides", "error"])
     rows = []
-    for status_file in sorted(Path(path).rglob(STATUS)):
-        job = status_file.parent
+    for job in job_dirs_with_status(path):
         try:
-            status = json.loads(status_file.read_text())
-        except (OSError, ValueError) as exc:
-            status = {"status": "failed", "error": f"unreadable {STATUS}: {exc}"}
+            status = read_job_status(job) or {}
+        except StatusError as exc:
+            status = {"status": "failed", "error": str(exc)}
         if status.get("status") != "failed" or (job / MANIFEST).is_file():
             continue
         overrides = status.get("overrides")

@@ -31,7 +31,7 @@ from runner.analysis.load import config_path, load_stats, load_tensors, override
 from runner.analysis.order import in_job_order
 from runner.analysis.patching_plots import patching_heatmap  # noqa: F401  (runner.plots.patching_heatmap)
 from runner.config.registry import PLOTS
-from runner.store.commit import read_manifest
+from common.manifest import read_manifest
 
 #: Dots per inch of every saved picture: a figure of W x H inches is W*DPI x H*DPI pixels.
 DPI = 100

@@ -54,8 +54,8 @@ from runner.analysis.steering import steering_picture, steering_table
 from runner.analysis.summary import summarize
 from runner.analysis.unit_plots import RunExamples, layer_histograms, run_examples, top_images_of_run, top_tokens_of_run
 from runner.analysis.units import load_units, recorded_layers
-from runner.store.ranks import rank_files
-from runner.store.sweep_record import OK, RUNNING
+from common.ranks import rank_files
+from common.sweep_format import OK, RUNNING
 
 REPORT = "report.html"
 #: The sections of the page, by HTML id and heading, in order: summary, pictures, details (each only

@@ -1,14 +1,5 @@
-"""Where a run keeps its config: read without pandas by the summary a run prints when it ends."""
+"""Where a run keeps its config: read without pandas by the summary a run prints when it ends
+(the format is ``common.run_config``'s, which every reader of ``config.yaml`` goes through)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from common.records import CONFIG
-
-
-def config_path(run_dir: str | Path) -> Path | None:
-    """The run's saved config: the resolved ``config.yaml``, else Hydra's ``.hydra/config.yaml``, else ``None``."""
-    for path in (Path(run_dir) / CONFIG, Path(run_dir) / ".hydra" / "config.yaml"):
-        if path.is_file():
-            return path
-    return None
+from common.run_config import saved_config_path as config_path  # noqa: F401  (the analysis modules' name for it)

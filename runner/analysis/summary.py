@@ -66,7 +66,7 @@ def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
 def _run_total_rows(run_dir: Path) -> dict[str, list[str]]:
     """Per entry, a line per run-total file it wrote rows to (``units.parquet``, ``lens.parquet``, ...), over
     the run's ranks' parts (``rank-N``) when it ran on several."""
-    from runner.store.ranks import rank_files  # imported here: the summary's imports are kept few (start-up)
+    from common.ranks import rank_files  # imported here: the summary's imports are kept few (start-up)
 
     out: dict[str, list[str]] = {}
     for name in RUN_TOTAL_SCHEMAS:

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from common.records import MANIFEST
-from runner.store.sweep_record import FAILED, OK, PENDING, RUNNING, read_sweep, state_line, swept_values
+from common.sweep_format import FAILED, OK, PENDING, RUNNING, read_sweep, state_line, swept_values
 
 #: What a job that never ran says in ``failed_jobs``'s ``error``.
 NOT_STARTED = "not started: the sweep stopped before it (resume=true runs it)"

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from common.records import UNIT_EXAMPLES, UNIT_INPUTS, UNITS
 from common.unit_sketch import SketchGrid, chan_merge, ranked
 from runner.analysis.load import run_dirs
-from runner.store.ranks import rank_files
+from common.ranks import rank_files
 
 KEY = ["hook", "layer", "call", "unit"]
 _TOP = ("top_value", "top_sample", "top_position")

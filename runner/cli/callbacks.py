@@ -33,7 +33,8 @@ from runner.cli.taken_dirs import sweep_dir_problems
 from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import OK, PENDING, finish_sweep, read_sweep, state_line, write_sweep
+from common.sweep_format import OK, PENDING, read_sweep, state_line
+from runner.store.sweep_record import finish_sweep, write_sweep
 
 
 def _report(problems: list[str], headline: str | None, code: int) -> None:

@@ -4,8 +4,11 @@
 registries (``runner.cli.early``: no torch imported, so a typo is answered at once), and compiles
 each job's plan, unless the command's fixed directory already holds its run(s): that one line comes
 first, before any plan is compiled (``runner.cli.taken_dirs``); a bad job rejects the whole command
-before Hydra creates any directory. It returns the plans with the problems: ``runner.__main__``
-hands each job its plan, so a run is composed, checked, built and rehearsed once by the check. A
+before Hydra creates any directory. It returns the plans with the problems, in the jobs' order:
+``runner.__main__`` hands Hydra's job number ``N`` the plan object of the check's job ``N`` (the
+sweep's order, which ``runner.cli.early.expand`` shares with Hydra's sweeper), once its overrides
+are found the same; a job the check did not compile is an error said loudly, never compiled again
+in silence. So a run is composed, checked, built and rehearsed once by the check. A
 sweep's jobs that differ from its first in values only are derived from the first's config rather
 than composed again (``runner.cli.sweep_compile``), and share its meta model
 (``runner.engine.plan_cache``); each is still compiled and rehearsed in full.
@@ -15,28 +18,49 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
-from runner.config.compose import CONF_DIR
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
 
 
+class UncheckedJob(RuntimeError):
+    """Hydra runs a job the command line's check did not compile: a bug in the runner, never a user's mistake."""
+
+
 @dataclass
 class CommandCheck:
-    """What checking a command line found: its problems (one line each), and each job's plan by its config."""
+    """What checking a command line found: its problems (one line each), and each job's plan in the jobs' order."""
 
     problems: list[str] = field(default_factory=list)
-    plans: dict[str, Plan] = field(default_factory=dict)
+    #: each job's overrides and its plan, by job number (``hydra.job.num``; 0 for a single run)
+    plans: list[tuple[list[str], Plan | None]] = field(default_factory=list)
 
-    def plan_for(self, cfg: DictConfig) -> Plan | None:
-        """The plan compiled for the job whose composed config is ``cfg`` (each job takes its own once)."""
-        return self.plans.pop(OmegaConf.to_yaml(cfg), None)
+    def plan_for(self, num: int, task_overrides: Sequence[str]) -> Plan:
+        """The plan the check compiled for job ``num``, whose overrides Hydra gives as ``task_overrides``
+        (``hydra.overrides.task``); each job takes its own once.
+
+        Raises:
+            UncheckedJob: the check has no plan for that job, or compiled it from other overrides.
+        """
+        overrides, plan = self.plans[num] if 0 <= num < len(self.plans) else (None, None)
+        if plan is None or _settings(overrides) != _settings(task_overrides):
+            raise UncheckedJob(f"job {num} ({' '.join(task_overrides)}) is not the job the command line's check "
+                               f"compiled ({' '.join(overrides or ['none'])}); nothing of it was run")
+        self.plans[num] = (overrides, None)
+        return plan
+
+
+def _settings(overrides: Sequence[str]) -> dict:
+    """What a job's overrides set, hydra's own left out, as Hydra parses them (so ``x=[1, 2]`` is ``x=[1,2]``)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return {(o.type, o.package, o.key_or_group): o.value() for o in parsed if not o.is_hydra_override()}
 
 
 def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = None) -> CommandCheck:
@@ -54,10 +78,11 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
             if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once
                 return CommandCheck([problem])
             try:
-                checked.plans[OmegaConf.to_yaml(job.config)] = compile_plan(job.config, job.overrides,
-                                                                              check_device=not job.remote)
+                checked.plans.append((job.overrides, compile_plan(job.config, job.overrides,
+                                                                  check_device=not job.remote)))
             except ConfigError as exc:
                 command.reject(num, job.overrides, str(exc))
+                checked.plans.append((job.overrides, None))  # job numbers stay Hydra's
     checked.problems = command.headed()
     return checked
 
@@ -65,7 +90,8 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
 def _may_be_taken(command: ComposedCommand) -> bool:
     """Whether the command's directories may hold its run(s) already, so that looking there (one
     job directory per job of a sweep) is worth it: not when they are ``conf/config.yaml``'s own,
-    which name the moment they are made (``${now:...}``), and the command resumes nothing."""
+    which name the moment they are made (``${now:...}``), and the command resumes nothing (read in the
+    first job's composition, which holds them as written)."""
     if any(job.lstrip("+~").startswith("hydra") for job in command.jobs[0]):
         return True  # a directory, a search path or a launcher of the command's own
     try:
@@ -73,5 +99,5 @@ def _may_be_taken(command: ComposedCommand) -> bool:
             return True
     except ConfigError:
         return True  # held_run_dir says why
-    dirs = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False).get("hydra", {})
+    dirs = OmegaConf.to_container(command.first_with_hydra.hydra, resolve=False)  # as composed, not resolved
     return not all("${now:" in str((dirs.get(part) or {}).get("dir", "")) for part in ("run", "sweep"))

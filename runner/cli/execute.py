@@ -28,7 +28,8 @@ from runner.engine.nonfinite import NonFiniteError
 from runner.engine.plan import Plan, compile_plan, describe
 from runner.store.claim import claim_run_dir
 from runner.store.outputs import OutputError
-from runner.store.sweep_record import FAILED, INTERRUPTED, OK, RUNNING, find_sweep, job_entry, read_record, state_line
+from common.sweep_format import FAILED, INTERRUPTED, OK, RUNNING, read_record, state_line
+from runner.store.sweep_record import find_sweep, job_entry
 
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,6 @@ job's status is written or read, not when a command line is checked.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from common.durable import replaced
+from common.job_status import StatusError, read_job_status, write_job_status
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +36,11 @@ def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | Non
     ``state``: ``ok``, ``failed`` (the default for an error), ``interrupted``, or what the scheduler
     did: ``cancelled``, ``timeout``, ``requeued`` (a requeued job overwrites it when it ends).
     """
-    from runner.store.sweep_record import FAILED, OK, STATUS
+    from common.sweep_format import FAILED, OK
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     state = state or (FAILED if error else OK)
-    status = {"status": state, "overrides": list(overrides), "error": error}
-    with replaced(out_dir / STATUS) as tmp:  # a reader of the sweep sees the old status or the new one, whole
-        tmp.write_text(json.dumps(status, indent=2) + "\n")
+    write_job_status(out_dir, state, overrides, error)
     record_entry(out_dir, state=state, error=error, logs=scheduler_logs())
 
 
@@ -62,11 +58,9 @@ def scheduler_logs() -> list[str] | None:
 
 def read_status(out_dir: str | Path) -> dict | None:
     """A job's ``status.json``, or ``None`` when it wrote none (yet)."""
-    from runner.store.sweep_record import STATUS
-
     try:
-        return json.loads((Path(out_dir) / STATUS).read_text())
-    except (OSError, ValueError):
+        return read_job_status(out_dir)
+    except StatusError:
         return None
 
 

@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from common.durable import TMP_MARK
 from common.errors import ConfigError
 from common.manifest import MANIFEST, ManifestError, read_manifest
+from common.run_config import run_config_text
 from runner.cli.early import REPLAY_KEY as KEY
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, execute, keep_claim
 from runner.engine.plan import compile_plan
@@ -128,7 +129,7 @@ def check_run_dir(run_dir: Path) -> dict:
 def _stored_config(run_dir: Path):
     """The run's committed config; one written by ``runner.attach`` (no model: the loop was the user's) is refused."""
     try:
-        cfg = OmegaConf.load(run_dir / CONFIG)
+        cfg = OmegaConf.create(run_config_text(run_dir))
     except (OSError, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"{KEY}: cannot read '{run_dir / CONFIG}': {str(exc).splitlines()[0]}") from None
     if "model" not in cfg:
@@ -141,7 +142,7 @@ def preflight(run_dir: Path, manifest: dict, plan) -> str:
     """One line naming what differs between the stored run and this replay ('' when nothing does)."""
     stored_hash = manifest.get("config_hash")
     found = [f"versions.{line}" for line in differences(manifest.get("versions", {}), versions())]
-    if _hash((run_dir / CONFIG).read_text()) != stored_hash:
+    if _hash(run_config_text(run_dir)) != stored_hash:
         found.append(f"config_hash: {CONFIG} was edited after the run")
     elif _hash(plan.config_yaml) != stored_hash:
         found.append("config_hash: this version resolves the stored config differently (changed defaults)")

@@ -25,10 +25,11 @@ import yaml
 from omegaconf import DictConfig
 
 from common.errors import choice_error
-from common.records import CONFIG
+from common.run_config import RunConfigError, read_run_config
 from runner.store.commit import read_manifest
 from runner.store.provenance import differences
-from runner.store.sweep_record import FAILED, OK, PENDING, STATUS, SWEEP, WORDS, read_record
+from common.job_status import STATUS
+from common.sweep_format import FAILED, OK, PENDING, SWEEP, WORDS, read_record
 
 KEY = "resume"
 #: The values of ``resume``: off, on (failed jobs stay failed), on and failed jobs run again.
@@ -144,8 +145,8 @@ def kept_problem(plan, out_dir: str | Path) -> str | None:
     if not manifest:
         return f"{KEY}: '{out_dir}' was complete when the sweep was resumed and has no manifest now"
     try:
-        stored = yaml.safe_load((Path(out_dir) / CONFIG).read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        stored = read_run_config(out_dir)
+    except (OSError, RunConfigError):
         stored = {}
     changed = differences(stored, yaml.safe_load(plan.config_yaml) or {})[:3] or ["its config.yaml is not its manifest's"]
     return (f"{KEY}: the complete run in '{out_dir}' was made with another config ({'; '.join(changed)}); "

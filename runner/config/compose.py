@@ -12,12 +12,17 @@ hook type's implementation.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -114,6 +119,81 @@ def _check_required(cfg: DictConfig) -> None:
 def compose_config(overrides: Sequence[str]) -> DictConfig:
     """``compose_job`` without the launcher: the job config tests and notebooks compose."""
     return compose_job(overrides)[0]
+
+
+class _Composition(NamedTuple):
+    """A composed job config as plain containers, and what its composition read."""
+
+    plain: dict
+    sources: tuple[str, ...]  #: the search path's directories (``hydra.runtime.config_sources`` of schema file)
+    inputs: tuple | None  #: the YAML files of ``sources`` and ``registered`` by id; ``None``: not known, compose again
+    registered: tuple  #: the ConfigStore nodes ``inputs`` names by id, held so that no id is reused
+
+
+#: Compositions by their overrides, the newest last; at most ``_COMPOSITIONS_KEPT``.
+_COMPOSED: dict[tuple[str, ...], _Composition] = {}
+_COMPOSITIONS_KEPT = 64
+
+
+def compose_plain(overrides: Sequence[str]) -> dict:
+    """``compose_config(overrides)`` as plain containers (enums as strings), composed by Hydra once for the
+    same ``overrides`` while what it read is unchanged: every YAML file of its search path (by contents),
+    the search path itself (a directory of ``hydra.searchpath`` is among the overrides or in a file), and
+    the schemas registered in Hydra's ConfigStore. ``runner.attach`` composes through it, so a loop of
+    attach blocks or a notebook cell run again pays Hydra once, and an edited preset is composed again.
+
+    Raises:
+        ConfigError: as ``compose_config``; a refused composition is not kept.
+    """
+    key = tuple(overrides)
+    held = _COMPOSED.pop(key, None)
+    sources = held.sources if held is not None else _search_path(key)
+    files = _yaml_files(sources)  # taken before composing: a file edited meanwhile is composed again next time
+    if held is None or held.inputs != (files, tuple(map(id, _registered()))):
+        cfg = compose_with_hydra(key)
+        read = tuple(str(source.path) for source in cfg.hydra.runtime.config_sources if source.schema == "file")
+        plain = OmegaConf.to_container(job_config(cfg)[0], enum_to_str=True)
+        registered = _registered()  # after: composing stores the static index's schemas not registered yet
+        # the search path is known once composed: taken on another one, the fingerprint is not this one's
+        held = _Composition(plain, read, (files, tuple(map(id, registered))) if read == sources else None, registered)
+    _COMPOSED[key] = held
+    while len(_COMPOSED) > _COMPOSITIONS_KEPT:
+        del _COMPOSED[next(iter(_COMPOSED))]
+    return copy.deepcopy(held.plain)
+
+
+def _search_path(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The directories a composition of ``overrides`` reads presets from, as far as they say it: ``conf/``
+    and the ``file://`` entries of ``hydra.searchpath`` (one that ``config.yaml`` adds is known once composed)."""
+    found = [str(CONF_DIR)]
+    for line in overrides:
+        if line.lstrip("+~").startswith("hydra.searchpath="):
+            with contextlib.suppress(HydraException):
+                entries = OverridesParser.create().parse_override(line).value()
+                found += [e[len("file://"):] for e in entries if isinstance(e, str) and e.startswith("file://")]
+    return tuple(found)
+
+
+def _yaml_files(directories: Sequence[str]) -> tuple[tuple[str, bytes], ...]:
+    """Every ``.yaml`` file under ``directories`` with its contents, in a fixed order."""
+    found = []
+    for directory in directories:
+        for root, _, names in os.walk(directory):
+            for name in names:
+                path = os.path.join(root, name)
+                if name.endswith((".yaml", ".yml")):
+                    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:  # removed meanwhile: not read
+                        found.append((path, f.read()))
+    return tuple(sorted(found))
+
+
+def _registered() -> tuple:
+    """Every node in Hydra's ConfigStore (a schema registered, or stored again, is a new node)."""
+    nodes, pending = [], [ConfigStore.instance().repo]
+    while pending:
+        for name, value in sorted(pending.pop().items()):
+            (pending if isinstance(value, dict) else nodes).append(value)
+    return tuple(nodes)
 
 
 def explain(exc: Exception, overrides: Sequence[str]) -> ConfigError:

@@ -25,14 +25,12 @@ backward, optimizer or pass beside a step: refused before the run (``check_run``
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-import yaml
 from torch import nn
 
 from common.errors import ConfigError
-from common.records import CONFIG, GENERATE, GENERATIONS_SCHEMA
+from common.records import GENERATE, GENERATIONS_SCHEMA
+from common.run_config import read_run_config
 from runner.config.generate_model import CAUSAL_LM
 from runner.config.schema import GenerateConfig, RunConfig
 from runner.sources.batches import Batch
@@ -80,7 +78,7 @@ def check_run(settings: RunConfig, data: DataSource, hooks, optimizer) -> None:
 def _check_patch_source(key: str, source: str, new_tokens: int) -> None:
     """A patch during generation takes a stored value at every call (the prompt's, then each new token's):
     only a stored generation run of as many new tokens or more holds them all."""
-    config = yaml.safe_load((Path(source) / CONFIG).read_text()) or {}
+    config = read_run_config(source)
     if config.get("mode") != "generate":
         raise ConfigError(f"{key}.source: run '{source}' is a forward pass (mode={config.get('mode')}) holding the "
                           f"prompt's call only; mode=generate patches every call: store the source with mode=generate")

@@ -33,7 +33,7 @@ from hooks import build_hooks, native
 from hooks.base import HookType
 from hooks.compiled import compiled_problem
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
-from runner.config.compose import compose_config
+from runner.config.compose import compose_plain
 from runner.config.generate_model import check_generate_model
 from runner.config.registry import DATA_KINDS, MODELS, MODULE_KEY, OPTIMIZERS, PLOTS, import_named
 from runner.config.schema import FsdpConfig, LossConfig, MemoryConfig, MetricConfig, NamedModel, OutputConfig, RunConfig, SampleConfig
@@ -159,7 +159,7 @@ def attach_config(hooks, overrides: Sequence[str], settings: dict, logger) -> tu
     lines = [f"hooks=[{','.join(map(str, hooks))}]" if not entries else "hooks=[]", *overrides]
     if logger and not loggers:
         lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
-    composed = OmegaConf.create(OmegaConf.to_container(compose_config(lines), enum_to_str=True))
+    composed = OmegaConf.create(compose_plain(lines))  # composed once while its files are unchanged
     try:
         return OmegaConf.merge(composed, {"hooks": entries, "logger": loggers}, settings), lines
     except OmegaConfBaseException as exc:

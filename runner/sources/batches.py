@@ -39,7 +39,7 @@ class Maker:
     epoch_steps: int | None = None  #: training batches in one pass over the data; None: no such thing
     #: a whole-dataset pass (``runner.engine.whole_pass``): the items, their number and the batch size
     items: ItemRange | None = None
-    #: fingerprints of the files the kind read (``runner.store.provenance.describe_bytes``), by path
+    #: fingerprints of the files the kind read (``common.fingerprint.describe_bytes``), by path
     fingerprints: dict[str, dict] = field(default_factory=dict)
     names: Callable[[int], tuple[str, str]] | None = None
 

@@ -26,7 +26,7 @@ from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import DigitsData, FakeImages, ImageFiles, SyntheticData, TokenData
 from runner.sources.batches import Maker, imagenet_transform, in_batches, input_shape, numbered
-from runner.store.provenance import describe_bytes
+from common.fingerprint import describe_bytes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

@@ -26,7 +26,7 @@ from common.errors import ConfigError
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import TextData
 from runner.sources.batches import ItemRange, Maker, numbered
-from runner.store.provenance import describe_bytes
+from common.fingerprint import describe_bytes
 
 if TYPE_CHECKING:
     from runner.config.schema import RunConfig

@@ -17,7 +17,8 @@ from common.errors import ConfigError
 from common.manifest import MANIFEST, read_manifest
 from runner.store.commit import recover
 from runner.store.errors import OutputError, describe, naming
-from runner.store.lock import DirLock, busy_error, live_holder
+from common.claim_record import live_holder
+from runner.store.lock import DirLock, busy_error
 
 #: Free bytes below which a run is refused before it starts: room for the footers and the manifest.
 MIN_FREE_BYTES = 64 << 10

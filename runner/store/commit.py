@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.durable import TMP_MARK, fsync_dir, staged
 from common.manifest import read_manifest
+from common.run_config import stage_run_config
 from common.records import CONFIG, MANIFEST, RUN_TOTAL_SCHEMAS, TABLES
 from runner.store.errors import naming
 
@@ -40,9 +41,8 @@ def _aside(path: Path, run_id: str) -> Path:
 def stage_config(out_dir: Path, config_yaml: str) -> Path:
     """The run's resolved config, fsynced under its temporary name: committed with the data files, so
     that a run made outside Hydra (or moved away from its ``.hydra/``) still says how it was made."""
-    with naming(out_dir / CONFIG), staged(out_dir / CONFIG) as tmp:
-        tmp.write_text(config_yaml)
-    return tmp
+    with naming(out_dir / CONFIG):
+        return stage_run_config(out_dir, config_yaml)
 
 
 def commit(out_dir: Path, temps: dict[str, Path], manifest: dict) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import sys
 import threading
 import uuid
@@ -30,102 +29,18 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.claim_record import STALE_AFTER_S, describe_holder, is_stale, machine, process_start, read_claim
+from common.records import LOCK
 from runner.store.errors import OutputError, naming
 
-LOCK = ".runner.lock"
 #: Seconds between two touches of a live claim.
 HEARTBEAT_S = 30.0
-#: A claim from another host untouched this long (file system clock) belongs to a dead run.
-STALE_AFTER_S = 300.0
 
 #: Why no run claims a directory on Windows: there ``os.kill(pid, 0)`` (asking whether a claim's owner
 #: lives) interrupts or ends that process, and a directory cannot be opened to fsync its renames.
 WINDOWS = ("hook-runner does not run on Windows: its run-directory claim asks whether a process lives with "
            "os.kill(pid, 0), which on Windows interrupts that process, and its commit fsyncs directories, "
            "which Windows cannot open; use Linux, macOS or WSL")
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _process(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in clock ticks since boot)`` of ``pid`` (Linux), to tell a zombie or a reused PID."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[0], int(fields[19])
-
-
-def _process_start(pid: int) -> int | None:
-    process = _process(pid)
-    return None if process is None else process[1]
-
-
-def _pid_namespace() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def _machine() -> dict:
-    """What makes a PID meaningful: two containers may share a host name but not a PID namespace."""
-    return {"host": socket.gethostname(), "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
-            "pid_ns": _pid_namespace()}
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that can still write (not a zombie waiting for its parent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    process = _process(pid)
-    return process is None or process[0] != "Z"
-
-
-def describe_holder(record: dict | None) -> str:
-    """``process 123 on host 'n01' (since 2026-...)``, or what is known of an unreadable claim."""
-    if record is None:
-        return f"an unreadable claim ({LOCK})"
-    return f"process {record.get('pid')} on host '{record.get('host')}' (since {record.get('started')}, {LOCK})"
-
-
-def _is_stale(record: dict | None, age_s: Callable[[], float]) -> bool:
-    if record is not None and {k: record.get(k) for k in ("host", "boot_id", "pid_ns")} == _machine():
-        pid = int(record["pid"])
-        return not _running(pid) or record.get("pid_start") not in (None, _process_start(pid))
-    return age_s() > STALE_AFTER_S
-
-
-def _load(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return None  # created but not yet (or never) written
-
-
-def live_holder(out_dir: Path, fs_now: Callable[[], float]) -> str | None:
-    """Who holds ``out_dir`` (see ``describe_holder``), or ``None`` when no live run does.
-
-    ``fs_now`` gives the file system's current time; it is called only for a claim made elsewhere.
-    """
-    path = out_dir / LOCK
-    try:
-        record, mtime = _load(path), path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    if _is_stale(record, lambda: fs_now() - mtime):
-        return None
-    return describe_holder(record)
 
 
 class DirLock:
@@ -149,7 +64,7 @@ class DirLock:
         if sys.platform == "win32":
             raise OutputError(errno.ENOTSUP, WINDOWS)
         path = out_dir / LOCK
-        record = {**_machine(), "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
+        record = {**machine(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
                   "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "token": uuid.uuid4().hex}
         with naming(path):
             for _ in range(2):  # a stale claim is moved aside once, then the create is retried
@@ -166,12 +81,12 @@ class DirLock:
                 finally:
                     os.close(fd)
                 return cls(path, record)
-        raise busy_error(out_dir, describe_holder(_load(path)))
+        raise busy_error(out_dir, describe_holder(read_claim(path)))
 
     def verify(self) -> None:
         """Raise ``OutputError`` if the claim is no longer ours (taken over after missed heartbeats)."""
         try:
-            record = _load(self.path)
+            record = read_claim(self.path)
             holder = describe_holder(record)
         except FileNotFoundError:
             record, holder = None, f"no one: {LOCK} was removed"
@@ -188,7 +103,7 @@ class DirLock:
         self._stop.set()
         self._thread.join()
         try:
-            if (_load(self.path) or {}).get("token") == self.token:
+            if (read_claim(self.path) or {}).get("token") == self.token:
                 self.path.unlink()
         except OSError:  # gone already, or a read-only disk
             pass
@@ -211,8 +126,8 @@ def _take_over_if_stale(out_dir: Path, path: Path, fs_now: Callable[[], float]) 
         seen, mtime = path.read_bytes(), path.stat().st_mtime
     except FileNotFoundError:
         return
-    record = _load(path)
-    if not _is_stale(record, lambda: fs_now() - mtime):
+    record = read_claim(path)
+    if not is_stale(record, lambda: fs_now() - mtime):
         raise busy_error(out_dir, describe_holder(record))
     aside = path.with_name(f"{LOCK}.stale-{uuid.uuid4().hex}")
     try:
@@ -225,7 +140,7 @@ def _take_over_if_stale(out_dir: Path, path: Path, fs_now: Callable[[], float]) 
                 os.link(aside, path)
             except FileExistsError:
                 pass
-            raise busy_error(out_dir, describe_holder(_load(path) if path.exists() else None))
+            raise busy_error(out_dir, describe_holder(read_claim(path) if path.exists() else None))
     finally:
         aside.unlink()
 

@@ -17,27 +17,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.ranks import part_name, part_rank, process_group
+from common.ranks import part_name, process_group
 from runner.store.claim import claim_run_dir
 from common.manifest import read_manifest
 from common.records import CONFIG
 from runner.store.commit import commit, stage_config
 from runner.store.errors import OutputError
-
-
-def is_part(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is one rank's part of a distributed run (not a run of its own)."""
-    return part_rank(run_dir) is not None
-
-
-def rank_files(run_dir: Path, name: str) -> list[tuple[int, Path]]:
-    """The file ``name`` of a run as ``(rank, path)`` pairs: its own (rank 0, or the rank of a part
-    read on its own), or those of its ranks' parts."""
-    if (run_dir / name).is_file():
-        return [(part_rank(run_dir) or 0, run_dir / name)]
-    ranks = (read_manifest(run_dir) or {}).get("ranks", {})
-    found = [(int(rank), run_dir / part / name) for rank, part in ranks.items()]
-    return sorted((rank, path) for rank, path in found if path.is_file())
 
 
 @contextlib.contextmanager

@@ -3,11 +3,11 @@
 On preemption or near its time limit, a sweep job on Slurm gets USR2; submitit's handler
 requeues the job and exits with ``SystemExit``, wherever the step was. So the state after each
 complete step is kept in memory (model, optimizer, RNG: a copy per step, only in a job the
-scheduler can requeue), and when the run exits that way, ``.resume/`` in the run directory
-receives that state and the rows the run wrote for the complete steps (read back from its
-temporary parquet files). The requeued job's run finds them, restores the state, replays the
+scheduler can requeue), and when the run exits that way, the run directory's resume point
+(``common.resume_point``: one file, written durably) receives that state and the rows the run
+wrote for the complete steps (read back from its temporary parquet files). The requeued job's run finds them, restores the state, replays the
 data stream to the same batch and writes the kept rows first: its final files hold the same
-rows as an uninterrupted run's. ``.resume/`` belongs to one config (its hash); it is removed
+rows as an uninterrupted run's. The point belongs to one config (its hash); it is removed
 once the run is committed.
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import copy
 import hashlib
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,10 +25,8 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
+from common.resume_point import has_resume_point, read_resume_point, remove_resume_point, write_resume_point
 from runner.store.errors import OutputError
-
-RESUME = ".resume"
-_STATE = "state.pt"
 
 
 def in_scheduler_job() -> bool:
@@ -43,7 +40,7 @@ class Resume:
 
     def __init__(self, out_dir: Path, config_yaml: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  enabled: bool) -> None:
-        self.dir = Path(out_dir) / RESUME
+        self.out_dir = Path(out_dir)
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.model = model
         self.optimizer = optimizer
@@ -56,17 +53,17 @@ class Resume:
     @property
     def found(self) -> bool:
         """Whether a resume point is there (``restore`` checks that it is this config's)."""
-        return (self.dir / _STATE).exists()
+        return has_resume_point(self.out_dir)
 
     def restore(self, data: Iterator) -> int:
         """Load the resume point, if one of this config is there: the state, the data stream advanced
         past its steps, the rows to keep. Return the first step to run (0 without a point)."""
-        state_file = self.dir / _STATE
-        if not state_file.exists():
+        point = read_resume_point(self.out_dir)
+        if point is None:
             return 0
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        state, kept = point
         if state.get("config_hash") != self.config_hash:
-            shutil.rmtree(self.dir, ignore_errors=True)  # an earlier config's: not this run's
+            remove_resume_point(self.out_dir)  # an earlier config's: not this run's
             return 0
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None:
@@ -76,7 +73,7 @@ class Resume:
         torch.set_rng_state(state["rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        self._kept = {p.name: pq.read_table(p) for p in sorted(self.dir.glob("*.parquet"))}
+        self._kept = kept
         self.hooks_state = state["hooks"]
         self.first_step = state["step"]
         return self.first_step
@@ -108,20 +105,13 @@ class Resume:
 
     def finish(self) -> None:
         """The run is committed: its resume point is of no more use."""
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_resume_point(self.out_dir)
 
     def _save(self, outputs) -> None:
         steps, state = self._point
-        tmp = self.dir.with_name(f"{RESUME}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            files = outputs.flush_partial()
-            tmp.mkdir()
-            for name, path in files.items():
-                table = pq.read_table(path)
-                pq.write_table(table.filter(pc.less(table["step"], steps)), tmp / name)
-            torch.save({**state, "step": steps, "config_hash": self.config_hash}, tmp / _STATE)
-            shutil.rmtree(self.dir, ignore_errors=True)
-            tmp.rename(self.dir)
-        except (OSError, OutputError):  # no resume point: the requeued run starts over
-            shutil.rmtree(tmp, ignore_errors=True)
+            tables = {name: pq.read_table(path) for name, path in outputs.flush_partial().items()}
+            write_resume_point(self.out_dir, {**state, "step": steps, "config_hash": self.config_hash},
+                               {name: table.filter(pc.less(table["step"], steps)) for name, table in tables.items()})
+        except (OSError, OutputError):  # the previous point, whole, or none: the requeued run starts there
+            pass

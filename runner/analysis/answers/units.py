@@ -15,7 +15,7 @@ from common.records import UNITS
 from runner.analysis.answers import Answer
 from runner.analysis.answers.statistics import percent
 from runner.analysis.units import classes_said, top_units
-from runner.store.ranks import rank_files
+from common.ranks import rank_files
 
 #: Top units per layer, and their first top inputs, named on the terminal and in the table.
 UNITS_SHOWN = 3

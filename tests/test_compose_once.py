@@ -1,0 +1,134 @@
+"""Each job is composed once and its plan handed over as the object the check compiled.
+
+Counted here: the runner's Hydra compositions (``runner.config.compose.compose``, Hydra's compose API,
+which every composition of the runner goes through) and the plans compiled, for a CLI run, a sweep,
+``runner.attach`` and a replay. ``runner.attach`` reuses a composition while the files it read, its
+search path and the registrations are unchanged: an edited preset is composed again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import yaml
+from hydra.core.config_store import ConfigStore
+from torch import nn
+
+import runner
+from runner.cli import commandline, execute as execute_module, replay as replay_module
+from runner.cli.commandline import UncheckedJob, check_command_line
+from runner.config import compose as compose_module
+from conftest import run_main
+
+
+@dataclass
+class Counts:
+    composed: list
+    checked: list
+    compiled_again: list
+
+
+@pytest.fixture
+def counts(monkeypatch) -> Counts:
+    """The runner's Hydra compositions, the plans the check compiled and those compiled anywhere else."""
+    seen = Counts([], [], [])
+    monkeypatch.setattr(compose_module, "_COMPOSED", {})  # no composition kept from an earlier test
+    hydra_compose, check_compile, again = compose_module.compose, commandline.compile_plan, execute_module.compile_plan
+    monkeypatch.setattr(compose_module, "compose",
+                        lambda *a, **k: seen.composed.append(k["overrides"]) or hydra_compose(*a, **k))
+    monkeypatch.setattr(commandline, "compile_plan", lambda *a, **k: seen.checked.append(a[1]) or check_compile(*a, **k))
+    monkeypatch.setattr(execute_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
+    monkeypatch.setattr(replay_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
+    return seen
+
+
+RUN = ["model=mlp", "hooks=stats", "steps=1", "quiet=true"]
+
+
+def test_a_command_line_run_is_composed_and_compiled_once(counts, monkeypatch, capsys, tmp_path):
+    ran = run_main(monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path / 'run'}")
+    assert ran.code == 0, ran.stderr
+    assert (tmp_path / "run" / "manifest.json").is_file()
+    assert len(counts.composed) == 1 and len(counts.checked) == 1 and counts.compiled_again == []
+
+
+def test_each_job_of_a_sweep_runs_the_plan_the_check_compiled_for_it(counts, monkeypatch, capsys, tmp_path):
+    ran = run_main(monkeypatch, capsys, "-m", *RUN, "seed=1,2,3", f"hydra.sweep.dir={tmp_path}")
+    assert ran.code == 0, ran.stderr
+    assert len(counts.composed) == 1  # the other two jobs differ in a value: derived from the first
+    assert counts.checked == [[*RUN, f"seed={seed}", f"hydra.sweep.dir={tmp_path}"] for seed in (1, 2, 3)]
+    assert counts.compiled_again == []
+    for num, seed in enumerate((1, 2, 3)):  # job N ran job N's plan: its seed is in its manifest
+        assert yaml.safe_load((tmp_path / str(num) / "config.yaml").read_text())["seed"] == seed
+
+
+def test_a_job_the_check_did_not_compile_is_said_loudly_never_compiled_again():
+    checked = check_command_line(["-m", *RUN, "seed=1,2"])
+    assert checked.problems == []
+    with pytest.raises(UncheckedJob, match="job 1 .*seed=7"):
+        checked.plan_for(1, [*RUN, "seed=7"])  # not job 1's overrides
+    with pytest.raises(UncheckedJob, match="job 2"):
+        checked.plan_for(2, [*RUN, "seed=2"])  # no job 2
+    assert checked.plan_for(1, ["hooks=stats", "model=mlp", "steps=1", "quiet=true", "seed=2"]) is not None
+    with pytest.raises(UncheckedJob, match="job 1"):
+        checked.plan_for(1, [*RUN, "seed=2"])  # each job takes its plan once
+
+
+def test_a_replay_composes_nothing_and_compiles_once(counts, monkeypatch, capsys, tmp_path):
+    assert run_main(monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path / 'run'}").code == 0
+    counts.composed.clear(), counts.checked.clear()
+    ran = run_main(monkeypatch, capsys, f"replay={tmp_path / 'run'}", f"replay.out={tmp_path / 'again'}")
+    assert ran.code == 0, ran.stderr
+    assert counts.composed == [] and counts.checked == [] and len(counts.compiled_again) == 1
+
+
+PRESET = """# @package hooks.mine
+defaults:
+  - /hook_schema/clamp@_here_
+  - _self_
+layers: "**"
+min: -{bound}
+max: {bound}
+"""
+
+
+def test_attach_blocks_compose_once_and_an_edited_preset_is_composed_again(counts, tmp_path):
+    """100 attach blocks of one preset from the user's own search path; the preset is edited after block 50."""
+    conf = tmp_path / "conf"
+    (conf / "hooks").mkdir(parents=True)
+    preset = conf / "hooks" / "mine.yaml"
+    preset.write_text(PRESET.format(bound=0.5))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    bounds = []
+    for block in range(100):
+        if block == 50:
+            preset.write_text(PRESET.format(bound=0.25))
+        out = tmp_path / "runs" / str(block)
+        with runner.attach(model, hooks=["mine"], overrides=[f"hydra.searchpath=[file://{conf}]"], out_dir=out) as run:
+            loss = model(x).pow(2).sum() * 100  # gradients well beyond either bound: the clamp acts
+            loss.backward()
+            clamped = max(p.grad.abs().max().item() for p in model.parameters())
+            model.zero_grad()
+            run.step(loss)
+        recorded = yaml.safe_load((out / "config.yaml").read_text())["hooks"]["mine"]["max"]
+        bounds.append((recorded, clamped))
+    assert len(counts.composed) == 2  # once, and once more after the edit
+    assert bounds == [(0.5, 0.5)] * 50 + [(0.25, 0.25)] * 50
+
+
+def test_a_schema_registered_between_two_compositions_is_composed_again(counts):
+    overrides = ["model=mlp", "hooks=stats"]
+    first = compose_module.compose_plain(overrides)
+    assert compose_module.compose_plain(overrides) == first and len(counts.composed) == 1
+    store = ConfigStore.instance()
+    store.store(group="hook_schema", name="stats", node=store.load("hook_schema/stats.yaml").node)  # stored again
+    assert compose_module.compose_plain(overrides) == first and len(counts.composed) == 2
+
+
+def test_a_caller_changing_its_composition_does_not_change_the_next_one(counts):
+    first = compose_module.compose_plain(["model=mlp"])
+    first["model"]["name"] = "changed"
+    assert compose_module.compose_plain(["model=mlp"])["model"]["name"] == "mlp"
