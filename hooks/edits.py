@@ -9,6 +9,8 @@ Each records statistics of the tensor it produced (kind ``input`` or ``output``)
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from common.errors import ConfigError

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from runner.cli.early import ComposedCommand, compose_command_line

@@ -17,7 +17,7 @@ from runner.cli.execute import failure_code
 from runner.cli.job_files import job_dir
 from runner.cli.resume import command_problem, resume_mode, unfinished_jobs
 from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
-from runner.store.sweep_record import FAILED, read_record
+from common.sweep_format import FAILED, read_record
 
 
 def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: Collection[int] = ()
