@@ -25,8 +25,8 @@ def generation_answer(run_dir: Path, entry: str) -> Answer | None:
     rows = load_table(run_dir, GENERATIONS).sort_values(["step", "sample"], ignore_index=True)
     if rows.empty:
         return None
-    new = rows["generated_ids"].map(len)
-    counts = f"{new.min()}" if new.min() == new.max() else f"{new.min()} to {new.max()}"
+    new = [len(ids) for ids in rows["generated_ids"]]  # not Series.map: a categorical maps to a categorical
+    counts = f"{min(new)}" if min(new) == max(new) else f"{min(new)} to {max(new)}"
     lines = [f"generated from {len(rows)} prompt(s), {counts} new token(s) each"]
     lines += [f"{_short(prompt)} → {shown}" for prompt, shown in zip(rows["prompt"], _shown(rows))]
     return Answer(lines, rows[["step", "sample", "prompt", "generated_text", "generated_ids"]])
