@@ -49,3 +49,40 @@ def test_a_steering_sweep_s_answer_keeps_the_command_line_s_order_of_layers_and_
     assert lines[start + 1:start + 7] == [
         f"  {layer} scale {written[scale]}: KL {kl:.3g}, top token changed {100 * changed:.0f}%, {metric:.4g} (0.25)"
         for (layer, scale), (kl, changed, metric) in expected.items()]
+
+
+def stats_row(kind: str, l2: float, layer: str = "fc") -> dict:
+    return {"step": 0, "call": 0, "hook": "stats", "layer": layer, "phase": "forward" if kind == "output" else "backward",
+            "kind": kind, "slot": "0", "tensor_shape": [2, 5], "dtype": "float32", "numel": 10, "mean": 0.0,
+            "std": 1.0, "min": -1.0, "max": 1.0, "abs_mean": 0.5, "l2": l2, "zero_frac": 0.0, "nan_count": 0,
+            "inf_count": 0}
+
+
+def test_a_sweep_table_says_what_its_blank_means_and_writes_swept_values_in_plain_decimal(tmp_path):
+    """Three learning rates; the last job recorded no grad_output (the headline column): its cell is a dash, and a
+    line under the table names the job and why; the rates read as written, never 3e-05; no NaN anywhere."""
+    sweep = tmp_path / "sweep"
+    rates, losses, grads = ["0.00003", "0.001", "0.1"], [2.5, 1.25, 0.75], [1.0, 3.0, None]
+    for num, (rate, loss, grad) in enumerate(zip(rates, losses, grads)):
+        stats = [stats_row("output", 7.0)] + ([stats_row("grad_output", grad)] if grad is not None else [])
+        write_run(sweep / str(num), {"stats.parquet": stats, "steps.parquet": [{"step": 0, "split": "train", "loss": loss}]},
+                  ["hooks=stats", f"optim.lr={rate}"], {"hooks": {"stats": {"type": "stats"}}})
+    lines = summarize(sweep).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["optim.lr", "loss"])
+    assert lines[header].split() == ["optim.lr", "loss", "largest", "grad_output", "l2"]
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert rows == [[rate, f"{loss:.4g}", f"{grad:.4g}" if grad is not None else "—"]
+                    for rate, loss, grad in zip(rates, losses, grads)]
+    assert lines[header + 4] == "  — under largest grad_output l2: job 2 recorded no grad_output"
+    assert lines[header + 5] == "  the same in every job: largest output l2 7"
+    assert not any(word in line for line in lines for word in ("NaN", "nan", "e-05"))
+
+
+def test_a_generation_sweep_labels_its_jobs_in_plain_decimal(tmp_path):
+    for num, scale in enumerate(["0.00003", "0.1"]):
+        write_run(tmp_path / "sweep" / str(num), {"generations.parquet": [
+            {"hook": "generate", "step": 0, "sample": 0, "prompt": "a dog", "prompt_ids": [1, 2], "generated_ids": [3 + num],
+             "generated_text": f"word{num}"}]}, [f"hooks.steer.scale={scale}"], {"mode": "generate"})
+    lines = summarize(tmp_path / "sweep").splitlines()
+    assert lines[1:5] == ["  generated text of 2 job(s) by hooks.steer.scale, per prompt", "  'a dog':",
+                          "    hooks.steer.scale=0.00003: 'word0'", "    hooks.steer.scale=0.1: 'word1'"]
