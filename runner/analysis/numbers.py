@@ -6,9 +6,9 @@ import numpy as np
 
 
 def plain(value, spec: str = "") -> str:
-    """``value`` formatted with ``spec`` (``str`` without one), in plain decimal where that would write a float
-    with an exponent: ``3e-05`` is ``0.00003``, ``1e+20`` is ``100000000000000000000``; other values unchanged."""
+    """A float formatted with ``spec`` (``str`` without one), in plain decimal where that would write an
+    exponent: ``3e-05`` is ``0.00003``, ``1e+20`` is ``100000000000000000000``; any other value as ``str``."""
+    if not isinstance(value, (float, np.floating)):
+        return str(value)
     text = format(value, spec) if spec else str(value)
-    if isinstance(value, (float, np.floating)) and np.isfinite(value) and "e" in text:
-        return np.format_float_positional(value, trim="-")
-    return text
+    return np.format_float_positional(value, trim="-") if np.isfinite(value) and "e" in text else text

@@ -195,12 +195,11 @@ def summarize(path: str | Path, on_corrupt: str = "error", corrupted: str | Path
 def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
     """``sweep_table`` as text, its first ``MOST_JOBS`` rows, and the statistics the same in every job."""
     from runner.analysis.answers.statistics import percent
-    from runner.analysis.numbers import plain
 
     table = sweep_table(path, on_corrupt)
     shown = table.head(MOST_JOBS)
     swept = table.attrs["swept"]
-    said = {column: plain if column in swept else percent if column == "clipped" else _statistic for column in shown}
+    said = {column: _swept if column in swept else percent if column == "clipped" else _statistic for column in shown}
     lines = shown.to_string(index=False, formatters=said,
                             na_rep=BLANK).splitlines() if len(table.columns) else []  # nothing swept, no loss, no statistic
     lines += _blanks(shown, path, swept)
@@ -215,6 +214,12 @@ def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
 
 def _no_value(value) -> bool:
     return value is None or isinstance(value, (float, np.floating)) and math.isnan(value)
+
+
+def _swept(value) -> str:
+    from runner.analysis.numbers import plain
+
+    return plain(value, "g")
 
 
 def _statistic(value: float) -> str:
