@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +88,28 @@ def test_a_generation_sweep_labels_its_jobs_in_plain_decimal(tmp_path):
     lines = summarize(tmp_path / "sweep").splitlines()
     assert lines[1:5] == ["  generated text of 2 job(s) by hooks.steer.scale, per prompt", "  'a dog':",
                           "    hooks.steer.scale=0.00003: 'word0'", "    hooks.steer.scale=0.1: 'word1'"]
+
+
+def report(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m runner.report ARGV`` as the user runs it: its status and what it printed."""
+    return subprocess.run([sys.executable, "-m", "runner.report", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_the_report_of_an_incomplete_sweep_prints_its_warning_as_one_clean_line(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_run(sweep / "0", {"stats.parquet": [stats_row("output", 7.0)],
+                            "steps.parquet": [{"step": 0, "split": "train", "loss": 1.0}]},
+              ["hooks=stats", "seed=0"], {"hooks": {"stats": {"type": "stats"}}})
+    write_sweep_record(sweep, [(["hooks=stats", "seed=0"], "ok"), (["hooks=stats", "seed=1"], "failed")])
+    done = report(str(sweep))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{sweep / 'report.html'}\n"
+    assert done.stderr == (f"warning: {sweep}: 2 jobs: 1 complete, 1 failed (job 1: seed=1); "
+                           "reading the 1 complete run(s)\n")
+
+
+def test_the_report_of_a_path_that_does_not_exist_says_so_in_one_line(tmp_path):
+    done = report(str(tmp_path / "nowhere"))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"error: '{tmp_path / 'nowhere'}' does not exist: no complete run there\n"
+    assert not (tmp_path / "nowhere").exists()

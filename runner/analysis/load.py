@@ -66,7 +66,8 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
 
 
 def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
-    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none.
+    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none
+    (saying so where ``path`` does not exist).
 
     Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
     Jobs still writing are not read (one ``PendingRunsWarning`` says how many); a damaged run raises
@@ -78,6 +79,8 @@ def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
 def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[dict[str, Run], dict[str, pa.Schema]]:
     """``run_dirs``' runs with what the loaders need of each to read ``table``, in job order, and
     the footers read to check them (``intact``)."""
+    if not path.exists():
+        raise FileNotFoundError(f"'{path}' does not exist: no complete run there")
     if (path / MANIFEST).is_file():
         found, pending = [path], []
     else:

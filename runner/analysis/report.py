@@ -476,7 +476,8 @@ def _steering(path: Path, steps: pd.DataFrame, on_corrupt: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m runner.report PATH [--out FILE] [--on-corrupt skip]``: write the page and print its path.
 
-    What the loaders warn of (jobs still writing, damaged runs skipped) is one ``warning: ...`` line each."""
+    What the loaders warn of (jobs still writing, damaged runs skipped, a sweep's jobs that wrote no data) is one
+    ``warning: ...`` line each; no run at ``PATH`` (or no ``PATH``) is one ``error: ...`` line, status 2."""
     parser = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run directory or a sweep directory")
     parser.add_argument("--out", help=f"where to write the page (default PATH/{REPORT})")
@@ -488,15 +489,13 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", PendingRunsWarning)
         warnings.simplefilter("always", SkippedRunsWarning)
+        warnings.simplefilter("always", IncompleteSweepWarning)
         try:
             out = write_report(args.path, args.out, args.corrupted, args.on_corrupt)
         except (FileNotFoundError, CorruptRunError) as exc:  # no run, or a damaged one: one line
             failed = exc
-    for warning in said:
-        if issubclass(warning.category, (PendingRunsWarning, SkippedRunsWarning)):
-            print(f"warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    for warning in said:  # the message alone: its source line names the runner's internals, not the runs
+        print(f"warning: {warning.message}", file=sys.stderr)
     if failed is not None:
         parser.exit(2, f"error: {failed}\n")
     print(out)
