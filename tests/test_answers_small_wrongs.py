@@ -14,8 +14,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from common.records import STEER, UNIT_EXAMPLES
-from runner.analysis.load import load_table
+from common.records import RUN_TOTAL_SCHEMAS, STEER, TABLE_SCHEMAS, UNIT_EXAMPLES
+from runner.analysis.load import load_table, process_rank_column
 from runner.analysis.report import main as report_main
 from runner.analysis.summary import summarize
 from written_runs import write_run, write_sweep_record
@@ -113,3 +113,15 @@ def test_the_report_of_a_path_that_does_not_exist_says_so_in_one_line(tmp_path):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"error: '{tmp_path / 'nowhere'}' does not exist: no complete run there\n"
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_load_table_keeps_unit_examples_own_rank_and_adds_the_process_s_under_a_name_no_file_has(tmp_path):
+    examples = [{"hook": "units", "layer": "fc", "call": 0, "unit": 3, "rank": place, "sample": 10 + place,
+                 "value": 1.0 - place, "position": 0, "map_shape": [], "map": []} for place in range(3)]
+    run = write_run(tmp_path / "run", {UNIT_EXAMPLES: examples, "steps.parquet": []})
+    rows = load_table(run, UNIT_EXAMPLES)
+    assert list(rows["rank"]) == [0, 1, 2] == list(pq.read_table(run / UNIT_EXAMPLES).column("rank").to_pylist())
+    assert list(rows["part_rank"]) == [0, 0, 0]  # the process that recorded them: not distributed
+    assert list(load_table(run, UNIT_EXAMPLES, filters=[("rank", "=", 5)]).columns) == list(rows.columns)
+    for name, schema in {**TABLE_SCHEMAS, **RUN_TOTAL_SCHEMAS}.items():
+        assert process_rank_column(name) not in schema.names, name
