@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from common.records import CONFIG, MANIFEST, RUN_TOTAL_SCHEMAS, SCHEMA_VERSION, STATS_SCHEMA, STEPS, STEPS_SCHEMA
+from common.records import (CONFIG, MANIFEST, RUN_TOTAL_SCHEMAS, SCHEMA_VERSION, STATS_SCHEMA, STEPS, STEPS_SCHEMA,
+                            TENSORS_SCHEMA)
 from runner.store.sweep_record import write_sweep
 
-SCHEMAS = {"stats.parquet": STATS_SCHEMA, STEPS: STEPS_SCHEMA, **RUN_TOTAL_SCHEMAS}
+SCHEMAS = {"stats.parquet": STATS_SCHEMA, "tensors.parquet": TENSORS_SCHEMA, STEPS: STEPS_SCHEMA, **RUN_TOTAL_SCHEMAS}
 
 
 def write_run(run_dir: Path, tables: Mapping[str, Sequence[dict]], overrides: Sequence[str] = (),

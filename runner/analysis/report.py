@@ -264,6 +264,8 @@ def _layers(stats: pd.DataFrame, many: bool) -> str | None:
 
 
 def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str | None:
+    if stats.empty and outputs.empty:  # no statistic recorded (a run of run-total files only): no columns to check
+        return None
     found = abnormal(stats)
     units = dead_units(outputs)
     dead = units[units["dead"] > 0]
@@ -271,8 +273,6 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
                "activations that are 0 everywhere" + (
                    f"; dead units (channels or features that are 0 for every sample) among the {len(units)} kept "
                    "non-negative outputs." if len(units) else "."))
-    if stats.empty and outputs.empty:
-        return None
     if found.empty and dead.empty:
         return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
     parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']
@@ -295,6 +295,8 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
         units = load_units(path, on_corrupt)
     except FileNotFoundError:
         return None
+    if units.empty:
+        return _note(f"The units entries wrote no row to {UNITS}: no layer they name saw a value.")
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
         units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
         mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()

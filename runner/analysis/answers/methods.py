@@ -64,7 +64,10 @@ def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, 
         return None
     sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
     clean = sources[0] if len(sources) == 1 and sources[0] != CLEAN else None
-    table = patching_table(path, clean, corrupted if clean else None, metric, on_corrupt)
+    try:
+        table = patching_table(path, clean, corrupted if clean else None, metric, on_corrupt)
+    except ValueError as exc:  # what the runs cannot answer (clean and corrupted alike: nothing to recover), said
+        return Answer([str(exc)])
     lines = []
     for method in ("patch", "path", "attribution"):
         rows = table[table[METHOD] == method]
