@@ -146,20 +146,12 @@ def assert_answered(text: str, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=degenerate_values(), data=st.data())
-def test_every_answer_of_a_degenerate_run_is_its_lines(kind, values, data):
+def test_every_answer_and_the_report_of_a_degenerate_run_are_lines_and_a_page(kind, values, data):
     with tempfile.TemporaryDirectory() as where:
         run = write_case(Path(where), kind, values, data.draw)
         assert_answered(summarize(run), kind)
-
-
-@pytest.mark.parametrize("kind", sorted(CASES))
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(values=degenerate_values(), data=st.data())
-def test_the_report_of_a_degenerate_run_is_a_page(kind, values, data):
-    with tempfile.TemporaryDirectory() as where:
-        run = write_case(Path(where), kind, values, data.draw)
         page = render(run)
         assert page.startswith("<!DOCTYPE html>") and '<section id="summary">' in page
 
