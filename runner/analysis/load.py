@@ -18,7 +18,9 @@ manifest) is one error naming the file, or left out with ``on_corrupt="skip"``
 (``runner.analysis.intact``).
 
 Every row has a ``rank``: the process that recorded it in a run under ``torch.distributed`` (each
-rank writes its own part, ``runner.store.ranks``), 0 otherwise.
+rank writes its own part, ``runner.store.ranks``), 0 otherwise; ``part_rank`` in the frame of a file
+with a ``rank`` of its own (``unit_examples.parquet``: an example's place among its unit's top samples),
+which is kept as the file holds it (``process_rank_column``).
 
 Files written before ``schema_version`` "2" named the tensor columns ``values`` and ``shape``;
 they are read under today's names, ``tensor_values`` and ``tensor_shape``.
@@ -65,7 +67,8 @@ _NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.flo
 
 
 def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
-    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none.
+    """Every complete run directory at or under ``path``, in job order (``2`` before ``10``); an error if none
+    (saying so where ``path`` does not exist).
 
     Hidden directories (Hydra's ``.hydra``, submitit's ``.submitit``) hold no runs and are not searched.
     Jobs still writing are not read (one ``PendingRunsWarning`` says how many); a damaged run raises
@@ -77,6 +80,8 @@ def run_dirs(path: str | Path, on_corrupt: str = "error") -> list[Path]:
 def _committed(path: Path, on_corrupt: str, table: str | None = None) -> tuple[dict[str, Run], dict[str, pa.Schema]]:
     """``run_dirs``' runs with what the loaders need of each to read ``table``, in job order, and
     the footers read to check them (``intact``)."""
+    if not path.exists():
+        raise FileNotFoundError(f"'{path}' does not exist: no complete run there")
     if (path / MANIFEST).is_file():
         found, pending = [path], []
     else:
@@ -186,10 +191,16 @@ def _value(raw: str) -> Any:
     return value if np.isscalar(value) or value is None else raw
 
 
+def process_rank_column(name: str) -> str:
+    """The column the loaders add to file ``name``'s rows for the process that recorded each: ``rank``, or
+    ``part_rank`` where the file has a ``rank`` column of its own, which it must not replace."""
+    return "part_rank" if "rank" in {**TABLE_SCHEMAS, **RUN_TOTAL_SCHEMAS}[name].names else "rank"
+
+
 #: The columns of the files the loaders read, and those they add: an override of one of these names
 #: (``loss=sum``) is the column ``override.NAME`` (``override.loss``), in every loader's frame.
 RECORD_COLUMNS = frozenset({name for schema in (*TABLE_SCHEMAS.values(), *RUN_TOTAL_SCHEMAS.values())
-                            for name in schema.names} | {*RENAMED, "rank", "run_dir", "tensor"})
+                            for name in schema.names} | {*RENAMED, "rank", "part_rank", "run_dir", "tensor"})
 
 
 def override_column(key: str) -> str:
@@ -303,7 +314,7 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     committed = {run: kept for run, kept in committed.items() if kept.parts}  # e.g. no tensors.parquet
     if not committed:
         empty = pd.DataFrame(columns=list(columns) if columns else list(empty_columns))
-        return empty.assign(rank=pd.Series([], dtype=np.int64), run_dir=pd.Categorical([]))
+        return empty.assign(**{process_rank_column(name): pd.Series([], dtype=np.int64)}, run_dir=pd.Categorical([]))
     # Of each file (one per rank of a run), what the scan needs, as columns: what a sweep keeps
     # beside its rows is a few small objects per job, not a record (``intact.Run``) per job.
     parts = [(i, part) for i, kept in enumerate(committed.values()) for part in kept.parts]
@@ -325,7 +336,7 @@ def _load(path: str | Path, name: str, columns: Sequence[str] | None, filters: A
     run_codes = run_of[codes]
     for key, values in overridden.items():
         df[override_column(key)] = _per_row(run_codes, values)
-    df["rank"] = ranks[codes]
+    df[process_rank_column(name)] = ranks[codes]
     df["run_dir"] = pd.Categorical.from_codes(run_codes, categories=runs)  # runs are in job order, distinct
     df.attrs["overrides"] = [override_column(key) for key in overridden]
     return df

@@ -267,6 +267,8 @@ def _layers(stats: pd.DataFrame, many: bool) -> str | None:
 
 
 def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -> str | None:
+    if stats.empty and outputs.empty:  # no statistic recorded (a run of run-total files only): no columns to check
+        return None
     found = abnormal(stats)
     units = dead_units(outputs)
     dead = units[units["dead"] > 0]
@@ -274,8 +276,6 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
                "activations that are 0 everywhere" + (
                    f"; dead units (channels or features that are 0 for every sample) among the {len(units)} kept "
                    "non-negative outputs." if len(units) else "."))
-    if stats.empty and outputs.empty:
-        return None
     if found.empty and dead.empty:
         return f'<p class="ok">Nothing abnormal found.</p><p class="note">{checked}</p>'
     parts = [f'<p class="bad">{len(found)} finding(s), {len(dead)} layer(s) with dead units.</p>']
@@ -298,6 +298,8 @@ def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
         units = load_units(path, on_corrupt)
     except FileNotFoundError:
         return None
+    if units.empty:
+        return _note(f"The units entries wrote no row to {UNITS}: no layer they name saw a value.")
     table = units.assign(dead=units.above == 0).groupby(["hook", "layer", "call"], sort=False).agg(
         units=("unit", "size"), values=("count", "first"), mean_of_means=("mean", "mean"),
         mean_fraction_above=("fraction_above", "mean"), never_above=("dead", "sum")).reset_index()
@@ -479,7 +481,8 @@ def _steering(path: Path, steps: pd.DataFrame, on_corrupt: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m runner.report PATH [--out FILE] [--on-corrupt skip]``: write the page and print its path.
 
-    What the loaders warn of (jobs still writing, damaged runs skipped) is one ``warning: ...`` line each."""
+    What the loaders warn of (jobs still writing, damaged runs skipped, a sweep's jobs that wrote no data) is one
+    ``warning: ...`` line each; no run at ``PATH`` (or no ``PATH``) is one ``error: ...`` line, status 2."""
     parser = argparse.ArgumentParser(prog="python -m runner.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run directory or a sweep directory")
     parser.add_argument("--out", help=f"where to write the page (default PATH/{REPORT})")
@@ -491,15 +494,13 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", PendingRunsWarning)
         warnings.simplefilter("always", SkippedRunsWarning)
+        warnings.simplefilter("always", IncompleteSweepWarning)
         try:
             out = write_report(args.path, args.out, args.corrupted, args.on_corrupt)
         except (FileNotFoundError, CorruptRunError) as exc:  # no run, or a damaged one: one line
             failed = exc
-    for warning in said:
-        if issubclass(warning.category, (PendingRunsWarning, SkippedRunsWarning)):
-            print(f"warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    for warning in said:  # the message alone: its source line names the runner's internals, not the runs
+        print(f"warning: {warning.message}", file=sys.stderr)
     if failed is not None:
         parser.exit(2, f"error: {failed}\n")
     print(out)

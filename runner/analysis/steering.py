@@ -17,7 +17,6 @@ from matplotlib.lines import Line2D
 
 from common.records import STEER
 from runner.analysis.load import load_steps, load_table, override_columns
-from runner.analysis.order import natural_key
 
 #: Each steered layer's marker (each smaller, drawn over the ones before): lines of equal values stay visible.
 MARKERS = ["o", "s", "^", "D", "v", "P"]
@@ -28,14 +27,17 @@ def steering_table(path: str | Path, metric: str = "logit_diff", steps: pd.DataF
     """One row per steering job (and entry) at or under ``path``: ``method`` (``steer``), ``hook``,
     ``layers``, ``scale``, the job's overrides, ``kl``, ``top_changed`` (the fraction of samples and steps
     whose top next token the vector changed) and, when the runs measured ``metric``,
-    ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale.
+    ``steered`` and ``unsteered`` (its means over the training steps). Ordered by layer, then scale, each as
+    the command line wrote them (their jobs' order).
     ``runner.analysis.patching.patching_table`` shows the same jobs beside the patching rows. ``steps``
     (their ``load_steps``, when read already) and ``on_corrupt`` as for ``steer_jobs``."""
     table = steer_jobs(path, metric, steps, on_corrupt)
     if table.empty:
         raise ValueError(f"no run at or under '{path}' wrote {STEER} (a steer entry with baseline=true)")
-    table = table.sort_values(["layers", "scale"], key=lambda c: c.map(natural_key) if c.name == "layers" else c,
-                              ignore_index=True)
+    # Job order is the command line's (``runner.analysis.order``): each layer and scale in the place its
+    # first job has, so ``layers=h.1,h.0 scale=40,0,5`` reads h.1 first and 40 before 0, as written.
+    table = table.sort_values(["layers", "scale"], key=lambda c: pd.Series(pd.factorize(c)[0], index=c.index),
+                              kind="stable", ignore_index=True)
     table.attrs["metric"] = metric
     return table
 

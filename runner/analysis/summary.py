@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Rows of a sweep's table shown on the terminal (the report shows them all).
 MOST_JOBS = 20
+#: A sweep table's cell where a job has no value; a line under the table says which jobs and why.
+BLANK = "—"
 
 
 def entry_types(run_dir: Path) -> dict[str, str]:
@@ -118,7 +120,9 @@ def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
     the jobs had one) and the headline statistic: ``clipped`` (fraction of gradient elements) when the
     jobs clipped and it differs between them, else of ``largest KIND l2`` (per recorded kind, the largest
     of a job's tensors' mean l2) the one whose values differ most (``spread``). The statistics the same
-    in every job are ``attrs["same"]`` (``{name: value}``), not columns. ``on_corrupt`` as for ``load_stats``."""
+    in every job are ``attrs["same"]`` (``{name: value}``), not columns; ``attrs["swept"]`` names the swept columns
+    and ``attrs["runs"]`` the rows' runs. A job without a value (no such kind recorded, no train loss, no such
+    override) is NaN there. ``on_corrupt`` as for ``load_stats``."""
     from runner.analysis.answers.statistics import COLUMNS
     from runner.analysis.load import load_stats, load_steps, override_columns, run_dirs
 
@@ -139,6 +143,7 @@ def sweep_table(path: str | Path, on_corrupt: str = "error") -> pd.DataFrame:
         table[name] = varying[name]
     table.attrs["same"] = {name: float(np.nanmax(values)) for name, values in candidates.items()
                            if name not in varying and not np.isnan(values).all()}
+    table.attrs["swept"], table.attrs["runs"] = swept, runs
     return table
 
 
@@ -193,8 +198,11 @@ def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
 
     table = sweep_table(path, on_corrupt)
     shown = table.head(MOST_JOBS)
-    lines = shown.to_string(index=False, formatters={"clipped": percent}, float_format=lambda v: f"{v:.4g}"
-                            ).splitlines() if len(table.columns) else []  # nothing swept, no loss, no statistic
+    swept = table.attrs["swept"]
+    said = {column: _swept if column in swept else percent if column == "clipped" else _statistic for column in shown}
+    lines = shown.to_string(index=False, formatters=said,
+                            na_rep=BLANK).splitlines() if len(table.columns) else []  # nothing swept, no loss, no statistic
+    lines += _blanks(shown, path, swept)
     if len(table) > MOST_JOBS:
         lines.append(f"... and {len(table) - MOST_JOBS} more job(s): every job is in the report")
     same = table.attrs["same"]
@@ -202,6 +210,44 @@ def _jobs_lines(path: Path, on_corrupt: str) -> list[str]:
         lines.append("the same in every job: " + ", ".join(
             f"{name} {percent(value) if name == 'clipped' else f'{value:.4g}'}" for name, value in same.items()))
     return lines
+
+
+def _no_value(value) -> bool:
+    return value is None or isinstance(value, (float, np.floating)) and math.isnan(value)
+
+
+def _swept(value) -> str:
+    from runner.analysis.numbers import plain
+
+    return plain(value, "g")
+
+
+def _statistic(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _blanks(shown: pd.DataFrame, path: Path, swept: list[str]) -> list[str]:
+    """A line per column of ``shown`` with a ``BLANK``: which jobs and why they have no value there."""
+    lines = []
+    for column in shown:
+        missing = [i for i, value in enumerate(shown[column]) if _no_value(value)]
+        if missing:
+            jobs = [_job(path, shown.attrs["runs"][i]) for i in missing]
+            why = (f"had no {column} override" if column in swept else "recorded no train loss" if column == "loss"
+                   else "clipped nothing" if column == "clipped" else f"recorded no {column.split()[1]}")
+            lines.append(f"{BLANK} under {column}: {_listed(jobs)} {why}")
+    return lines
+
+
+def _job(path: Path, run: str) -> str:
+    """A run of the sweep at ``path`` as the lines name it: ``job 3``, its directory under ``path``."""
+    return f"job {Path(run).relative_to(path).as_posix()}" if Path(run).is_relative_to(path) else run
+
+
+def _listed(names: list[str]) -> str:
+    from runner.analysis.answers.statistics import MOST_NAMES, capped
+
+    return capped(names, 2 * MOST_NAMES)
 
 
 def last_value(steps: dict[str, list], column: str, rows: list[int]) -> float:

@@ -196,7 +196,7 @@ def _read(file: Path) -> pa.Table:
     version) is refused: its quantiles would be read with the wrong buckets."""
     table = with_named(pq.read_table(file))
     mappings = set(table.column("sketch_mapping").to_pylist()) if "sketch_mapping" in table.column_names else {None}
-    if mappings != {SketchGrid.MAPPING}:
+    if table.num_rows and mappings != {SketchGrid.MAPPING}:  # no rows: no sketch to misread
         raise ValueError(f"'{file}' holds quantile sketches of another bucket mapping ({sorted(map(str, mappings))}, "
                          f"expected '{SketchGrid.MAPPING}'): written by an earlier version; run it again")
     return table

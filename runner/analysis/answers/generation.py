@@ -13,6 +13,7 @@ import pandas as pd
 from common.records import GENERATIONS
 from runner.analysis.answers import Answer
 from runner.analysis.load import load_table, override_columns
+from runner.analysis.numbers import plain
 
 #: Characters of a prompt or a generated text shown on a line (the table keeps them whole).
 WIDTH = 60
@@ -25,8 +26,8 @@ def generation_answer(run_dir: Path, entry: str) -> Answer | None:
     rows = load_table(run_dir, GENERATIONS).sort_values(["step", "sample"], ignore_index=True)
     if rows.empty:
         return None
-    new = rows["generated_ids"].map(len)
-    counts = f"{new.min()}" if new.min() == new.max() else f"{new.min()} to {new.max()}"
+    new = [len(ids) for ids in rows["generated_ids"]]  # not Series.map: a categorical maps to a categorical
+    counts = f"{min(new)}" if min(new) == max(new) else f"{min(new)} to {max(new)}"
     lines = [f"generated from {len(rows)} prompt(s), {counts} new token(s) each"]
     lines += [f"{_short(prompt)} → {shown}" for prompt, shown in zip(rows["prompt"], _shown(rows))]
     return Answer(lines, rows[["step", "sample", "prompt", "generated_text", "generated_ids"]])
@@ -40,7 +41,7 @@ def generation_sweep_answer(path: Path, entry: str, corrupted=None, on_corrupt: 
         return None
     swept = [c for c in override_columns(rows) if rows[c].astype(str).nunique() > 1]
     runs = list(dict.fromkeys(rows["run_dir"].astype(str)))  # job order, as the loader read them
-    labels = {str(first["run_dir"]): " ".join(f"{c}={first[c]}" for c in swept) or str(first["run_dir"])
+    labels = {str(first["run_dir"]): " ".join(f"{c}={plain(first[c])}" for c in swept) or str(first["run_dir"])
               for _, first in rows.drop_duplicates("run_dir").iterrows()}
     jobs = [labels[run] for run in runs]
     rows = rows.assign(job=pd.Categorical(rows["run_dir"].astype(str).map(labels), jobs, ordered=True),

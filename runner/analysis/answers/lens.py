@@ -26,8 +26,12 @@ def lens_table(path: str | Path, entry: str | None = None) -> pd.DataFrame:
 
 
 def lens_answer(run_dir: Path, entry: str) -> Answer | None:
-    """The first block at which the target ranks first in most readings, then each block's share."""
-    table = lens_table(run_dir, entry)
+    """The first block at which the target ranks first in most readings, then each block's share; ``None``
+    when the run wrote no lens row."""
+    try:
+        table = lens_table(run_dir, entry)
+    except FileNotFoundError:  # no lens row at all
+        return None
     if table.empty:
         return None
     most = table[table["ranks_first"] > 0.5]

@@ -20,6 +20,7 @@ import pandas as pd
 from common.records import METHOD
 from runner.analysis.answers import Answer
 from runner.analysis.load import load_steps
+from runner.analysis.numbers import plain
 from runner.analysis.patching import CLEAN, attribution_against_patching, job_patching_table, patching_table
 from runner.analysis.steering import steering_table
 
@@ -63,7 +64,10 @@ def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, 
         return None
     sources = steps["hooks.patch.source"].dropna().astype(str).unique() if "hooks.patch.source" in steps else []
     clean = sources[0] if len(sources) == 1 and sources[0] != CLEAN else None
-    table = patching_table(path, clean, corrupted if clean else None, metric, on_corrupt)
+    try:
+        table = patching_table(path, clean, corrupted if clean else None, metric, on_corrupt)
+    except ValueError as exc:  # what the runs cannot answer (clean and corrupted alike: nothing to recover), said
+        return Answer([str(exc)])
     lines = []
     for method in ("patch", "path", "attribution"):
         rows = table[table[METHOD] == method]
@@ -111,6 +115,6 @@ def _steer_lines(steer: pd.DataFrame, metric: str) -> list[str]:
     lines = ["steering, per layer and scale: KL(unsteered || steered) of the next token, how often its top token "
              "changed" + (f", {metric} steered (unsteered)" if measured else "")]
     for row in steer.itertuples():
-        lines.append(f"{row.layers} scale {row.scale:g}: KL {row.kl:.3g}, top token changed {100 * row.top_changed:.0f}%"
+        lines.append(f"{row.layers} scale {plain(row.scale, 'g')}: KL {row.kl:.3g}, top token changed {100 * row.top_changed:.0f}%"
                      + (f", {row.steered:.4g} ({row.unsteered:.4g})" if measured else ""))
     return lines
