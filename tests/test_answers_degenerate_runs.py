@@ -19,7 +19,7 @@ from hooks.registry import HOOK_TYPES
 from runner.analysis.answers import ANSWERERS
 from runner.analysis.report import render
 from runner.analysis.summary import summarize
-from runner.store.sweep_record import WORDS
+from common.sweep_format import WORDS
 from written_runs import write_run, write_sweep_record
 
 SHAPES = ("no rows", "one row", "identical rows", "all NaN")
