@@ -1,0 +1,192 @@
+"""Every transformer family, one vocabulary (``hooks.families``): GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
+Gemma2 and Gemma3 built by ``transformers`` from small configs, every weight and bias drawn at random (so biases,
+norm gains and grouped key/value heads all matter), saved with ``save_pretrained`` and loaded offline with
+``model=hf model.auto=causal_lm``. The presets ``hooks=dla`` and ``hooks=logit_lens`` (``layers: blocks.*``) run
+unchanged on each: the lens at the last block equals the model's own logits; ``dla``'s parts sum to the model's
+logit difference and equal a float64 decomposition written here with plain PyTorch hooks on each family's own
+module paths (``REAL``), independent of the vocabulary's tables."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from common.records import DLA, LENS
+from conftest import cli, make_config, run
+from runner.analysis.load import load_table
+from runner.engine.plan import compile_plan
+
+transformers = pytest.importorskip("transformers")
+
+DIFF = (3, 7)
+VOCAB = 64
+SMALL = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=VOCAB, max_position_embeddings=64)
+GQA = dict(num_attention_heads=4, num_key_value_heads=2)
+#: family -> (its config, the test's own names of its parts: embedding, position embedding, block prefix,
+#: attention, output projection, mlp, input norm, the attention's and MLP's output norms, final norm; how its
+#: norms compute; how its value vectors sit in the value projection's output)
+REAL = {
+    "gpt2": (transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=64),
+             dict(embed="transformer.wte", pos="transformer.wpe", block="transformer.h", attn="attn", o="c_proj",
+                  mlp="mlp", ln1="ln_1", attn_norm=None, mlp_norm=None, final="transformer.ln_f", norm="ln",
+                  values="fused")),
+    "gpt_neox": (transformers.GPTNeoXConfig(num_attention_heads=2, **SMALL),
+                 dict(embed="gpt_neox.embed_in", pos=None, block="gpt_neox.layers", attn="attention", o="dense",
+                      mlp="mlp", ln1="input_layernorm", attn_norm=None, mlp_norm=None,
+                      final="gpt_neox.final_layer_norm", norm="ln", values="interleaved")),
+    "llama": (transformers.LlamaConfig(attention_bias=True, mlp_bias=True, **GQA, **SMALL), None),
+    "mistral": (transformers.MistralConfig(**GQA, **SMALL), None),
+    "qwen2": (transformers.Qwen2Config(**GQA, **SMALL), None),
+    "qwen3": (transformers.Qwen3Config(head_dim=8, **GQA, **SMALL), None),
+    "gemma2": (transformers.Gemma2Config(head_dim=8, final_logit_softcapping=None, **GQA, **SMALL), "gemma"),
+    "gemma3": (transformers.Gemma3TextConfig(head_dim=8, **GQA, **SMALL), "gemma"),
+}
+LLAMA_PARTS = dict(embed="model.embed_tokens", pos=None, block="model.layers", attn="self_attn", o="o_proj", mlp="mlp",
+                   ln1="input_layernorm", attn_norm=None, mlp_norm=None, final="model.norm", norm="rms", values="grouped")
+GEMMA_PARTS = {**LLAMA_PARTS, "attn_norm": "post_attention_layernorm", "mlp_norm": "post_feedforward_layernorm",
+               "norm": "rms1"}
+
+
+def parts_of(family: str) -> dict:
+    own = REAL[family][1]
+    return GEMMA_PARTS if own == "gemma" else LLAMA_PARTS if own is None else own
+
+
+def save(config, path) -> None:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    model.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Each family saved once: family -> its save_pretrained folder."""
+    root = tmp_path_factory.mktemp("families")
+    for family, (config, _) in REAL.items():
+        save(config, root / family)
+    return {family: root / family for family in REAL}
+
+
+def overrides(folder, *more: str) -> tuple[str, ...]:
+    return ("model=hf", f"model.path={folder}", "model.auto=causal_lm", "data=tokens", "loss=none", "mode=eval",
+            "steps=1", *more)
+
+
+def hand_pass(folder, chosen) -> tuple[torch.nn.Module, torch.Tensor, dict]:
+    """The saved model in float64 on the run's batch: its logits and what plain hooks read on its own modules."""
+    x = next(compile_plan(make_config(*chosen)).data.batches(0, torch.device("cpu"))).x
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval().double()
+    model.requires_grad_(False)
+    read, handles = {}, []
+
+    def keep(name: str, value) -> None:  # the first call's; returns None, so nothing is replaced
+        read.setdefault(name, value)
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_hook(
+            lambda m, a, out, name=name: keep(name, out[0] if isinstance(out, tuple) else out)))
+        handles.append(module.register_forward_pre_hook(
+            lambda m, args, name=name: keep(f"{name} input", args[0] if args else None)))
+    with torch.no_grad():
+        logits = model(x).logits
+    for handle in handles:
+        handle.remove()
+    return model, logits, read
+
+
+def normed(x: torch.Tensor, norm: torch.nn.Module, how: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x``'s linear part through a norm whose scale is frozen at ``x``'s own, and that scale."""
+    if how == "ln":
+        scale = (x.var(-1, unbiased=False) + norm.eps).sqrt()
+        return (x - x.mean(-1, keepdim=True)) / scale[..., None] * norm.weight, scale
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    scale = (x.pow(2).mean(-1) + eps).sqrt()
+    return x / scale[..., None] * (norm.weight + 1 if how == "rms1" else norm.weight), scale
+
+
+def hand_dla(family: str, model, read: dict) -> dict[tuple[str, int, int], torch.Tensor]:
+    """Each part's share of logit[a] - logit[b] at the last position, float64, ``[batch]`` per (component, block, head)."""
+    p, config = parts_of(family), model.config
+    final = model.get_submodule(p["final"])
+    resid = read[f"{p['final']} input"][:, -1]
+    _, scale = normed(resid, final, p["norm"])
+    unembed = model.get_output_embeddings().weight
+    direction = (unembed[DIFF[0]] - unembed[DIFF[1]]) * (final.weight + 1 if p["norm"] == "rms1" else final.weight)
+
+    def share(c):
+        c = c - c.mean(-1, keepdim=True) if p["norm"] == "ln" else c
+        return (c / scale[..., None]) @ direction
+
+    found = {("embed", -1, -1): share(read[p["embed"]][:, -1])}
+    if p["pos"]:
+        found[("pos_embed", -1, -1)] = share(read[p["pos"]][:, -1])
+    heads = config.num_attention_heads
+    for b in range(config.num_hidden_layers):
+        prefix = f"{p['block']}.{b}"
+        attn, ln1 = model.get_submodule(f"{prefix}.{p['attn']}"), model.get_submodule(f"{prefix}.{p['ln1']}")
+        o = attn.get_submodule(p["o"])
+        w_o = o.weight if family == "gpt2" else o.weight.T  # [in, out]: GPT-2's Conv1D holds it so
+        w_o = w_o.reshape(heads, -1, w_o.shape[1])
+        with torch.no_grad():  # what every value vector holds for any input: the norm of a zero input, projected
+            zero = ln1(torch.zeros(1, 1, config.hidden_size, dtype=torch.float64))
+            if p["values"] == "fused":
+                constant = attn.c_attn(zero)[0, 0, 2 * config.hidden_size:]
+            elif p["values"] == "interleaved":
+                constant = attn.query_key_value(zero)[0, 0].reshape(heads, 3, -1)[:, 2].reshape(-1)
+            else:
+                kv = config.num_key_value_heads
+                constant = attn.v_proj(zero)[0, 0].reshape(kv, -1).repeat_interleave(heads // kv, 0).reshape(-1)
+        z = (read[f"{prefix}.{p['attn']}.{p['o']} input"][:, -1] - constant).reshape(-1, heads, w_o.shape[1])
+        outs = torch.einsum("bhd,hdo->bho", z, w_o)
+        bias = (o.bias if o.bias is not None else 0) + torch.einsum("hd,hdo->o", constant.reshape(heads, -1), w_o)
+        bias = bias.expand(outs.shape[0], -1)
+        attn_read, mlp_read = p["attn"], p["mlp"]
+        if p["attn_norm"]:
+            post = model.get_submodule(f"{prefix}.{p['attn_norm']}")
+            _, post_scale = normed(read[f"{prefix}.{p['attn']}"][:, -1], post, p["norm"])
+            gain = post.weight + 1
+            outs, bias = outs / post_scale[:, None, None] * gain, bias / post_scale[:, None] * gain
+            attn_read, mlp_read = p["attn_norm"], p["mlp_norm"]
+        found[("attn", b, -1)] = share(read[f"{prefix}.{attn_read}"][:, -1])
+        found[("mlp", b, -1)] = share(read[f"{prefix}.{mlp_read}"][:, -1])
+        found[("attn_bias", b, -1)] = share(bias)
+        for h in range(heads):
+            found[("head", b, h)] = share(outs[:, h])
+    lm_bias = getattr(model.get_output_embeddings(), "bias", None)
+    final_bias = getattr(final, "bias", None)
+    constant = (0 if final_bias is None else final_bias @ (unembed[DIFF[0]] - unembed[DIFF[1]])) + (
+        0 if lm_bias is None else lm_bias[DIFF[0]] - lm_bias[DIFF[1]])
+    found[("bias", -1, -1)] = torch.as_tensor(constant, dtype=torch.float64).expand_as(scale)
+    return found
+
+
+@pytest.mark.parametrize("family", list(REAL))
+def test_presets_read_every_family_exactly(folders, tmp_path, family):
+    chosen = overrides(folders[family], "hooks=[dla,logit_lens]", f"hooks.dla.diff=[{DIFF[0]},{DIFF[1]}]",
+                       f"hooks.logit_lens.top_k={VOCAB}")
+    run_dir = run(make_config(*chosen), tmp_path / "run", chosen)
+    model, logits, read = hand_pass(folders[family], chosen)
+
+    lens = load_table(run_dir, LENS)
+    last = lens[lens.block == model.config.num_hidden_layers - 1].sort_values(["sample", "position"])
+    got = torch.tensor(np.stack(last.top_logits.to_numpy()), dtype=torch.float64).reshape(logits.shape)
+    torch.testing.assert_close(got, logits.sort(-1, descending=True).values, rtol=0, atol=1e-5)
+    assert set(lens.canonical) == {"blocks.0", "blocks.1"}
+
+    rows = load_table(run_dir, DLA)
+    whole = rows[rows.component.isin(["embed", "pos_embed", "attn", "mlp", "rest", "bias"])]
+    sums = whole.groupby("sample").contribution.sum().to_numpy()
+    diff = (logits[:, -1, DIFF[0]] - logits[:, -1, DIFF[1]]).numpy()
+    assert abs(sums - diff).max() < 1e-5 * (1 + abs(diff).max())
+    hand = hand_dla(family, model, read)
+    assert len(rows[rows.component != "rest"].groupby(["component", "block", "head"])) == len(hand)
+    for (component, block, head), want in hand.items():
+        got = rows[(rows.component == component) & (rows.block == block) & (rows["head"] == head)].sort_values("sample")
+        assert got.contribution.to_numpy() == pytest.approx(want.numpy(), abs=1e-5 * (1 + abs(diff).max())), \
+            (component, block, head)
+    assert abs(rows[rows.component == "rest"].contribution).max() < 1e-5
