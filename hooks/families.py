@@ -199,6 +199,14 @@ def vocabulary(model: nn.Module, key: str) -> Vocabulary:
     return Vocabulary(family, table, model.config, names, {c: found[r] for c, r in names.items()})
 
 
+def known_vocabulary(model: nn.Module) -> Vocabulary | None:
+    """``model``'s vocabulary when its family is known and fits it; None otherwise (what ``plan=true`` prints)."""
+    try:
+        return vocabulary(model, "model")
+    except ConfigError:
+        return None
+
+
 def norm_scale(x: torch.Tensor, norm: nn.Module, how: str, eps: str) -> torch.Tensor:
     """The norm's divisor at each position of ``x`` (float64): sqrt(var + eps) for a LayerNorm,
     sqrt(mean(x^2) + eps) for an RMSNorm; what ``dla`` freezes."""

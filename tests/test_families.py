@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -183,6 +184,8 @@ def test_presets_read_every_family_exactly(folders, tmp_path, family):
     sums = whole.groupby("sample").contribution.sum().to_numpy()
     diff = (logits[:, -1, DIFF[0]] - logits[:, -1, DIFF[1]]).numpy()
     assert abs(sums - diff).max() < 1e-5 * (1 + abs(diff).max())
+    outside = {"embed", "pos_embed"} if family == "gpt2" else {"embed"}
+    assert set(rows.canonical) == {"blocks.0", "blocks.1", "", *outside}  # "": rest and bias
     hand = hand_dla(family, model, read)
     assert len(rows[rows.component != "rest"].groupby(["component", "block", "head"])) == len(hand)
     for (component, block, head), want in hand.items():
@@ -190,3 +193,97 @@ def test_presets_read_every_family_exactly(folders, tmp_path, family):
         assert got.contribution.to_numpy() == pytest.approx(want.numpy(), abs=1e-5 * (1 + abs(diff).max())), \
             (component, block, head)
     assert abs(rows[rows.component == "rest"].contribution).max() < 1e-5
+
+
+PHI3 = transformers.Phi3Config(pad_token_id=0, **GQA, **SMALL)
+#: A family the vocabulary does not know, declared in a module of the user's own (a temporary folder).
+PHI3_FAMILY = textwrap.dedent('''
+    from hooks.families import FAMILIES, RMSNORM, Family
+
+    FAMILIES.register("phi3")(Family(
+        model_types=("phi3",), embed="model.embed_tokens", blocks="model.layers", attn="self_attn", out_proj="o_proj",
+        mlp="mlp", ln1="input_layernorm", ln2="post_attention_layernorm", ln_final="model.norm", unembed="lm_head",
+        norm=RMSNORM, eps="variance_epsilon", value_constant=lambda attn, ln1, heads, kv_heads: None, gated_mlp=True,
+        kv_heads="num_key_value_heads"))
+''')
+
+
+def refused(capsys, tmp_path, *chosen: str) -> str:
+    """The one line a refused command prints; the run's folder stays without tables."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli(list(chosen), tmp_path / "out")
+    assert exit_.value.code == 2
+    assert not list((tmp_path / "out").rglob("*.parquet"))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_an_unknown_family_is_one_line_and_one_declared_table_makes_it_read(tmp_path, capsys, monkeypatch):
+    save(PHI3, tmp_path / "phi3")
+    chosen = overrides(tmp_path / "phi3", "hooks=[dla,logit_lens]", f"hooks.dla.diff=[{DIFF[0]},{DIFF[1]}]",
+                       f"hooks.logit_lens.top_k={VOCAB}")
+    assert refused(capsys, tmp_path, *chosen) == (
+        "error: hooks.dla: Phi3ForCausalLM (model_type 'phi3') is not a family the vocabulary knows; known: gpt2, "
+        "gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text; declare one: a module named by model._module_ "
+        "that registers a hooks.families.Family with @FAMILIES.register (docs/how-to/model-families.md)")
+
+    (tmp_path / "phi3_family.py").write_text(PHI3_FAMILY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from hooks.families import FAMILIES
+    monkeypatch.setattr(FAMILIES, "_entries", dict(FAMILIES._entries))  # the declared table leaves with the test
+    declared = (*chosen, "+model._module_=phi3_family")
+    run_dir = run(make_config(*declared), tmp_path / "run", declared)
+    model, logits, _ = hand_pass(tmp_path / "phi3", chosen)
+    lens = load_table(run_dir, LENS)
+    last = lens[lens.block == 1].sort_values(["sample", "position"])
+    got = torch.tensor(np.stack(last.top_logits.to_numpy()), dtype=torch.float64).reshape(logits.shape)
+    torch.testing.assert_close(got, logits.sort(-1, descending=True).values, rtol=0, atol=1e-5)
+    rows = load_table(run_dir, DLA)
+    sums = rows[rows.component.isin(["embed", "attn", "mlp", "rest", "bias"])].groupby("sample").contribution.sum()
+    diff = (logits[:, -1, DIFF[0]] - logits[:, -1, DIFF[1]]).numpy()
+    assert abs(sums.to_numpy() - diff).max() < 1e-5 * (1 + abs(diff).max())
+
+
+def test_a_name_the_family_lacks_and_a_capped_dla_are_one_line_each(folders, tmp_path, capsys):
+    assert refused(capsys, tmp_path, *overrides(folders["llama"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.0.attn.hook_z")) == (
+        "error: hooks.stats.layers: 'blocks.0.attn.hook_z' is neither a module of this model nor a name of its "
+        "family's vocabulary (llama: embed, blocks, blocks.0, blocks.0.ln1, blocks.0.attn, blocks.0.attn.out, "
+        "blocks.0.ln2, blocks.0.mlp, ln_final, unembed, ...); did you mean 'blocks.0.attn.out'?")
+    assert refused(capsys, tmp_path, "model=mlp", "data=randn", "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.*").startswith(
+        "error: hooks.stats.layers: MLP (no Hugging Face config.model_type) is not a family the vocabulary knows; known: gpt2")
+    config = transformers.Gemma2Config(head_dim=8, final_logit_softcapping=30.0, **GQA, **SMALL)
+    save(config, tmp_path / "capped")
+    assert refused(capsys, tmp_path, *overrides(tmp_path / "capped", "hooks=dla", "hooks.dla.diff=[3,7]")) == (
+        "error: hooks.dla: this gemma2 model caps its logits (c * tanh(logits / c), final_logit_softcapping=30.0), "
+        "and a capped logit difference does not split into parts that add up; direct logit attribution reads a "
+        "model without the cap")
+
+
+def test_the_lens_reads_through_gemma2_s_logit_cap(tmp_path):
+    save(transformers.Gemma2Config(head_dim=8, final_logit_softcapping=2.0, **GQA, **SMALL), tmp_path / "capped")
+    chosen = overrides(tmp_path / "capped", "hooks=logit_lens", f"hooks.logit_lens.top_k={VOCAB}")
+    lens = load_table(run(make_config(*chosen), tmp_path / "run", chosen), LENS)
+    _, logits, _ = hand_pass(tmp_path / "capped", chosen)
+    assert logits.abs().max() < 2.0  # the cap bites: an uncapped lens would not equal these
+    last = lens[lens.block == 1].sort_values(["sample", "position"])
+    got = torch.tensor(np.stack(last.top_logits.to_numpy()), dtype=torch.float64).reshape(logits.shape)
+    torch.testing.assert_close(got, logits.sort(-1, descending=True).values, rtol=0, atol=1e-5)
+
+
+def test_canonical_and_own_names_select_the_same_modules_and_plan_prints_the_vocabulary(folders, tmp_path, capsys):
+    from conftest import stats_of
+    from runner.cli.execute import execute
+
+    own = overrides(folders["gpt_neox"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=[gpt_neox.layers.1.mlp,gpt_neox.final_layer_norm]")
+    canonical = overrides(folders["gpt_neox"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=[blocks.1.mlp,ln_final]")
+    a = stats_of(run(make_config(*own), tmp_path / "own", own))
+    b = stats_of(run(make_config(*canonical), tmp_path / "canonical", canonical))
+    assert sorted(set(b.layer)) == ["gpt_neox.final_layer_norm", "gpt_neox.layers.1.mlp"]
+    pd.testing.assert_frame_equal(a[["layer", "kind", "l2", "max"]], b[["layer", "kind", "l2", "max"]])
+    capsys.readouterr()
+    execute(make_config("plan=true", *overrides(folders["qwen3"])), tmp_path / "plan", [])
+    text = capsys.readouterr().out
+    assert "vocabulary (qwen3 family; canonical -> module):" in text
+    assert f"  {'blocks.1.attn.k_norm':<32} model.layers.1.self_attn.k_norm\n" in text
