@@ -7,8 +7,6 @@ logit difference and equal a float64 decomposition written here with plain PyTor
 module paths (``REAL``), independent of the vocabulary's tables."""
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,11 +14,13 @@ import torch
 
 from common.records import DLA, LENS
 from conftest import cli, make_config, run
+from docs_text import blocks, section
 from runner.analysis.load import load_table
 from runner.engine.plan import compile_plan
 
 transformers = pytest.importorskip("transformers")
 
+PAGE = "how-to/model-families.md"
 DIFF = (3, 7)
 VOCAB = 64
 SMALL = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=VOCAB, max_position_embeddings=64)
@@ -196,16 +196,9 @@ def test_presets_read_every_family_exactly(folders, tmp_path, family):
 
 
 PHI3 = transformers.Phi3Config(pad_token_id=0, **GQA, **SMALL)
-#: A family the vocabulary does not know, declared in a module of the user's own (a temporary folder).
-PHI3_FAMILY = textwrap.dedent('''
-    from hooks.families import FAMILIES, RMSNORM, Family
-
-    FAMILIES.register("phi3")(Family(
-        model_types=("phi3",), embed="model.embed_tokens", blocks="model.layers", attn="self_attn", out_proj="o_proj",
-        mlp="mlp", ln1="input_layernorm", ln2="post_attention_layernorm", ln_final="model.norm", unembed="lm_head",
-        norm=RMSNORM, eps="variance_epsilon", value_constant=lambda attn, ln1, heads, kv_heads: None, gated_mlp=True,
-        kv_heads="num_key_value_heads"))
-''')
+#: A family the vocabulary does not know, declared in a module of the user's own (a temporary folder), as the
+#: how-to page shows it.
+PHI3_FAMILY = blocks(section(PAGE, "Declare a family"), "python")[0]
 
 
 def refused(capsys, tmp_path, *chosen: str) -> str:
@@ -247,10 +240,8 @@ def test_an_unknown_family_is_one_line_and_one_declared_table_makes_it_read(tmp_
 
 
 def test_a_name_the_family_lacks_and_a_capped_dla_are_one_line_each(folders, tmp_path, capsys):
-    assert refused(capsys, tmp_path, *overrides(folders["llama"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.0.attn.hook_z")) == (
-        "error: hooks.stats.layers: 'blocks.0.attn.hook_z' is neither a module of this model nor a name of its "
-        "family's vocabulary (llama: embed, blocks, blocks.0, blocks.0.ln1, blocks.0.attn, blocks.0.attn.out, "
-        "blocks.0.ln2, blocks.0.mlp, ln_final, unembed, ...); did you mean 'blocks.0.attn.out'?")
+    lacking = overrides(folders["llama"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.0.attn.hook_z")
+    assert refused(capsys, tmp_path, *lacking) == blocks(section(PAGE, "The canonical names"), "text")[0].strip()
     assert refused(capsys, tmp_path, "model=mlp", "data=randn", "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.*").startswith(
         "error: hooks.stats.layers: MLP (no Hugging Face config.model_type) is not a family the vocabulary knows; known: gpt2")
     config = transformers.Gemma2Config(head_dim=8, final_logit_softcapping=30.0, **GQA, **SMALL)
