@@ -1,15 +1,20 @@
 """``dla``: direct logit attribution, each part of the residual stream's share of a logit difference.
 
-A GPT-2-like causal LM's final residual stream ``r`` (the input of its final ``LayerNorm``) is the sum of
-the token and position embeddings and of each block's attention and MLP outputs; an attention output is
-its heads' outputs (each head's slice of the output projection's input times its rows of the weight)
-plus the projection's bias. The logits are ``unembedding(norm(r))``, so with the norm's scale ``s``
-frozen (computed on the full ``r``, as TransformerLens's ``cache.apply_ln_to_stack`` does) the logit
-difference ``logit[a] - logit[b]`` (``diff: [a, b]``, as ``metric.diff``) splits exactly into
+A causal LM's final residual stream ``r`` (the input of its final norm) is the sum of the token (and, GPT-2,
+position) embeddings and of each block's attention and MLP outputs (NeoX's parallel ones alike; Gemma's
+after their output norms); an attention output is its heads' outputs (each head's slice of the output
+projection's input times its rows of the weight) plus the projection's bias. The logits are
+``unembedding(norm(r))``, so with the norm's scale ``s`` frozen (computed on the full ``r``, as
+TransformerLens's ``cache.apply_ln_to_stack`` does) the logit difference ``logit[a] - logit[b]``
+(``diff: [a, b]``, as ``metric.diff``) splits exactly into
 
-    contribution(c) = ((c - mean(c)) / s) · (gamma ⊙ (W_U[a] - W_U[b]))
+    contribution(c) = (centred(c) / s) · (gain ⊙ (W_U[a] - W_U[b]))
 
-per part ``c``, plus a constant ``bias`` = ``beta · (W_U[a] - W_U[b]) + b_U[a] - b_U[b]``.
+per part ``c`` (centred for a LayerNorm, as is for an RMSNorm; ``gain`` the norm's weight, Gemma's
+``1 + weight``), plus a constant ``bias`` = ``beta · (W_U[a] - W_U[b]) + b_U[a] - b_U[b]``. Gemma's output
+norms are frozen the same way, at their scale on the whole attention output. The parts are the family's
+(``hooks.families``); a model whose logits are soft-capped (Gemma2) is refused: a capped difference does
+not split.
 
 Each pass adds to ``dla.parquet`` (``common.records.DLA_SCHEMA``), per sample at ``position`` (-1: the
 last, which ``metric.diff`` reads; null: every position), one row per part: ``embed``, ``pos_embed``,

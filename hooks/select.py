@@ -10,8 +10,9 @@ A selector is a string or a list of strings; each string is one of
 * ``type:CLASS``, modules whose class name (or ``module.Class`` path) is CLASS,
 * ``leaf:SELECTOR``, the modules matched by SELECTOR that have no children,
 * a canonical name of the model's family (``blocks.*``, ``blocks.3.attn``, ``blocks.*.mlp``, ``ln_final``,
-  ``unembed``; globs as above; see ``hooks.families``), when no module's own name matches it: the same
-  selector then reads every transformer family, and a module's own path still wins.
+  ``unembed``; globs as above; see ``hooks.families``), when no module's own name matches it and the model
+  is a Hugging Face one (``config.model_type``): the same selector then reads every transformer family, and
+  a module's own path still wins.
 
 The result keeps ``model.named_modules()`` order and lists each module once, even when it is
 reachable under two names or matched by two strings. A string that matches nothing is an error
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from common.errors import ConfigError, closest
-from hooks.families import vocabulary
+from hooks.families import model_type, vocabulary
 
 
 def _glob_to_regex(glob: str) -> re.Pattern[str]:
@@ -113,8 +114,9 @@ CANONICAL_ROOTS = ("blocks", "embed", "pos_embed", "ln_final", "unembed")
 
 def _canonical(pattern: str, model: nn.Module, key: str) -> list[str] | None:
     """The module names a canonical ``pattern`` stands for in ``model``'s family; None when ``pattern`` is
-    not canonical; one line when the family is unknown or lacks the name."""
-    if pattern.split(".", 1)[0] not in CANONICAL_ROOTS:
+    not canonical or the model has no Hugging Face ``model_type`` (a model of the user's own, whose own
+    names the missed selector meant); one line when the family is unknown or lacks the name."""
+    if pattern.split(".", 1)[0] not in CANONICAL_ROOTS or model_type(model) is None:
         return None
     vocab = vocabulary(model, key)
     names = vocab.names

@@ -243,7 +243,7 @@ def test_a_name_the_family_lacks_and_a_capped_dla_are_one_line_each(folders, tmp
     lacking = overrides(folders["llama"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.0.attn.hook_z")
     assert refused(capsys, tmp_path, *lacking) == blocks(section(PAGE, "The canonical names"), "text")[0].strip()
     assert refused(capsys, tmp_path, "model=mlp", "data=randn", "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.*").startswith(
-        "error: hooks.stats.layers: MLP (no Hugging Face config.model_type) is not a family the vocabulary knows; known: gpt2")
+        "error: hooks.stats.layers: 'blocks.*' matches no module")  # a model of one's own: its own names were meant
     config = transformers.Gemma2Config(head_dim=8, final_logit_softcapping=30.0, **GQA, **SMALL)
     save(config, tmp_path / "capped")
     assert refused(capsys, tmp_path, *overrides(tmp_path / "capped", "hooks=dla", "hooks.dla.diff=[3,7]")) == (
@@ -278,3 +278,15 @@ def test_canonical_and_own_names_select_the_same_modules_and_plan_prints_the_voc
     text = capsys.readouterr().out
     assert "vocabulary (qwen3 family; canonical -> module):" in text
     assert f"  {'blocks.1.attn.k_norm':<32} model.layers.1.self_attn.k_norm\n" in text
+
+
+def test_runs_over_three_families_load_as_one_table_by_canonical_name(folders, tmp_path):
+    """The same experiment (one preset, one set of overrides) over three families' folders, read back as one table."""
+    for family in ("gpt2", "llama", "gemma3"):
+        chosen = overrides(folders[family], "hooks=logit_lens")
+        run(make_config(*chosen), tmp_path / "runs" / family, chosen)
+    lens = load_table(tmp_path / "runs", LENS)
+    by_name = lens.groupby("canonical").layer.unique()
+    assert list(by_name.index) == ["blocks.0", "blocks.1"]
+    assert sorted(by_name["blocks.1"]) == ["model.layers.1", "transformer.h.1"]  # Llama's and Gemma3's, GPT-2's
+    assert lens.groupby(["model.path", "canonical"]).size().tolist() == [2 * 16] * 6  # 2 samples x 16 positions each
