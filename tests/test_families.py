@@ -290,3 +290,38 @@ def test_runs_over_three_families_load_as_one_table_by_canonical_name(folders, t
     assert list(by_name.index) == ["blocks.0", "blocks.1"]
     assert sorted(by_name["blocks.1"]) == ["model.layers.1", "transformer.h.1"]  # Llama's and Gemma3's, GPT-2's
     assert lens.groupby(["model.path", "canonical"]).size().tolist() == [2 * 16] * 6  # 2 samples x 16 positions each
+
+
+def local_tokenizer():
+    """A word-level tokenizer of the test vocabulary, built here: the bridge wants one and nothing is downloaded."""
+    import tokenizers
+
+    words = tokenizers.models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(words))
+
+
+@pytest.mark.oracles
+@pytest.mark.parametrize("family", ["gpt_neox", "llama", "mistral", "qwen2", "qwen3"])
+def test_every_head_equals_transformer_lens_logit_attrs(folders, tmp_path, family):
+    """TransformerLens 4's bridge, HookedTransformer's numerics (final norm folded into the unembedding): each
+    head's, attention's, MLP's and the embedding's ``logit_attrs`` at every position. Gemma is left out: the
+    bridge's head results are taken before Gemma's norm on the attention output, which ``dla`` applies."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    chosen = overrides(folders[family], "hooks=dla", f"hooks.dla.diff=[{DIFF[0]},{DIFF[1]}]", "hooks.dla.position=null")
+    rows = load_table(run(make_config(*chosen), tmp_path / "run", chosen), DLA)
+    x = next(compile_plan(make_config(*chosen)).data.batches(0, torch.device("cpu"))).x
+    bridge = TransformerBridge.boot_transformers(str(folders[family]), device="cpu", tokenizer=local_tokenizer())
+    bridge.enable_compatibility_mode()
+    _, cache = bridge.run_with_cache(x)
+    theirs = {}
+    for stack, names in (cache.decompose_resid(layer=-1, mode="all", incl_embeds=True, return_labels=True),
+                         cache.stack_head_results(layer=-1, return_labels=True)):
+        theirs.update(dict(zip(names, cache.logit_attrs(stack, tokens=DIFF[0], incorrect_tokens=DIFF[1]).double())))
+    heads = REAL[family][0].num_attention_heads
+    for label, component, block, head in [("embed", "embed", -1, -1),
+                                          *[(f"{b}_{c}_out", c, b, -1) for b in (0, 1) for c in ("attn", "mlp")],
+                                          *[(f"L{b}H{h}", "head", b, h) for b in (0, 1) for h in range(heads)]]:
+        ours = rows[(rows.component == component) & (rows.block == block) & (rows["head"] == head)]
+        got = torch.tensor(ours.sort_values(["sample", "position"]).contribution.to_numpy()).reshape(x.shape)
+        torch.testing.assert_close(got, theirs[label], rtol=0, atol=1e-5, msg=label)
