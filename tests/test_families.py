@@ -325,3 +325,20 @@ def test_every_head_equals_transformer_lens_logit_attrs(folders, tmp_path, famil
         ours = rows[(rows.component == component) & (rows.block == block) & (rows["head"] == head)]
         got = torch.tensor(ours.sort_values(["sample", "position"]).contribution.to_numpy()).reshape(x.shape)
         torch.testing.assert_close(got, theirs[label], rtol=0, atol=1e-5, msg=label)
+
+
+@pytest.mark.parametrize("family", list(REAL))
+def test_extract_by_canonical_name_equals_plain_hooks_on_each_family_s_own_modules(folders, tmp_path, family):
+    """``blocks.*`` and ``blocks.*.mlp`` read each block's and MLP's output, as hooks on the family's own paths do."""
+    import runner.analysis as analysis
+
+    chosen = overrides(folders[family], "hooks=extract", "hooks.extract.layers=[blocks.*,blocks.*.mlp]",
+                       "hooks.extract.kinds=[output]")
+    got = analysis.load_tensors(run(make_config(*chosen), tmp_path / "run", chosen))
+    _, _, read = hand_pass(folders[family], chosen)
+    prefix, mlp = parts_of(family)["block"], parts_of(family)["mlp"]
+    wanted = [f"{prefix}.{b}{part}" for b in (0, 1) for part in ("", f".{mlp}")]
+    assert sorted(set(got.layer)) == sorted(wanted)
+    for name in wanted:
+        tensor = got[(got.layer == name) & (got.slot == "0")].tensor.iloc[0]
+        torch.testing.assert_close(torch.as_tensor(tensor).double(), read[name], rtol=1e-5, atol=1e-5, msg=name)
