@@ -174,13 +174,16 @@ def vocabulary(model: nn.Module, key: str) -> Vocabulary:
     the model lacks is one line (the table does not fit this model)."""
     family, table = family_of(model, key)
     found = dict(model.named_modules())
-    names: dict[str, str] = {"embed": table.embed}
+    # a wrapper (torch.compile's ``_orig_mod.``, DDP's ``module.``) puts its prefix before every path
+    prefix = min((n[:-len(table.blocks)] for n in found if n == table.blocks or n.endswith("." + table.blocks)),
+                 key=len, default="")
+    names: dict[str, str] = {"embed": prefix + table.embed}
     if table.pos_embed:
-        names["pos_embed"] = table.pos_embed
-    names["blocks"] = table.blocks
-    blocks = found.get(table.blocks)
+        names["pos_embed"] = prefix + table.pos_embed
+    names["blocks"] = prefix + table.blocks
+    blocks = found.get(names["blocks"])
     for i in range(len(blocks) if isinstance(blocks, nn.ModuleList) else 0):
-        block = f"{table.blocks}.{i}"
+        block = f"{names['blocks']}.{i}"
         attn = f"{block}.{table.attn}"
         names |= {f"blocks.{i}": block, f"blocks.{i}.ln1": f"{block}.{table.ln1}", f"blocks.{i}.attn": attn,
                   f"blocks.{i}.attn.out": f"{attn}.{table.out_proj}", f"blocks.{i}.ln2": f"{block}.{table.ln2}",
@@ -191,7 +194,7 @@ def vocabulary(model: nn.Module, key: str) -> Vocabulary:
         for canonical, path in (("ln_attn_out", table.ln_attn_out), ("ln_mlp_out", table.ln_mlp_out)):
             if path:
                 names[f"blocks.{i}.{canonical}"] = f"{block}.{path}"
-    names |= {"ln_final": table.ln_final, "unembed": table.unembed}
+    names |= {"ln_final": prefix + table.ln_final, "unembed": prefix + table.unembed}
     missing = [f"{c} ({r})" for c, r in names.items() if r not in found]
     if missing or not isinstance(blocks, nn.ModuleList):
         raise ConfigError(f"{key}: {type(model).__name__} lacks what the '{family}' family names: "

@@ -342,3 +342,16 @@ def test_extract_by_canonical_name_equals_plain_hooks_on_each_family_s_own_modul
     for name in wanted:
         tensor = got[(got.layer == name) & (got.slot == "0")].tensor.iloc[0]
         torch.testing.assert_close(torch.as_tensor(tensor).double(), read[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_the_vocabulary_of_a_compiled_model_names_its_wrapped_modules():
+    """``torch.compile`` puts ``_orig_mod.`` before every module name; the vocabulary's names follow."""
+    from hooks.families import vocabulary
+    from hooks.select import select_modules
+
+    model = transformers.AutoModelForCausalLM.from_config(REAL["llama"][0])
+    compiled = torch.compile(model)
+    vocab = vocabulary(compiled, "hooks.x")
+    assert vocab.names["blocks.1.mlp"] == "_orig_mod.model.layers.1.mlp" and vocab.names["unembed"] == "_orig_mod.lm_head"
+    assert [m for _, m in select_modules(compiled, "blocks.*.mlp", "hooks.x.layers")] == [
+        model.model.layers[0].mlp, model.model.layers[1].mlp]
