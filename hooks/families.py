@@ -161,6 +161,18 @@ class Vocabulary:
     def softcap(self) -> float | None:
         return self.setting(self.table.softcap)
 
+    def quirks(self) -> list[str]:
+        """What this model's family does its own way, in words (``plan=true`` prints them)."""
+        table = self.table
+        said = [table.norm, "gated mlp" if table.gated_mlp else "mlp"]
+        said += [f"grouped key/value heads {self.heads}/{self.kv_heads}"] if self.kv_heads != self.heads else []
+        said += ["q/k norms"] if table.qk_norms else []
+        said += ["norms on attention and mlp outputs"] if table.ln_attn_out or table.ln_mlp_out else []
+        said += ["parallel attention and mlp"] if self.setting(table.parallel, False) else []
+        said += ["embedding scaled by sqrt(hidden)"] if table.embed_scale else []
+        said += [f"final logits capped at {self.softcap}"] if self.softcap else []
+        return said
+
     def canonical(self, real: str) -> str:
         """The canonical name of the module named ``real`` ("" when the vocabulary has none)."""
         return next((c for c, r in self.names.items() if r == real), "")

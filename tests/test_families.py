@@ -276,8 +276,11 @@ def test_canonical_and_own_names_select_the_same_modules_and_plan_prints_the_voc
     capsys.readouterr()
     execute(make_config("plan=true", *overrides(folders["qwen3"])), tmp_path / "plan", [])
     text = capsys.readouterr().out
-    assert "vocabulary (qwen3 family; canonical -> module):" in text
+    assert "vocabulary (qwen3 family: rmsnorm, gated mlp, grouped key/value heads 4/2, q/k norms; canonical -> module):" in text
     assert f"  {'blocks.1.attn.k_norm':<32} model.layers.1.self_attn.k_norm\n" in text
+    execute(make_config("plan=true", *overrides(folders["gpt_neox"])), tmp_path / "plan_neox", [])
+    assert "vocabulary (gpt_neox family: layernorm, mlp, parallel attention and mlp; canonical -> module):" in (
+        capsys.readouterr().out)
 
 
 def test_runs_over_three_families_load_as_one_table_by_canonical_name(folders, tmp_path):

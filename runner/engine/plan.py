@@ -465,8 +465,8 @@ def describe(plan: Plan) -> str:
              f"input {found.input_shape}"]
     lines += [f"  {name or '(model)':<32} {cls:<20} {shape}" for name, cls, shape in found.modules]
     if found.vocabulary:
-        family, names = found.vocabulary
-        lines.append(f"vocabulary ({family} family; canonical -> module):")
+        family, quirks, names = found.vocabulary
+        lines.append(f"vocabulary ({family} family: {', '.join(quirks)}; canonical -> module):")
         lines += [f"  {canonical:<32} {real}" for canonical, real in names.items()]
     for hook in plan.hooks:
         names = found.matches.get(hook.key, [])

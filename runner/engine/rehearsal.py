@@ -61,7 +61,7 @@ class Rehearsal:
     matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
-    vocabulary: tuple[str, dict[str, str]] | None = None  # the model's family and canonical -> module (hooks.families)
+    vocabulary: tuple[str, list[str], dict[str, str]] | None = None  # family, its quirks, canonical -> module (hooks.families)
 
 
 def meta_model(model_cfg: DictConfig) -> nn.Module | None:
@@ -96,7 +96,7 @@ def rehearse(model: nn.Module | None, train_mode: bool, source: DataSource, hook
     model.train(train_mode)
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), list(source.input_shape))
     vocab = known_vocabulary(model)
-    found.vocabulary = (vocab.family, vocab.names) if vocab else None
+    found.vocabulary = (vocab.family, vocab.quirks(), vocab.names) if vocab else None
     for hook in hooks:
         found.matches[hook.key] = [name or "(model)" for name, _ in hook.targets(model)]
     x = torch.empty(source.input_shape, dtype=source.input_dtype, device="meta")
