@@ -27,7 +27,7 @@ SMALL = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_si
 GQA = dict(num_attention_heads=4, num_key_value_heads=2)
 #: family -> (its config, the test's own names of its parts: embedding, position embedding, block prefix,
 #: attention, output projection, mlp, input norm, the attention's and MLP's output norms, final norm; how its
-#: norms compute; how its value vectors sit in the value projection's output)
+#: norms compute; how its value vectors sit in the value projection's output; a string: another row's parts, or Gemma's)
 REAL = {
     "gpt2": (transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=64),
              dict(embed="transformer.wte", pos="transformer.wpe", block="transformer.h", attn="attn", o="c_proj",
@@ -37,6 +37,8 @@ REAL = {
                  dict(embed="gpt_neox.embed_in", pos=None, block="gpt_neox.layers", attn="attention", o="dense",
                       mlp="mlp", ln1="input_layernorm", attn_norm=None, mlp_norm=None,
                       final="gpt_neox.final_layer_norm", norm="ln", values="interleaved")),
+    "gpt_neox_sequential": (transformers.GPTNeoXConfig(num_attention_heads=2, use_parallel_residual=False, **SMALL),
+                            "gpt_neox"),
     "llama": (transformers.LlamaConfig(attention_bias=True, mlp_bias=True, **GQA, **SMALL), None),
     "mistral": (transformers.MistralConfig(**GQA, **SMALL), None),
     "qwen2": (transformers.Qwen2Config(**GQA, **SMALL), None),
@@ -52,7 +54,9 @@ GEMMA_PARTS = {**LLAMA_PARTS, "attn_norm": "post_attention_layernorm", "mlp_norm
 
 def parts_of(family: str) -> dict:
     own = REAL[family][1]
-    return GEMMA_PARTS if own == "gemma" else LLAMA_PARTS if own is None else own
+    if isinstance(own, str):  # another row's parts
+        return GEMMA_PARTS if own == "gemma" else parts_of(own)
+    return LLAMA_PARTS if own is None else own
 
 
 def save(config, path) -> None:
