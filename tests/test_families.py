@@ -21,6 +21,7 @@ from runner.engine.plan import compile_plan
 transformers = pytest.importorskip("transformers")
 
 PAGE = "how-to/model-families.md"
+STATS = ("hooks=stats", "hooks.stats.kinds=[output]")  # forward statistics: the runs have no loss
 DIFF = (3, 7)
 VOCAB = 64
 SMALL = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=VOCAB, max_position_embeddings=64)
@@ -244,9 +245,9 @@ def test_an_unknown_family_is_one_line_and_one_declared_table_makes_it_read(tmp_
 
 
 def test_a_name_the_family_lacks_and_a_capped_dla_are_one_line_each(folders, tmp_path, capsys):
-    lacking = overrides(folders["llama"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.0.attn.hook_z")
+    lacking = overrides(folders["llama"], *STATS, "hooks.stats.layers=blocks.0.attn.hook_z")
     assert refused(capsys, tmp_path, *lacking) == blocks(section(PAGE, "The canonical names"), "text")[0].strip()
-    assert refused(capsys, tmp_path, "model=mlp", "data=randn", "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=blocks.*").startswith(
+    assert refused(capsys, tmp_path, "model=mlp", "data=randn", *STATS, "hooks.stats.layers=blocks.*").startswith(
         "error: hooks.stats.layers: 'blocks.*' matches no module")  # a model of one's own: its own names were meant
     config = transformers.Gemma2Config(head_dim=8, final_logit_softcapping=30.0, **GQA, **SMALL)
     save(config, tmp_path / "capped")
@@ -271,8 +272,8 @@ def test_canonical_and_own_names_select_the_same_modules_and_plan_prints_the_voc
     from conftest import stats_of
     from runner.cli.execute import execute
 
-    own = overrides(folders["gpt_neox"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=[gpt_neox.layers.1.mlp,gpt_neox.final_layer_norm]")
-    canonical = overrides(folders["gpt_neox"], "hooks=stats", "hooks.stats.kinds=[output]", "hooks.stats.layers=[blocks.1.mlp,ln_final]")
+    own = overrides(folders["gpt_neox"], *STATS, "hooks.stats.layers=[gpt_neox.layers.1.mlp,gpt_neox.final_layer_norm]")
+    canonical = overrides(folders["gpt_neox"], *STATS, "hooks.stats.layers=[blocks.1.mlp,ln_final]")
     a = stats_of(run(make_config(*own), tmp_path / "own", own))
     b = stats_of(run(make_config(*canonical), tmp_path / "canonical", canonical))
     assert sorted(set(b.layer)) == ["gpt_neox.final_layer_norm", "gpt_neox.layers.1.mlp"]
