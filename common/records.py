@@ -224,6 +224,7 @@ STEER_SCHEMA = pa.schema([
 LENS = "lens.parquet"
 #: - ``hook``: the ``logit_lens`` entry's name
 #: - ``layer``: the block's qualified module name
+#: - ``canonical``: its name in the family's vocabulary (``blocks.3``; ``hooks.families``), the same across families
 #: - ``block``: the block's number, from 0
 #: - ``step``: step number, from 0
 #: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
@@ -235,7 +236,8 @@ LENS = "lens.parquet"
 #: - ``target_prob``: the target's probability
 #: - ``target_rank``: the target's rank, 0 = the top token
 LENS_SCHEMA = pa.schema([
-    pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64), pa.field("step", _I64),
+    pa.field("hook", pa.string()), pa.field("layer", pa.string()), pa.field("canonical", pa.string()),
+    pa.field("block", _I64), pa.field("step", _I64),
     pa.field("sample", _I64), pa.field("position", _I64), pa.field("top_ids", pa.list_(_I64)),
     pa.field("top_logits", pa.list_(_F64)), pa.field("target", _I64), pa.field("target_logit", _F64),
     pa.field("target_prob", _F64), pa.field("target_rank", _I64),
@@ -254,6 +256,7 @@ DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
 #: - ``position``: the token position whose logits are split
 #: - ``component``: the part: ``embed``, ``pos_embed``, ``attn``, ``mlp``, ``rest``, ``bias``, ``head`` or ``attn_bias``
 #: - ``layer``: the block's qualified module name ("" for parts outside the blocks)
+#: - ``canonical``: the part's module in the family's vocabulary (``blocks.3``, ``embed``; "" for ``rest``, ``bias``)
 #: - ``block``: the block's number, from 0 (-1 for parts outside the blocks)
 #: - ``head``: the attention head's index for ``head`` rows, else -1
 #: - ``target``: the token id whose logit counts positively
@@ -263,8 +266,8 @@ DLA_WHOLE = ("embed", "pos_embed", "attn", "mlp", "rest", "bias")
 #: - ``scale``: the final norm's scale at this position (held fixed for every part)
 DLA_SCHEMA = pa.schema([
     pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("position", _I64),
-    pa.field("component", pa.string()), pa.field("layer", pa.string()), pa.field("block", _I64),
-    pa.field("head", _I64), pa.field("target", _I64), pa.field("other", _I64), pa.field("contribution", _F64),
+    pa.field("component", pa.string()), pa.field("layer", pa.string()), pa.field("canonical", pa.string()),
+    pa.field("block", _I64), pa.field("head", _I64), pa.field("target", _I64), pa.field("other", _I64), pa.field("contribution", _F64),
     pa.field("logit_diff", _F64), pa.field("scale", _F64),
 ])
 

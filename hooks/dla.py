@@ -1,15 +1,20 @@
 """``dla``: direct logit attribution, each part of the residual stream's share of a logit difference.
 
-A GPT-2-like causal LM's final residual stream ``r`` (the input of its final ``LayerNorm``) is the sum of
-the token and position embeddings and of each block's attention and MLP outputs; an attention output is
-its heads' outputs (each head's slice of the output projection's input times its rows of the weight)
-plus the projection's bias. The logits are ``unembedding(norm(r))``, so with the norm's scale ``s``
-frozen (computed on the full ``r``, as TransformerLens's ``cache.apply_ln_to_stack`` does) the logit
-difference ``logit[a] - logit[b]`` (``diff: [a, b]``, as ``metric.diff``) splits exactly into
+A causal LM's final residual stream ``r`` (the input of its final norm) is the sum of the token (and, GPT-2,
+position) embeddings and of each block's attention and MLP outputs (NeoX's parallel ones alike; Gemma's
+after their output norms); an attention output is its heads' outputs (each head's slice of the output
+projection's input times its rows of the weight) plus the projection's bias. The logits are
+``unembedding(norm(r))``, so with the norm's scale ``s`` frozen (computed on the full ``r``, as
+TransformerLens's ``cache.apply_ln_to_stack`` does) the logit difference ``logit[a] - logit[b]``
+(``diff: [a, b]``, as ``metric.diff``) splits exactly into
 
-    contribution(c) = ((c - mean(c)) / s) · (gamma ⊙ (W_U[a] - W_U[b]))
+    contribution(c) = (centred(c) / s) · (gain ⊙ (W_U[a] - W_U[b]))
 
-per part ``c``, plus a constant ``bias`` = ``beta · (W_U[a] - W_U[b]) + b_U[a] - b_U[b]``.
+per part ``c`` (centred for a LayerNorm, as is for an RMSNorm; ``gain`` the norm's weight, Gemma's
+``1 + weight``), plus a constant ``bias`` = ``beta · (W_U[a] - W_U[b]) + b_U[a] - b_U[b]``. Gemma's output
+norms are frozen the same way, at their scale on the whole attention output. The parts are the family's
+(``hooks.families``); a model whose logits are soft-capped (Gemma2) is refused: a capped difference does
+not split.
 
 Each pass adds to ``dla.parquet`` (``common.records.DLA_SCHEMA``), per sample at ``position`` (-1: the
 last, which ``metric.diff`` reads; null: every position), one row per part: ``embed``, ``pos_embed``,
@@ -32,6 +37,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import DLA, DLA_SCHEMA, DLA_WHOLE
+from hooks.families import Vocabulary, norm_gain, norm_linear, norm_scale
 from hooks.lens import lens_parts
 from hooks.recorder import walk
 from hooks.registry import register
@@ -39,59 +45,36 @@ from hooks.samples import SampleOutputs
 from hooks.specs.dla import DlaSpec
 
 READER = "direct logit attribution"
-#: The children naming a block's attention, its MLP and the attention's output projection, as GPT-2-like models name them.
-ATTENTION, MLP, OUT_PROJ = ("attn", "self_attn", "attention"), ("mlp",), ("c_proj", "o_proj", "out_proj")
 
 
 @dataclass
 class Block:
-    """One selected block's parts: its attention, MLP and the attention's output projection (``heads`` heads)."""
+    """One selected block's parts: its attention, the attention's output projection (``heads`` heads), MLP,
+    the constant every value vector holds, and the norms on the attention's and MLP's outputs (Gemma)."""
 
-    module: nn.Module
     attn: nn.Module
-    mlp: nn.Module
     out_proj: nn.Module
+    mlp: nn.Module
     heads: int
+    values: torch.Tensor | None
+    attn_out_norm: nn.Module | None
+    mlp_out_norm: nn.Module | None
 
 
-def child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    return next((getattr(module, name) for name in names if isinstance(getattr(module, name, None), nn.Module)), None)
+def block_parts(vocab: Vocabulary, i: int) -> Block:
+    """Block ``i``'s parts, as its family's table names them."""
+    table, modules = vocab.table, vocab.modules
+    attn = modules[f"blocks.{i}.attn"]
+    values = table.value_constant(attn, modules[f"blocks.{i}.ln1"], vocab.heads, vocab.kv_heads)
+    return Block(attn, modules[f"blocks.{i}.attn.out"], modules[f"blocks.{i}.mlp"], vocab.heads, values,
+                 modules.get(f"blocks.{i}.ln_attn_out"), modules.get(f"blocks.{i}.ln_mlp_out"))
 
 
-def block_parts(layer: str, block: nn.Module, key: str) -> Block:
-    """A GPT-2-like block's parts, or one line saying what it lacks."""
-    attn, mlp = child(block, ATTENTION), child(block, MLP)
-    out_proj = child(attn, OUT_PROJ) if attn is not None else None
-    heads = getattr(attn, "num_heads", None) or getattr(attn, "num_attention_heads", None)
-    if mlp is None or out_proj is None or not heads:
-        raise ConfigError(f"{key}.layers: '{layer}' ({type(block).__name__}) is not a transformer block with an "
-                          f"attention ({'/'.join(ATTENTION)} with {'/'.join(OUT_PROJ)} and num_heads) and an "
-                          f"mlp; select the blocks, e.g. {key}.layers=transformer.h.*")
-    return Block(block, attn, mlp, out_proj, int(heads))
-
-
-def head_weights(out_proj: nn.Module, heads: int) -> torch.Tensor:
-    """The output projection's weight as ``[heads, head_dim, hidden]`` (GPT-2's ``Conv1D`` holds it ``[in, out]``,
-    ``nn.Linear`` ``[out, in]``)."""
-    weight = out_proj.weight if type(out_proj).__name__ == "Conv1D" else out_proj.weight.T
+def head_weights(out_proj: nn.Module, heads: int, in_out: bool) -> torch.Tensor:
+    """The output projection's weight as ``[heads, head_dim, hidden]`` (``in_out``: held ``[in, out]``, as
+    GPT-2's ``Conv1D``; else ``nn.Linear``'s ``[out, in]``)."""
+    weight = out_proj.weight if in_out else out_proj.weight.T
     return weight.reshape(heads, weight.shape[0] // heads, weight.shape[1])
-
-
-def value_constant(block: nn.Module, attn: nn.Module, width: int) -> torch.Tensor | None:
-    """The part of every value vector that no input changes (``[width]``, the output projection's input width): the
-    values' bias plus the attention's input norm's bias through the value weights (GPT-2's fused ``c_attn``'s last
-    third, or ``v_proj``); ``None`` when the attention's values are found in neither."""
-    fused, values = getattr(attn, "c_attn", None), getattr(attn, "v_proj", None)
-    if fused is not None:
-        weight, bias = fused.weight[:, -width:], None if fused.bias is None else fused.bias[-width:]
-    elif values is not None:
-        weight, bias = values.weight.T, values.bias
-    else:
-        return None
-    constant = weight.new_zeros(width) if bias is None else bias.detach()
-    norm = child(block, ("ln_1", "input_layernorm"))
-    norm_bias = getattr(norm, "bias", None)
-    return constant + norm_bias.detach() @ weight.detach() if norm_bias is not None else constant
 
 
 def first(output: Any) -> torch.Tensor:
@@ -104,6 +87,7 @@ class DirectLogitAttribution(SampleOutputs):
 
     spec_class = DlaSpec
     writes = (DLA,)
+    _outside = ("embed", "pos_embed")  #: the parts read outside the blocks, named as the vocabulary names them
 
     pytorch_hooks = ("register_forward_hook (embeddings, attention and mlp outputs, block outputs, the model's "
                      "logits) + register_forward_pre_hook (output projections' inputs, the final norm's input)")
@@ -120,28 +104,31 @@ class DirectLogitAttribution(SampleOutputs):
         return super().targets(model)
 
     def attach(self, model: nn.Module, session) -> None:
-        self._norm, self._unembedding = lens_parts(model, self.key, READER)
-        if not isinstance(self._norm, nn.LayerNorm) or self._norm.weight is None or self._norm.bias is None:
-            raise ConfigError(f"{self.key}: the final norm is a {type(self._norm).__name__}; direct logit attribution "
-                              f"reads a LayerNorm with weight and bias (GPT-2's ln_f): model=gpt2_tiny, model=hf")
+        vocab = lens_parts(model, self.key, READER)
+        self._norm, self._unembedding, self._how = vocab.modules["ln_final"], vocab.modules["unembed"], vocab.table.norm
+        self._eps = vocab.table.eps
+        if vocab.softcap:
+            raise ConfigError(f"{self.key}: this {vocab.family} model caps its logits (c * tanh(logits / c), "
+                              f"{vocab.table.softcap}={vocab.softcap}), and a capped logit difference does not split "
+                              f"into parts that add up; direct logit attribution reads a model without the cap")
         if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
             raise ConfigError(f"{self.key}: the model's dropout is on in training mode, and dropped parts do not add "
                               f"up to the logit difference; run mode=eval")
-        base = model.base_model
-        stack = next((m for m in base.children() if isinstance(m, nn.ModuleList)), nn.ModuleList())
-        self._order = {}
+        stack = vocab.blocks()
+        self._order, self._blocks, self._canonical = {}, {}, {}
         for name, module in self.targets(model):
             place = next((i for i, block in enumerate(stack) if block is module), None)
             if place is None:
                 raise ConfigError(f"{self.key}.layers: '{name}' is not one of the model's blocks; select blocks, "
-                                  f"e.g. {self.key}.layers=transformer.h.*")
-            self._order[name] = place
+                                  f"e.g. {self.key}.layers=blocks.*")
+            self._order[name], self._canonical[name] = place, f"blocks.{place}"
+            self._blocks[name] = block_parts(vocab, place)
         self._every_block = len(self._order) == len(stack)
-        self._blocks = {name: block_parts(name, module, self.key) for name, module in self.targets(model)}
-        embed, pos = base.get_input_embeddings(), getattr(base, "wpe", None)
-        reads = [(embed, "embed"), *([(pos, "pos_embed")] if isinstance(pos, nn.Embedding) else [])]
+        self._in_out = vocab.table.weights_in_out
+        reads = [(vocab.modules[what], what) for what in ("embed", "pos_embed") if what in vocab.modules]
         for layer, block in self._blocks.items():
-            reads += [(block.attn, ("attn", layer)), (block.mlp, ("mlp", layer))]
+            reads += [(block.attn_out_norm or block.attn, ("attn", layer)), (block.mlp_out_norm or block.mlp, ("mlp", layer)),
+                      (block.out_proj, ("o", layer))]
             session.add(block.out_proj.register_forward_pre_hook(self._keep_input(("z", layer))))
         for module, what in reads:
             session.add(module.register_forward_hook(lambda m, a, out, what=what: self._keep(what, first(out))))
@@ -187,16 +174,21 @@ class DirectLogitAttribution(SampleOutputs):
         parts = [(what, "", -1, at(seen[what])) for what in ("embed", "pos_embed") if what in seen]
         for layer, block in self._blocks.items():
             z = at(seen[("z", layer)])
-            weights = head_weights(block.out_proj, block.heads).double()
-            values = value_constant(block.module, block.attn, z.shape[-1])
+            weights = head_weights(block.out_proj, block.heads, self._in_out).double()
             bias = weights.new_zeros(weights.shape[-1]) if block.out_proj.bias is None else block.out_proj.bias.double()
-            if values is not None:  # the same at every position (a pattern's row sums to 1): attn_bias's, as TL folds it
-                values = values.double().reshape(block.heads, 1, -1)
+            if block.values is not None:  # the same at every position (a pattern's row sums to 1): attn_bias's, as TL folds it
+                values = block.values.double().reshape(block.heads, 1, -1)
                 z, bias = z - values.reshape(-1), bias + (values @ weights).sum(0).squeeze(0)
             heads = torch.einsum("bphd,hdo->bpho", z.reshape(*z.shape[:2], block.heads, -1), weights)
+            bias = bias.expand(*heads.shape[:2], -1)
+            if block.attn_out_norm is not None:  # Gemma: the attention's output normed before the residual, scale frozen
+                scale = norm_scale(at(seen[("o", layer)]), block.attn_out_norm, self._how, self._eps)
+                gain = norm_gain(block.attn_out_norm, self._how)
+                heads = heads / scale[..., None, None] * gain
+                bias = bias / scale[..., None] * gain
             parts += [("attn", layer, -1, at(seen[("attn", layer)])),
                       *[("head", layer, h, heads[:, :, h]) for h in range(block.heads)],
-                      ("attn_bias", layer, -1, bias.expand(*heads.shape[:2], -1)),
+                      ("attn_bias", layer, -1, bias),
                       ("mlp", layer, -1, at(seen[("mlp", layer)]))]
         return parts
 
@@ -208,11 +200,12 @@ class DirectLogitAttribution(SampleOutputs):
         parts.append(("rest", "", -1, resid - whole))
         a, b = self.spec.diff
         weight = self._unembedding.weight.double()
-        direction = self._norm.weight.double() * (weight[a] - weight[b])
-        scale = (resid.var(-1, unbiased=False) + self._norm.eps).sqrt()  # the final norm's, frozen
-        contributions = {(component, layer, head): ((x - x.mean(-1, keepdim=True)) / scale[..., None]) @ direction
+        direction = norm_gain(self._norm, self._how) * (weight[a] - weight[b])
+        scale = norm_scale(resid, self._norm, self._how, self._eps)  # the final norm's, frozen
+        contributions = {(component, layer, head): norm_linear(x, scale, self._how) @ direction
                          for component, layer, head, x in parts}
-        bias = self._norm.bias.double() @ (weight[a] - weight[b])
+        norm_bias = getattr(self._norm, "bias", None)
+        bias = scale.new_zeros(()) if norm_bias is None else norm_bias.double() @ (weight[a] - weight[b])
         lm_bias = getattr(self._unembedding, "bias", None)
         if lm_bias is not None:
             bias = bias + lm_bias[a].double() - lm_bias[b].double()
@@ -248,6 +241,7 @@ class DirectLogitAttribution(SampleOutputs):
             rows["position"] += positions * batch
             rows["component"] += [component] * n
             rows["layer"] += [layer] * n
+            rows["canonical"] += [self._canonical.get(layer) or (component if component in self._outside else "")] * n
             rows["block"] += [self._order.get(layer, -1)] * n
             rows["head"] += [head] * n
             rows["target"] += [a] * n

@@ -2,10 +2,11 @@
 
 For a causal language model (``gpt2_tiny``, a local Hugging Face causal LM) a forward hook on each
 selected block takes its output ``h`` (``slot``, ``[batch, positions, hidden]``) and computes
-``unembedding(final_norm(h))``, the logits the model would give if the blocks after it did nothing.
-The unembedding is the model's ``get_output_embeddings()``; the final norm the last direct child of
-``model.base_model`` whose class is a norm (GPT-2's ``ln_f``, Llama's ``norm``). A model without
-either is refused in one line when the entry is attached (first in the plan's rehearsal).
+``unembedding(final_norm(h))``, capped as the family caps its logits (Gemma2's ``c * tanh(x / c)``): the
+logits the model would give if the blocks after it did nothing. The final norm, unembedding and cap are
+the family's (``hooks.families``: GPT-2's ``ln_f``, Llama's ``norm``, NeoX's ``final_layer_norm``). A model
+without an unembedding, or of a family the vocabulary does not know, is refused in one line when the
+entry is attached (first in the plan's rehearsal).
 
 Each training pass adds to ``lens.parquet`` (``common.records.LENS_SCHEMA``) one row per block (``block``:
 its place among the matched modules), sample and position: the ``top_k`` token ids and their logits,
@@ -31,6 +32,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import LENS, LENS_SCHEMA
+from hooks.families import Vocabulary, vocabulary
 from hooks.recorder import walk
 from hooks.registry import register
 from hooks.samples import SampleOutputs
@@ -40,17 +42,19 @@ from hooks.specs.lens import FINAL, LogitLensSpec, NEXT
 CAUSAL_MODELS = ("model=gpt2_tiny", "model=hf model.auto=causal_lm")
 
 
-def lens_parts(model: nn.Module, key: str, reader: str = "the logit lens") -> tuple[nn.Module, nn.Module]:
-    """The final norm and the unembedding of a causal LM, or a one-line error naming the models that have them."""
+def lens_parts(model: nn.Module, key: str, reader: str = "the logit lens") -> Vocabulary:
+    """The vocabulary of a causal LM's family (its final norm, unembedding and logit soft-cap), or one line
+    naming the models with an unembedding, or the families known (``hooks.families``)."""
     get = getattr(model, "get_output_embeddings", None)
-    unembedding = get() if callable(get) else None
-    base = getattr(model, "base_model", None)
-    norms = [m for m in base.children() if "norm" in type(m).__name__.lower()] if isinstance(base, nn.Module) else []
-    if unembedding is None or not norms:
-        lacking = "unembedding (get_output_embeddings())" if unembedding is None else "final norm in base_model"
-        raise ConfigError(f"{key}: {type(model).__name__} has no {lacking}; {reader} reads a causal language "
-                          f"model; valid: {', '.join(CAUSAL_MODELS)}")
-    return norms[-1], unembedding
+    if (get() if callable(get) else None) is None:
+        raise ConfigError(f"{key}: {type(model).__name__} has no unembedding (get_output_embeddings()); {reader} "
+                          f"reads a causal language model; valid: {', '.join(CAUSAL_MODELS)}")
+    return vocabulary(model, key)
+
+
+def capped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The family's final logit soft-cap, ``cap * tanh(logits / cap)`` (Gemma2), as the model applies it."""
+    return logits if not cap else cap * torch.tanh(logits / cap)
 
 
 def own_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -89,8 +93,10 @@ class LogitLens(SampleOutputs):
         return super().targets(model)
 
     def attach(self, model: nn.Module, session) -> None:
-        self._norm, self._unembedding = lens_parts(model, self.key)
+        vocab = lens_parts(model, self.key)
+        self._norm, self._unembedding, self._cap = vocab.modules["ln_final"], vocab.modules["unembed"], vocab.softcap
         self._blocks = {name: i for i, (name, _) in enumerate(self.targets(model))}
+        self._canonical = {name: vocab.canonical(name) for name in self._blocks}
         session.add(model.register_forward_pre_hook(self._on_input, with_kwargs=True))
         session.add(model.register_forward_hook(self._on_output))
         super().attach(model, session)
@@ -115,7 +121,7 @@ class LogitLens(SampleOutputs):
         if not self.session.recorder.enabled:
             return  # a pass aside, or a step sample.every leaves out
         with torch.no_grad():
-            logits = own_call(self._unembedding, own_call(self._norm, x.detach()))
+            logits = capped(own_call(self._unembedding, own_call(self._norm, x.detach())), self._cap)
             self._pending.append((layer, samples, logits.double().cpu()))
 
     def _on_output(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -141,6 +147,7 @@ class LogitLens(SampleOutputs):
         rows = self._rows
         rows["hook"] += [self.name] * n
         rows["layer"] += [layer] * n
+        rows["canonical"] += [self._canonical[layer]] * n
         rows["block"] += [self._blocks[layer]] * n
         rows["step"] += [self.session.step] * n
         rows["sample"] += samples.repeat_interleave(positions).tolist()

@@ -8,7 +8,11 @@ A selector is a string or a list of strings; each string is one of
   itself; no other glob matches the model itself),
 * ``re:PATTERN``, a regular expression that must match the whole name,
 * ``type:CLASS``, modules whose class name (or ``module.Class`` path) is CLASS,
-* ``leaf:SELECTOR``, the modules matched by SELECTOR that have no children.
+* ``leaf:SELECTOR``, the modules matched by SELECTOR that have no children,
+* a canonical name of the model's family (``blocks.*``, ``blocks.3.attn``, ``blocks.*.mlp``, ``ln_final``,
+  ``unembed``; globs as above; see ``hooks.families``), when no module's own name matches it and the model
+  is a Hugging Face one (``config.model_type``): the same selector then reads every transformer family, and
+  a module's own path still wins.
 
 The result keeps ``model.named_modules()`` order and lists each module once, even when it is
 reachable under two names or matched by two strings. A string that matches nothing is an error
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from common.errors import ConfigError, closest
+from hooks.families import model_type, vocabulary
 
 
 def _glob_to_regex(glob: str) -> re.Pattern[str]:
@@ -103,6 +108,29 @@ def _match_one(pattern: str, modules: list[tuple[str, nn.Module]], key: str) -> 
     return hits
 
 
+#: The first segments of the canonical names (``hooks.families``).
+CANONICAL_ROOTS = ("blocks", "embed", "pos_embed", "ln_final", "unembed")
+
+
+def _canonical(pattern: str, model: nn.Module, key: str) -> list[str] | None:
+    """The module names a canonical ``pattern`` stands for in ``model``'s family; None when ``pattern`` is
+    not canonical or the model has no Hugging Face ``model_type`` (a model of the user's own, whose own
+    names the missed selector meant); one line when the family is unknown or lacks the name."""
+    if pattern.split(".", 1)[0] not in CANONICAL_ROOTS or model_type(model) is None:
+        return None
+    vocab = vocabulary(model, key)
+    names = vocab.names
+    rx = _glob_to_regex(pattern)
+    hits = [real for canonical, real in names.items() if rx.fullmatch(canonical)]
+    if not hits:
+        hint = closest(pattern, list(names), n=1)
+        first_block = [n for n in names if not re.match(r"blocks\.[1-9]", n)]  # block 0 stands for every block
+        raise ConfigError(f"{key}: '{pattern}' is neither a module of this model nor a name of its family's "
+                          f"vocabulary ({vocab.family}: {', '.join(first_block)}, ...)"
+                          + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    return hits
+
+
 def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) -> list[tuple[str, nn.Module]]:
     """Resolve ``selector`` against ``model`` into ``(qualified_name, module)`` pairs.
 
@@ -126,7 +154,13 @@ def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) ->
             pattern = str(pattern)
         if not isinstance(pattern, str):
             raise ConfigError(f"{key}: selector entries must be strings, got {pattern!r}")
-        wanted.update(_match_one(pattern, modules, key))
+        try:
+            wanted.update(_match_one(pattern, modules, key))
+        except ConfigError:
+            hits = _canonical(pattern, model, key)
+            if hits is None:
+                raise
+            wanted.update(hits)
     wanted_ids = {id(m) for n, m in modules if n in wanted}
     chosen: dict[int, tuple[str, nn.Module]] = {}
     for name, module in modules:  # one entry per module object, under its first name

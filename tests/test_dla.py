@@ -177,7 +177,7 @@ def test_a_block_left_out_is_the_rest(gpt2_dir, tmp_path):
      "model; valid: model=gpt2_tiny, model=hf model.auto=causal_lm"),
     (("model=gpt2_tiny", "data=tokens", "hooks.dla.diff=[1,2]", "hooks.dla.layers=transformer.h.0.mlp"),
      "error: hooks.dla.layers: 'transformer.h.0.mlp' is not one of the model's blocks; select blocks, "
-     "e.g. hooks.dla.layers=transformer.h.*"),
+     "e.g. hooks.dla.layers=blocks.*"),
     (("model=gpt2_tiny", "data=tokens"),
      "error: hooks.dla.diff: [] must be two token ids [a, b]: the logit difference logit[a] - logit[b], "
      "e.g. 'hooks.dla.diff=[3,7]'"),

@@ -467,6 +467,10 @@ def describe(plan: Plan) -> str:
     lines = [f"model: {found.model_class}, {len(found.modules)} modules ({found.parameters:,} parameters); "
              f"input {found.input_shape}"]
     lines += [f"  {name or '(model)':<32} {cls:<20} {shape}" for name, cls, shape in found.modules]
+    if found.vocabulary:
+        family, quirks, names = found.vocabulary
+        lines.append(f"vocabulary ({family} family: {', '.join(quirks)}; canonical -> module):")
+        lines += [f"  {canonical:<32} {real}" for canonical, real in names.items()]
     for hook in plan.hooks:
         names = found.matches.get(hook.key, [])
         lines.append(f"{hook.key} (type {hook.spec.type}): {hook.pytorch_hooks}")

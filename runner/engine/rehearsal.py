@@ -37,6 +37,7 @@ from torch.nn.modules import module as nn_module
 from common.errors import ConfigError
 from hooks import HookSession
 from hooks.base import HookType, explanation
+from hooks.families import known_vocabulary
 from hooks.recorder import Recorder, walk
 from hooks.shards import is_sharded
 from runner.engine.budget import check_budget
@@ -60,6 +61,7 @@ class Rehearsal:
     matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
+    vocabulary: tuple[str, list[str], dict[str, str]] | None = None  # family, its quirks, canonical -> module (hooks.families)
 
 
 def meta_model(model_cfg: DictConfig) -> nn.Module | None:
@@ -93,6 +95,8 @@ def rehearse(model: nn.Module | None, train_mode: bool, source: DataSource, hook
     hooks = [hook.fresh() for hook in hooks]
     model.train(train_mode)
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), list(source.input_shape))
+    vocab = known_vocabulary(model)
+    found.vocabulary = (vocab.family, vocab.quirks(), vocab.names) if vocab else None
     for hook in hooks:
         found.matches[hook.key] = [name or "(model)" for name, _ in hook.targets(model)]
     x = torch.empty(source.input_shape, dtype=source.input_dtype, device="meta")
