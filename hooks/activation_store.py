@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from common.ranks import part_name, process_group
 from common.store_format import store_header
 from hooks.registry import register
