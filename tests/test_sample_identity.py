@@ -4,7 +4,7 @@ tables that name inputs; a source that cannot say (``data=randn``) says so.
 
 The oracle is the data read by its own code (scikit-learn's ``load_digits``, the test dataset's
 items) and the model fed that one item through a plain PyTorch forward hook, with the weights the
-run held at the step it kept the sample: its own resume checkpoint (``.resume/state.pt``) for the
+run held at the step it kept the sample: its own resume checkpoint (``.resume``, ``common.resume_point``) for the
 steps after a requeue, the model built from the run's seed for step 0.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
+from common.resume_point import read_resume_point
 from conftest import make_config, run
 from runner.analysis.units import UNNAMED, load_unit_examples, load_units, top_units
 from runner.engine import loop
@@ -99,7 +100,7 @@ def test_a_shuffled_training_pass_resumed_twice_names_each_kept_digit_by_its_ind
             pass
         else:
             raise AssertionError(f"the run was not requeued in step {step}")
-        state = torch.load(out / ".resume" / "state.pt", weights_only=False)
+        state, _ = read_resume_point(out)
         assert state["step"] == step
         weights[step] = state["model"]
         monkeypatch.setattr(loop, "train_step", real)

@@ -21,7 +21,7 @@ def test_a_sweep_with_a_failed_job_lists_every_job_in_sweep_json(tmp_path, monke
     assert (ok["num"], ok["state"], ok["error"], ok["run_dir"]) == (0, "ok", None, "0")
     assert ok["overrides"] == ["model=convnet", "hooks=clip", "steps=1", "loss=sum", "on_nonfinite=error"]
     assert (failed["state"], failed["run_dir"]) == ("failed", "1") and "the loss is nan" in failed["error"]
-    assert f"error: {' '.join(failed['overrides'])}: {failed['error']}" in proc.stderr  # the closing list
+    assert f"job 1 ({' '.join(failed['overrides'])}): failed: {failed['error']}; its status: " in proc.stderr  # the closing list
     with pytest.warns(IncompleteSweepWarning, match=r"2 jobs: 1 complete, 1 failed \(job 1: loss=log_mean\)"):
         assert analysis.load_steps(tmp_path).loss.notna().all()  # only the complete job's rows
     assert analysis.failed_jobs(tmp_path).to_dict("records") == [

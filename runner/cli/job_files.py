@@ -48,7 +48,7 @@ def scheduler_logs() -> list[str] | None:
     """The job's log files when a scheduler runs it (submitit: its stdout and stderr, under the launcher's
     ``submitit_folder``), for its entry of ``sweep.json``; ``None`` where the launcher's own terminal has
     its output (the basic and joblib launchers)."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):  # what runner.store.resume.in_scheduler_job reads (torch-free here)
+    if not (os.environ.get("SUBMITIT_EXECUTOR") and os.environ.get("SUBMITIT_FOLDER")):  # a submitit job sets both
         return None
     import submitit
 
