@@ -99,7 +99,7 @@ def steering_picture(table: pd.DataFrame, title: str = "") -> Figure:
                     Line2D([], [], color="grey", linestyle="--", linewidth=0.8, label=f"{metric} unsteered")]
     for ax in axes:
         ax.set_xlabel("scale (times the vector)")
-        ax.set_xticks(sorted(table["scale"].unique()))
+        ax.set_xticks(sorted(table["scale"].dropna().unique()))  # a NaN tick fails matplotlib's formatter
         ax.grid(True, alpha=0.3)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize="small")
     fig.suptitle(title or f"steering, per steered layer ({table['layers'].nunique()}) and scale "
