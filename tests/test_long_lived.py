@@ -168,7 +168,11 @@ def within_one_percent(at: dict, start: int, end: int) -> None:
 
 @pytest.mark.soak
 def test_a_thousand_attach_blocks_hold_no_growing_memory(tmp_path, model_and_input):
-    within_one_percent(check_attach(1000, 50, tmp_path, model_and_input), 50, 1000)
+    """Measured from block 300: with compositions reused (``compose_plain``) the allocator settles later (RSS
+    745.8, 749.0, 751.0, 754.0, 754.3, 754.3 MiB after blocks 50, 100, 200, 400, 600, 800 on 2026-12-07, live
+    objects flat after a collection), so block 50 to 1,000 grew 1.4% where 300 to 1,000 is flat; a leak of
+    12 KB a block still fails it."""
+    within_one_percent(check_attach(1000, 300, tmp_path, model_and_input), 300, 1000)
 
 
 @pytest.mark.soak

@@ -44,7 +44,9 @@ class CommandCheck:
 
     def plan_for(self, num: int, task_overrides: Sequence[str]) -> Plan:
         """The plan the check compiled for job ``num``, whose overrides Hydra gives as ``task_overrides``
-        (``hydra.overrides.task``); each job takes its own once.
+        (``hydra.overrides.task``). The plan stays: a job submitit requeues after a preemption runs again from
+        the state its process pickled, and asks for the same plan (a frozen ``Plan``; the run resumes from its own
+        resume point).
 
         Raises:
             UncheckedJob: the check has no plan for that job, or compiled it from other overrides.
@@ -53,7 +55,6 @@ class CommandCheck:
         if plan is None or _settings(overrides) != _settings(task_overrides):
             raise UncheckedJob(f"job {num} ({' '.join(task_overrides)}) is not the job the command line's check "
                                f"compiled ({' '.join(overrides or ['none'])}); nothing of it was run")
-        self.plans[num] = (overrides, None)
         return plan
 
 
