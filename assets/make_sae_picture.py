@@ -19,7 +19,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from runner.analysis import load_tensors, top_units  # noqa: E402
 from runner.analysis.load import load_table  # noqa: E402
-from runner.analysis.saved_config import config_path  # noqa: E402
+from common.run_config import saved_config_path  # noqa: E402
 from runner.analysis.units import load_unit_inputs  # noqa: E402
 from runner.sources.text import load_tokenizer  # noqa: E402
 
@@ -33,7 +33,7 @@ def feature_tokens(run: Path, feature: int) -> tuple[list[str], list[list[str]],
     captured = load_tensors(run, filters=[("layer", "=", layer), ("kind", "=", "output")]).sort_values("step")
     features = np.concatenate(list(captured.tensor))[..., feature]  # [samples, positions]; one batch per step
     ids = load_unit_inputs(run)
-    tokenizer = load_tokenizer(OmegaConf.load(config_path(run)).data.tokenizer)
+    tokenizer = load_tokenizer(OmegaConf.load(saved_config_path(run)).data.tokenizer)
     tokens = [tokenizer.convert_ids_to_tokens(ids[("units", int(s))].tolist()) for s in top["sample"]]
     return list(top["input"]), tokens, features[top["sample"].to_numpy()]
 
@@ -64,7 +64,7 @@ def draw(run: Path, sweep: Path, feature: int, out: Path) -> None:
     table.set_fontsize(7)
     table.scale(1, 1.5)
     right.set_title(f"generated text, feature {feature} steered ({by})", fontsize=9)
-    cfg = OmegaConf.load(config_path(run))
+    cfg = OmegaConf.load(saved_config_path(run))
     model = load_tensors(run, columns=["model"]).model.iloc[0]
     fig.suptitle(f"{model}, sae {Path(cfg.hooks.sae.path).name} at {cfg.hooks.sae.layers}", fontsize=10)
     fig.tight_layout()

@@ -10,13 +10,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
-import pytest
 
 from common.records import RUN_TOTAL_SCHEMAS, STEER, TABLE_SCHEMAS, UNIT_EXAMPLES
 from runner.analysis.load import load_table, process_rank_column
-from runner.analysis.report import main as report_main
 from runner.analysis.summary import summarize
 from written_runs import write_run, write_sweep_record
 

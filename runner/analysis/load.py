@@ -52,7 +52,7 @@ from common.tags import label_of
 from runner.analysis.frame import to_frame
 from runner.analysis.intact import Run, find_jobs, intact, read_manifest, warn_pending
 from runner.analysis.order import natural_sorted
-from runner.analysis.saved_config import config_path
+from common.run_config import saved_config_path
 from runner.analysis.sweep_jobs import incomplete, listed_failures, listed_runs, listed_states
 
 #: Where a failed job of a sweep says why (``{"status": "failed", "error": ...}``); it has no manifest.
@@ -147,7 +147,7 @@ def config_of(run_dir: Path) -> str | None:
 
     Hydra saves the composed config (interpolations unresolved) in ``.hydra/config.yaml``.
     """
-    path = config_path(run_dir)
+    path = saved_config_path(run_dir)
     if path is None:
         return None
     cfg = OmegaConf.load(path)

@@ -25,7 +25,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from common.records import METHOD, METHODS, PATCHING_COLUMNS, STEER
-from runner.analysis.load import config_path, load_steps, load_tensors
+from common.run_config import saved_config_path
+from runner.analysis.load import load_steps, load_tensors
 from runner.analysis.order import natural_key
 from runner.analysis.steering import steer_jobs
 
@@ -84,7 +85,7 @@ def job_patching_table(run_dir: str | Path, entry: str, metric: str = "logit_dif
     """``patching_table``'s row of one patching job (entry ``entry`` of the run at ``run_dir``), its cell
     (layer, receiver, index) and source from its saved config, so a run that named them in no override has
     one too; patched from a stored clean run, its ``corrupted`` and ``recovered`` are missing (NaN)."""
-    spec = OmegaConf.load(config_path(run_dir)).hooks[entry]
+    spec = OmegaConf.load(saved_config_path(run_dir)).hooks[entry]
     cell = {LAYER: str(spec.layers), RECEIVER: spec.get("receiver")}
     if spec.get("index") is not None:
         cell[INDEX] = spec.index
@@ -131,7 +132,7 @@ def _steer_rows(path: str | Path, jobs: pd.DataFrame, metric: str) -> pd.DataFra
 
 def _entry_index(run_dir: str, hook: str) -> int | str:
     """The ``index`` of entry ``hook`` in the run's saved config (``"all"`` without one)."""
-    path = config_path(run_dir)
+    path = saved_config_path(run_dir)
     index = OmegaConf.load(path).get("hooks", {}).get(hook, {}).get("index") if path is not None else None
     return "all" if index is None else index if isinstance(index, int) else str(index)
 
@@ -181,7 +182,7 @@ def _attribution_rows(estimates: pd.DataFrame, steps: pd.DataFrame, metric: str)
 
 def _check_estimated(run_dir: str, hooks: set[str], metric: str) -> None:
     """The attribution entries of ``run_dir`` estimate ``metric`` (their ``metric`` key)."""
-    path = config_path(run_dir)
+    path = saved_config_path(run_dir)
     entries = OmegaConf.load(path).get("hooks", {}) if path is not None else {}
     for hook in hooks:
         estimated = entries.get(hook, {}).get("metric", "logit_diff")

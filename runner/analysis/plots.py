@@ -27,7 +27,8 @@ from common.errors import ConfigError
 from common.records import EXPLAINED_CLASSES
 from runner.analysis import lens  # noqa: F401  (registers the logit_lens picture)
 from runner.analysis.gradcam import cam_layers, explained_class, grad_cam, model_input_images
-from runner.analysis.load import config_path, load_stats, load_tensors, override_columns, overrides_of, per_layer
+from common.run_config import saved_config_path
+from runner.analysis.load import load_stats, load_tensors, override_columns, overrides_of, per_layer
 from runner.analysis.order import in_job_order
 from runner.analysis.patching_plots import patching_heatmap  # noqa: F401  (runner.plots.patching_heatmap)
 from runner.config.registry import PLOTS
@@ -316,7 +317,7 @@ def run_config(run_dir: str | Path) -> DictConfig | None:
     """The config saved in the run directory (``config.yaml``, else ``.hydra/config.yaml``), or ``None``."""
     from omegaconf import OmegaConf
 
-    path = config_path(run_dir)
+    path = saved_config_path(run_dir)
     return None if path is None else OmegaConf.load(path)
 
 

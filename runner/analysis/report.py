@@ -473,7 +473,7 @@ def _steering(path: Path, steps: pd.DataFrame, on_corrupt: str) -> str | None:
     shown = table[[c for c in ("layers", "scale", "kl", "top_changed", "steered", "unsteered") if c in table]]
     return (_img(steering_picture(table), "KL, top-token change and metric per steered layer and scale")
             + _note("kl: the mean KL(unsteered || steered) of the next-token distribution, in nats; top_changed: the "
-                    f"fraction of samples and steps whose top next token the vector changed"
+                    "fraction of samples and steps whose top next token the vector changed"
                     + (f"; steered, unsteered: {metric}, the mean over the steps." if "steered" in table else "."))
             + _table(shown))
 

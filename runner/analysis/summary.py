@@ -30,7 +30,7 @@ import yaml
 
 from common.records import GENERATE, MANIFEST, RUN_TOTAL_SCHEMAS, STEPS
 from runner.analysis.intact import intact
-from runner.analysis.saved_config import config_path
+from common.run_config import saved_config_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +44,7 @@ BLANK = "—"
 def entry_types(run_dir: Path) -> dict[str, str]:
     """``{entry name: hook type}`` from the run's saved config (empty when it has none); a ``mode=generate``
     run's generation first, as the entry ``generate`` (``answers.generation``)."""
-    path = config_path(run_dir)
+    path = saved_config_path(run_dir)
     config = (yaml.safe_load(path.read_text()) or {}) if path else {}
     own = {GENERATE: GENERATE} if config.get("mode") == GENERATE else {}
     return {**own, **{name: str((entry or {}).get("type", "?")) for name, entry in (config.get("hooks") or {}).items()}}

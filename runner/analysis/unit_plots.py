@@ -29,7 +29,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from runner.analysis.load import config_path, run_dirs
+from common.run_config import saved_config_path
+from runner.analysis.load import run_dirs
 from runner.analysis.units import UNNAMED, classes_said, kept_inputs, load_unit_examples
 
 
@@ -82,7 +83,7 @@ def run_examples(run_dir: str | Path) -> RunExamples:
     """What the run at (or the sweep under) ``run_dir`` kept for its top examples (``FileNotFoundError``
     for a run that kept none), with its data's normalisation from its ``config.yaml``."""
     examples, (inputs, names) = load_unit_examples(run_dir), kept_inputs(run_dir)
-    config = config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
+    config = saved_config_path(run_dirs(run_dir)[0])  # a sweep's jobs read the same data
     data = (OmegaConf.to_container(OmegaConf.load(config)).get("data") or {}) if config else {}
     return RunExamples(examples, inputs, names, data.get("mean"), data.get("std"))
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from common.store_format import MANIFEST, read_store_manifest
 from runner.analysis.answers import Answer
-from runner.analysis.load import config_path
+from common.run_config import saved_config_path
 
 
 def store_table(path: str | Path) -> pd.DataFrame:
@@ -36,7 +36,7 @@ def store_table(path: str | Path) -> pd.DataFrame:
 def store_answer(run_dir: Path, entry: str) -> Answer | None:
     """Per store of the entry: its shards, samples and bytes and its directory; one line saying where
     the entry's path is when it holds no store (the run ran elsewhere, or the stores were moved)."""
-    where = OmegaConf.load(config_path(run_dir)).hooks[entry].path
+    where = OmegaConf.load(saved_config_path(run_dir)).hooks[entry].path
     table = store_table(where)
     if table.empty:
         return Answer([f"no store under {where} (relative to the directory the run ran in)"], table)
