@@ -182,8 +182,8 @@ def test_a_plan_runs_twice_the_same_its_entries_state_is_fresh_at_each_run(tmp_p
 
 
 def _hook_type_modules() -> set[str]:
-    """The modules of ``hooks/`` that register a hook type."""
-    return {f"hooks.{p.stem}" for p in (ROOT / "hooks").glob("*.py") if "@register(" in p.read_text()}
+    """The modules of ``hooks/`` that register a hook type (``hooks/types/``, the room of the types)."""
+    return {f"hooks.{p.parent.name}.{p.stem}" for p in (ROOT / "hooks").glob("*/*.py") if "@register(" in p.read_text()}
 
 
 def test_runner_imports_no_hook_type_module():
