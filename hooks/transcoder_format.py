@@ -85,8 +85,7 @@ def read_saelens_config(path: Path, key: str) -> dict[str, Any]:
                           f"output point (no d_out): a transcoder reads one point and writes another; splice an "
                           f"SAE with hooks=sae, or give a transcoder ({', '.join(ARCHITECTURES)})")
     if architecture not in ARCHITECTURES:
-        raise choice_error(f"{key}: the transcoder at '{path}' has architecture", architecture, ARCHITECTURES,
-                           "architecture")
+        raise choice_error(f"{key}: '{path / CONFIG_FILE}'", architecture, ARCHITECTURES, "architecture")
     for name in ("d_in", "d_sae", "d_out"):
         if not isinstance(cfg.get(name), int) or cfg[name] < 1:
             raise ConfigError(f"{key}: '{path / CONFIG_FILE}' has {name}={cfg.get(name)!r}; a positive integer")

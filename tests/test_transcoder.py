@@ -252,3 +252,62 @@ def test_units_stats_and_store_record_the_features_as_units_over_a_dataset(tmp_p
     np.testing.assert_allclose(stats["mean"], [float(features[i:i + 2].mean()) for i in (0, 2, 4)], rtol=1e-5)
     stored = ActivationStore(tmp_path / "store" / feats)
     np.testing.assert_allclose(torch.stack([stored[i][0] for i in range(len(stored))]).double(), features, atol=1e-6)
+
+
+def bad_folders(tmp_path: Path) -> dict[str, str]:
+    """Folders each bad in one way, by the placeholder the cases below write for them."""
+    narrow = saelens_transcoder(tmp_path / "narrow", 16, 32)
+    wide_out = saelens_transcoder(tmp_path / "wide_out", 32, 48)
+    listed = saelens_transcoder(tmp_path / "clt", 32, 32)
+    cfg = listed / "cfg.json"
+    cfg.write_text(cfg.read_text().replace('"transcoder"', '"crosslayer_transcoder"'))
+    return {"NARROW": str(narrow), "WIDE_OUT": str(wide_out), "CLT": str(listed),
+            "NO_OUT": str(circuit_tracer_transcoders(tmp_path / "no_out", 2, 32, output_hook=None)),
+            "ONE_BLOCK": str(circuit_tracer_transcoders(tmp_path / "one_block", 1, 32)),
+            "CT": str(circuit_tracer_transcoders(tmp_path / "ct", 2, 32)),
+            "SAE": str(Path(__file__).parent / "fixtures" / "sae_standard")}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (("hooks.transcoder.path=SAE",),
+     "error: hooks.transcoder.path: the folder 'SAE' holds an SAE (architecture 'standard'), which has no output point "
+     "(no d_out): a transcoder reads one point and writes another; splice an SAE with hooks=sae, or give a transcoder "
+     "(transcoder, skip_transcoder, jumprelu_transcoder, jumprelu_skip_transcoder)"),
+    (("hooks.transcoder.path=NO_OUT",),
+     "error: hooks.transcoder.path: 'NO_OUT/config.yaml' names no feature_output_hook: a transcoder without an output "
+     "point; an MLP transcoder has feature_output_hook: hook_mlp_out"),
+    (("hooks.transcoder.path=CLT",),
+     "error: hooks.transcoder.path: 'CLT/cfg.json': unknown architecture 'crosslayer_transcoder'; valid: "
+     "jumprelu_skip_transcoder, jumprelu_transcoder, skip_transcoder, transcoder; did you mean 'skip_transcoder'?"),
+    (("hooks.transcoder.path=NARROW",),
+     "error: hooks.transcoder.path: the transcoder at 'NARROW' reads vectors of d_in=16; 'transformer.h.0.mlp' input "
+     "is [..., 32], 32 units wide"),
+    (("hooks.transcoder.path=WIDE_OUT",),
+     "error: hooks.transcoder.path: the transcoder at 'WIDE_OUT' writes vectors of d_out=48; 'transformer.h.0.mlp' "
+     "output is [..., 32], 32 units wide"),
+    (("hooks.transcoder.path=ONE_BLOCK",),
+     "error: hooks.transcoder.path: 'ONE_BLOCK' has no layer_1.safetensors for 'transformer.h.1.mlp' (blocks.1.mlp); "
+     "it holds the transcoders of blocks 0"),
+    (("hooks.transcoder.path=CT", "hooks.transcoder.layers=transformer.h.0.attn"),
+     "error: hooks.transcoder.layers: 'transformer.h.0.attn' is not a block's MLP; a circuit-tracer folder holds one "
+     "transcoder per block, spliced at blocks.<i>.mlp (hooks.transcoder.layers=blocks.*.mlp)"),
+    (("hooks.transcoder.path=CT", "hooks.transcoder.target=input"),
+     "error: hooks.transcoder.target: 'input'; a transcoder reads the input of each module hooks.transcoder.layers "
+     "names and replaces its output: target is output"),
+    (("hooks.transcoder.path=CT", "hooks.transcoder.features=[8]", "hooks.transcoder.op=ablate"),
+     "error: hooks.transcoder.features: '[8]' does not fit a tensor of shape [1, 8]: [8] has a channel out of range "
+     "for dim 1 (size 8)"),
+    (("hooks=[units,transcoder]", "hooks.units.layers=transformer.h.0.mlp.transcoder", "hooks.transcoder.path=CT"),
+     "error: hooks.units.layers: 'transformer.h.0.mlp.transcoder' names the features of hooks.transcoder, which is "
+     "listed after it; list hooks.transcoder first (hooks=[transcoder,units])"),
+    (("hooks.transcoder.path=/no/such/folder",),
+     "error: hooks.transcoder.path: no folder at '/no/such/folder'; a transcoder is a SAELens folder (cfg.json, "
+     "sae_weights.safetensors) or a circuit-tracer folder (layer_<i>.safetensors)"),
+])
+def test_a_bad_transcoder_is_one_line_with_status_2_before_the_run(fault, tmp_path, bad, message):
+    for placeholder, path in bad_folders(tmp_path).items():
+        bad = tuple(b.replace(f"={placeholder}", f"={path}") for b in bad)
+        message = message.replace(f"'{placeholder}", f"'{path}")
+    presets = () if any(b.startswith("hooks=") for b in bad) else ("hooks=transcoder",)
+    outcome = fault(*GPT2, *presets, *bad)
+    assert (outcome.code, outcome.stderr) == (2, message)
