@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
+from common.unit_sketch import default_unit_axis
 from hooks.families import vocabulary
 from hooks.registry import register
 from hooks.sae import Sae
@@ -140,11 +141,13 @@ class Transcoder(Sae):
         return {"transcoder weights": sum(held.values())} if held else {}
 
     def _check_widths(self, layer: str, x: torch.Tensor, read: torch.Tensor) -> None:
-        """One line when the input is not ``d_in`` or the output not ``d_out`` wide (last dim)."""
+        """One line when the input is not ``d_in`` or the output not ``d_out`` wide along its unit axis, or
+        their ranks differ (the features read each position of the input and write the same position)."""
         for point, t, dim in (("input", read, self._d_in), ("output", x, self._dims[0])):
-            if t.dim() < 2 or t.shape[-1] != dim:
-                self._refuse(layer, point, f"d_{'in' if point == 'input' else 'out'}={dim}", list(t.shape),
-                             t.shape[-1] if t.dim() else "-")
+            axis = default_unit_axis(t.dim())
+            if t.dim() < 2 or t.shape[axis] != dim or t.dim() != x.dim():
+                self._refuse(layer, point, f"d_{'in' if point == 'input' else 'out'}={dim}",
+                             f"{list(t.shape)} (units: dim {axis})", t.shape[axis] if t.dim() else "-")
 
     def _reconstruction(self, features: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
         """``decode(features) + read @ W_skip.T`` (the skip term when the transcoder has one)."""
