@@ -4,7 +4,7 @@
 ``encode`` and ``forward``; circuit-tracer 0.5 (``HOOK_RUNNER_CIRCUIT_TRACER_PYTHON``: ``python -m venv
 --system-site-packages DIR && DIR/bin/pip install "circuit-tracer==0.5.*"``, run offline) saves a
 ``TranscoderSet`` of skip JumpReLU ``SingleLayerTranscoder``s with ``to_safetensors`` and computes ``encode``
-and ``forward`` per layer. The folders load through ``hooks.transcoder_format``; features and outputs
+and ``forward`` per layer. The folders load through ``hooks.formats.transcoder_format``; features and outputs
 (``decode(f) + skip``) equal the library's to 1e-6, and spliced with ``error: false`` at a ``Linear`` the
 output is the library's ``forward``."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import runner
-from hooks.transcoder_format import check_folder, load_transcoder
+from hooks.formats.transcoder_format import check_folder, load_transcoder
 
 SAE_PYTHON = os.environ.get("HOOK_RUNNER_SAE_PYTHON")
 CT_PYTHON = os.environ.get("HOOK_RUNNER_CIRCUIT_TRACER_PYTHON")

@@ -1,5 +1,5 @@
 """Transcoder folders with random weights, as SAELens 6 (``Transcoder.save_model``) and circuit-tracer 0.5
-(``TranscoderSet.to_safetensors``) write them, for the tests of ``hooks.transcoder``."""
+(``TranscoderSet.to_safetensors``) write them, for the tests of ``hooks.types.transcoder``."""
 from __future__ import annotations
 
 import json

@@ -78,11 +78,11 @@ class Sae(Tap):
     """Splices an SAE with its error term at each selected module (see the module docstring)."""
 
     spec_class = SaeSpec
-    #: The name of the features module it adds under each spliced module (``hooks.transcoder``: ``transcoder``).
+    #: The name of the features module it adds under each spliced module (``hooks.types.transcoder``: ``transcoder``).
     features_name = FEATURES
     #: What it splices, for messages.
     what = "SAE"
-    #: Add the error term (``hooks.transcoder``'s ``error: false`` leaves the dictionary's output alone).
+    #: Add the error term (``hooks.types.transcoder``'s ``error: false`` leaves the dictionary's output alone).
     keeps_error = True
 
     def __init__(self, name: str, spec: SaeSpec, folder: dict | None = None) -> None:
@@ -183,7 +183,7 @@ class Sae(Tap):
             child.encode = self._encode
 
     def _load_dictionaries(self, model: nn.Module) -> None:
-        """The SAE, one for every module the entry splices (``hooks.transcoder`` loads one per block)."""
+        """The SAE, one for every module the entry splices (``hooks.types.transcoder`` loads one per block)."""
         self._sae = self._load(self.spec.path, self.folder)
         self._dims = check_sae(self._sae, f"{self.key}._target_")
 

@@ -32,7 +32,7 @@ import yaml
 from safetensors import safe_open
 
 from common.errors import ConfigError, choice_error
-from hooks.sae_format import CONFIG_FILE, WEIGHTS_FILE, SaeLensSae, read_mapping
+from hooks.formats.sae_format import CONFIG_FILE, WEIGHTS_FILE, SaeLensSae, read_mapping
 
 #: SAELens 6's transcoder architectures (``cfg.json``'s ``architecture``).
 ARCHITECTURES = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder")

@@ -8,7 +8,7 @@ otherwise). The error term is computed without gradient, so gradients reach ``a`
 skip term only, as in circuit-tracer's replacement model; ``error: false`` leaves it out, so that the module's
 output is the transcoder's own, ``decode(f') + skip(a)`` (how far the model then moves measures the transcoder).
 
-It is an ``sae`` entry (``hooks.sae``) whose features read the module's input rather than the tensor they
+It is an ``sae`` entry (``hooks.types.sae``) whose features read the module's input rather than the tensor they
 replace: the same splice, the same keys (``features``, ``op``, ``value``, ``slot`` of a tuple output, a loader in
 ``_target_``), and the features are the output of a module added under each spliced one, named ``transcoder``
 (``transformer.h.0.mlp.transcoder``; ``type:SaeFeatures`` selects every one), that ``stats``, ``units``,
@@ -16,7 +16,7 @@ replace: the same splice, the same keys (``features``, ``op``, ``value``, ``slot
 
 ``path`` is a SAELens transcoder folder (the same transcoder at every selected module) or a circuit-tracer
 folder of ``layer_<i>.safetensors`` (block ``i``'s at the MLP of block ``i``, found through the model's family
-vocabulary, ``hooks.families``); ``hooks.transcoder_format`` reads both. Another format names its loader in
+vocabulary, ``hooks.mechanism.families``); ``hooks.formats.transcoder_format`` reads both. Another format names its loader in
 ``_target_``, called with ``path``, returning one transcoder for every selected module.
 """
 from __future__ import annotations
@@ -29,14 +29,14 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.unit_sketch import default_unit_axis
-from hooks.families import vocabulary
-from hooks.registry import register
-from hooks.sae import Sae
-from hooks.sae_format import host_bytes
-from hooks.sae_width import input_width, output_width
+from hooks.mechanism.families import vocabulary
+from hooks.mechanism.registry import register
+from hooks.types.sae import Sae
+from hooks.formats.sae_format import host_bytes
+from hooks.types.sae_width import input_width, output_width
 from hooks.specs.transcoder import TRANSCODER_LOADER, TranscoderSpec
-from hooks.tap import Tap
-from hooks.transcoder_format import check_folder, check_transcoder
+from hooks.mechanism.tap import Tap
+from hooks.formats.transcoder_format import check_folder, check_transcoder
 
 #: The name of the features module under each spliced module.
 FEATURES = "transcoder"
@@ -102,7 +102,7 @@ class Transcoder(Sae):
 
     def check_built(self, model: nn.Module) -> None:
         """Each transcoder's ``d_in`` and ``d_out`` against the width of the input and output of the module it
-        would splice (``hooks.sae_width``), where the model built on the meta device tells them, and the feature
+        would splice (``hooks.types.sae_width``), where the model built on the meta device tells them, and the feature
         numbers against ``d_sae``."""
         for layer, module in Tap.targets(self, model):  # the model's modules, given no features module
             path, dims = self._source(model, layer)
