@@ -311,3 +311,33 @@ def test_a_bad_transcoder_is_one_line_with_status_2_before_the_run(fault, tmp_pa
     presets = () if any(b.startswith("hooks=") for b in bad) else ("hooks=transcoder",)
     outcome = fault(*GPT2, *presets, *bad)
     assert (outcome.code, outcome.stderr) == (2, message)
+
+
+def test_patching_the_features_from_another_run_moves_the_mlp_output_by_their_difference_through_w_dec(tmp_path):
+    """``patch`` on ``<mlp>.transcoder`` from a run on other data (``data.seed=1``) puts that run's features in
+    and decodes them: block 0's MLP output becomes ``y + (f_source - f) W_dec`` (the error term and the skip term
+    are this run's), with ``f``, ``f_source`` and ``y`` the runs' own kept tensors."""
+    from conftest import make_config, run
+    from runner.analysis import load_tensors
+
+    feats = f"{MLP}.transcoder"
+    fixture = Path(__file__).parent / "fixtures" / "transcoders_gpt2_tiny"
+    common = (*GPT2, "steps=2", "hooks.transcoder.layers=blocks.0.mlp", f"hooks.transcoder.path={fixture}",
+              f"hooks.extract.layers=[{MLP},{feats}]")
+    runs = {}
+    for name, extra in {"source": ("hooks=[transcoder,extract]", "data.seed=1"),
+                        "plain": ("hooks=[transcoder,extract]",),
+                        "patched": ("hooks=[transcoder,patch,extract]", f"hooks.patch.layers={feats}")}.items():
+        overrides = (*common, *extra) + ((f"hooks.patch.source={runs['source']}",) if name == "patched" else ())
+        runs[name] = run(make_config(*overrides), tmp_path / name, overrides)
+
+    def kept(name: str, layer: str) -> torch.Tensor:
+        t = load_tensors(runs[name])
+        t = t[(t.layer == layer) & (t.hook == "extract")].sort_values("step")
+        return torch.from_numpy(np.concatenate(list(t.tensor))).double()
+
+    w_dec = load_file(fixture / "layer_0.safetensors")["W_dec"].double()
+    moved = (kept("source", feats) - kept("plain", feats)) @ w_dec
+    assert moved.abs().max() > 0.05
+    torch.testing.assert_close(kept("patched", feats), kept("source", feats), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kept("patched", MLP) - kept("plain", MLP), moved, atol=1e-5, rtol=0)
