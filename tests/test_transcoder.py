@@ -341,3 +341,18 @@ def test_patching_the_features_from_another_run_moves_the_mlp_output_by_their_di
     assert moved.abs().max() > 0.05
     torch.testing.assert_close(kept("patched", feats), kept("source", feats), atol=1e-6, rtol=0)
     torch.testing.assert_close(kept("patched", MLP) - kept("plain", MLP), moved, atol=1e-5, rtol=0)
+
+
+def test_the_transcoder_s_weights_are_stated_as_the_bytes_of_its_tensors(tmp_path):
+    """``plan=true`` states what the entry holds on the host: the transcoder's tensors, loaded by hand (an MLP,
+    which the meta device runs whole for the plan's rehearsal; gpt2_tiny's forward it cannot run, as for ``sae``)."""
+    from conftest import make_config
+    from runner.engine.budget import held, size_text
+    from runner.engine.plan import compile_plan, describe
+
+    folder = saelens_transcoder(tmp_path / "tc", 100, 200, d_sae=16, skip=True)
+    real = sum(t.nbytes for t in load_file(folder / "sae_weights.safetensors").values())
+    plan = compile_plan(make_config("model=mlp", "data.shape=[8,100]", "hooks=transcoder", "hooks.transcoder.layers=fc1",
+                                    f"hooks.transcoder.path={folder}"))
+    assert [(key, what, n) for key, what, n in held(plan.rehearsal)] == [("transcoder", "transcoder weights", real)]
+    assert f"  hooks.transcoder: {size_text(real)} of transcoder weights" in describe(plan)
