@@ -110,6 +110,23 @@ def spliced_block(model, kept):
     block.register_forward_hook(lambda module, args, out: kept.keep("transformer.h.0", out))
 
 
+def spliced_mlps(model, kept):
+    """The fixture's circuit-tracer skip JumpReLU transcoders spliced by hand at both MLPs of gpt2_tiny, each
+    ``decode(f) + skip(a)`` plus the error term (no gradient), the outputs kept."""
+    from safetensors.torch import load_file
+
+    for block in (0, 1):
+        w = load_file(ROOT / "tests/fixtures/transcoders_gpt2_tiny" / f"layer_{block}.safetensors")
+
+        def splice(module, args, out, w=w):
+            pre = args[0] @ w["W_enc"].T + w["b_enc"]
+            recon = (pre * (pre > w["activation_function.threshold"])) @ w["W_dec"] + w["b_dec"] + args[0] @ w["W_skip"].T
+            return recon + (out - recon).detach()
+        name = f"transformer.h.{block}.mlp"
+        model.get_submodule(name).register_forward_hook(splice)
+        model.get_submodule(name).register_forward_hook(lambda module, args, out, name=name: kept.keep(name, out))
+
+
 #: Per type answered by its records: (entry name, command-line overrides, hand-written stand-in, first kind).
 RECORDING = {
     "ablate": ("ablate", (*CONVNET, "hooks=ablate", "hooks.ablate.layers=conv"),
@@ -127,6 +144,9 @@ RECORDING = {
     "replace": ("zero_bias", (*CONVNET, "hooks=zero_bias"), keep_param_grads(("fc.bias",)), "param_grad"),
     "sae": ("sae", ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "steps=2", "progress=false",
                     "hooks=sae", f"hooks.sae.path={ROOT / 'tests/fixtures/sae_standard'}"), spliced_block, "output"),
+    "transcoder": ("transcoder", ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "steps=2", "progress=false",
+                                  "hooks=transcoder", f"hooks.transcoder.path={ROOT / 'tests/fixtures/transcoders_gpt2_tiny'}"),
+                   spliced_mlps, "output"),
     "saved_tensors": ("offload", (*CONVNET, "hooks=offload"), counted_saves, "saved"),
     "scale": ("double_grad", (*CONVNET, "hooks=double_grad"), keep_grad_outputs(scale=2.0, names=["fc"]),
               "grad_output"),

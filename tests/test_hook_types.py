@@ -11,6 +11,7 @@ from conftest import hook_count, make_config, run
 from hooks import HOOK_TYPES
 from models_for_tests import Exploding, Interrupted, TrackedResNet18
 from sae_folders import random_saelens
+from transcoder_folders import saelens_transcoder
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
 HOOK_PRESETS = [p for p in PRESETS if p != "none"]
@@ -22,14 +23,18 @@ def test_every_hook_type_has_a_preset():
 
 
 #: Presets whose default layers do not fit a ResNet (the tutorial applies them to model=linear).
-RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"], "sae": ["hooks.sae.layers=layer3.1"]}
+RESNET_OVERRIDES = {"residual": ["hooks.residual.layers=type:ReLU"], "sae": ["hooks.sae.layers=layer3.1"],
+                    "transcoder": ["hooks.transcoder.layers=layer3.1"]}
 
 
 def needed(preset: str, tmp_path: Path, width: int) -> list[str]:
     """What a preset needs that no default can give: ``store`` a directory of its own, ``attribution``
-    a metric to differentiate, ``steer`` a vector of the steered layer's ``width``, ``sae`` an SAE that wide."""
+    a metric to differentiate, ``steer`` a vector of the steered layer's ``width``, ``sae`` an SAE and
+    ``transcoder`` a transcoder that wide."""
     if preset == "sae":
         return [f"hooks.sae.path={random_saelens(tmp_path / 'sae', width)}"]
+    if preset == "transcoder":
+        return [f"hooks.transcoder.path={saelens_transcoder(tmp_path / 'transcoder', width, width)}"]
     if preset == "steer":
         np.save(tmp_path / "vector.npy", np.linspace(-1, 1, width))
         return [f"hooks.steer.file={tmp_path / 'vector.npy'}"]

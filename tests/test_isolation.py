@@ -21,6 +21,7 @@ from hooks import HookSession, build_hooks
 from hooks.mechanism.recorder import Recorder
 from hooks.mechanism.registry import HOOK_TYPES
 from sae_folders import random_saelens
+from transcoder_folders import saelens_transcoder
 from runner.analysis import load as analysis
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "hooks").glob("*.yaml"))
@@ -75,6 +76,9 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         extra += (*STORE_PRESET, f"hooks.store.path={tmp_path / 'store'}")
     if preset == "sae":  # an SAE reading the 4 channels of layer4's last module
         extra += ("hooks.sae.layers=layer4.1", f"hooks.sae.path={random_saelens(tmp_path / 'sae', 4)}")
+    if preset == "transcoder":  # a transcoder reading layer4's last module's 4 input channels, writing its 4 output ones
+        extra += ("hooks.transcoder.layers=layer4.1",
+                  f"hooks.transcoder.path={saelens_transcoder(tmp_path / 'transcoder', 4, 4)}")
     if preset == "steer":
         np.save(tmp_path / "vector.npy", np.ones(4))
         extra += (*STEER_PRESET, f"hooks.steer.file={tmp_path / 'vector.npy'}")

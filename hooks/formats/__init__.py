@@ -1,4 +1,5 @@
 """The files hook types write or read that have a format of their own: activation-store shards
-(``store_files``) and SAELens folders (``sae_format``). Change a format here and its readers follow
+(``store_files``), SAELens folders (``sae_format``) and transcoder folders, SAELens's and circuit-tracer's
+(``transcoder_format``). Change a format here and its readers follow
 from ``common/`` (``common/store_format.py`` declares the store's layout). Imports nothing of hooks/.
 """

@@ -92,6 +92,17 @@ class SaeLensSae:
         return x
 
 
+def read_mapping(file: Path, key: str) -> dict[str, Any]:
+    """The JSON mapping in ``file`` (a ``cfg.json``), else one line naming it."""
+    try:
+        cfg = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key}: '{file}' is not readable JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{key}: '{file}' holds {type(cfg).__name__}, not a mapping")
+    return cfg
+
+
 def read_config(path: Path, key: str) -> dict[str, Any]:
     """The folder's ``cfg.json``, checked: a supported architecture and normalization, no reshaping."""
     if not path.is_dir():
@@ -102,12 +113,7 @@ def read_config(path: Path, key: str) -> dict[str, Any]:
             raise ConfigError(f"{key}: '{path}' has no {name}; an SAE in SAELens's format is a folder holding "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (other formats: a loader in "
                               f"{key.rsplit('.', 1)[0]}._target_)")
-    try:
-        cfg = json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{key}: '{path / CONFIG_FILE}' is not readable JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{key}: '{path / CONFIG_FILE}' holds {type(cfg).__name__}, not a mapping")
+    cfg = read_mapping(path / CONFIG_FILE, key)
     architecture = cfg.get("architecture", "standard")
     if architecture not in ARCHITECTURES:
         raise ConfigError(f"{key}: the SAE at '{path}' has architecture '{architecture}'; supported: "

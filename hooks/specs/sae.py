@@ -36,6 +36,9 @@ class SaeSpec(TapSpec):
     op: Optional[str] = None          #: ablate | clamp | steer (null: splice only)
     value: float = 0.0                #: clamp's value, steer's addend
 
+    #: The loader ``_target_`` names by default, whose folder the entry itself checks (not a key).
+    default_loader = SAELENS_LOADER
+
     def check(self, key: str) -> None:
         super().check(key)
         check_finite(key, self)  # first: a NaN value is the mistake, whatever else is missing
@@ -46,7 +49,7 @@ class SaeSpec(TapSpec):
         if not self.path:
             raise ConfigError(f"{key}.path: required: the SAE's folder (SAELens: cfg.json and "
                               f"sae_weights.safetensors), e.g. {key}.path=saes/blocks.0")
-        if self._target_ != SAELENS_LOADER:  # a SAELens folder is checked once, by the entry (``Sae.folder``)
+        if self._target_ != self.default_loader:  # a SAELens folder is checked once, by the entry (``Sae.folder``)
             resolve_callable(self._target_, f"{key}._target_", 1, "(path)")
         if self.op is not None and self.op not in OPS:
             raise choice_error(f"{key}.op", self.op, OPS, "op")

@@ -78,6 +78,12 @@ class Sae(Tap):
     """Splices an SAE with its error term at each selected module (see the module docstring)."""
 
     spec_class = SaeSpec
+    #: The name of the features module it adds under each spliced module (``hooks.types.transcoder``: ``transcoder``).
+    features_name = FEATURES
+    #: What it splices, for messages.
+    what = "SAE"
+    #: Add the error term (``hooks.types.transcoder``'s ``error: false`` leaves the dictionary's output alone).
+    keeps_error = True
 
     def __init__(self, name: str, spec: SaeSpec, folder: dict | None = None) -> None:
         super().__init__(name, spec)
@@ -159,45 +165,52 @@ class Sae(Tap):
             raise ConfigError(f"{self.key}.layers: '{layer}' is a container ({type(module).__name__}), which would call "
                               f"the features module added to it; splice at the module its {self.spec.target} "
                               f"is, '{inner}'")
-        child = dict(module.named_children()).get(FEATURES)
+        child = dict(module.named_children()).get(self.features_name)
         if isinstance(child, SaeFeatures) and child.owner == self.key:
             return child
-        if child is not None or hasattr(module, FEATURES):
+        if child is not None or hasattr(module, self.features_name):
             owner = child.owner if isinstance(child, SaeFeatures) else f"the model's {type(child or module).__name__}"
-            raise ConfigError(f"{self.key}.layers: '{layer}' has an SAE already (spliced by {owner}); "
-                              f"one SAE per module: splice the next one at another module")
+            raise ConfigError(f"{self.key}.layers: '{layer}' has an {self.what} already (spliced by {owner}); "
+                              f"one {self.what} per module: splice the next one at another module")
         child = SaeFeatures(self.key)
-        module.add_module(FEATURES, child)
+        module.add_module(self.features_name, child)
         return child
 
     def attach(self, model: nn.Module, session) -> None:
-        self._sae = self._load()
-        self._dims = check_sae(self._sae, f"{self.key}._target_")
+        self._load_dictionaries(model)
         super().attach(model, session)  # its targets() adds the features modules
         for _, child in self._features.values():
             child.encode = self._encode
+
+    def _load_dictionaries(self, model: nn.Module) -> None:
+        """The SAE, one for every module the entry splices (``hooks.types.transcoder`` loads one per block)."""
+        self._sae = self._load(self.spec.path, self.folder)
+        self._dims = check_sae(self._sae, f"{self.key}._target_")
 
     def held_bytes(self) -> dict[str, int]:
         """The SAE's weights, loaded on the host for the run (``memory.budget`` counts them)."""
         return {"SAE weights": host_bytes(self._sae)} if self._sae is not None else {}
 
-    def _load(self) -> Any:
-        loader = resolve_callable(self.spec._target_, f"{self.key}._target_", 1, "(path)")
-        if self.folder is not None:  # the default loader, given the config the entry read
-            loader = partial(loader, cfg=self.folder)
+    def _load(self, path: str, cfg: dict | None) -> Any:
+        """What the entry's loader (``_target_``) returns for ``path``; ``cfg``: what the entry read of the folder,
+        given to the default loader."""
+        target = self.spec._target_
+        loader = resolve_callable(target, f"{self.key}._target_", 1, "(path)")
+        if cfg is not None:  # the default loader, given the config the entry read
+            loader = partial(loader, cfg=cfg)
         try:
-            return loader(self.spec.path)
+            return loader(path)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - a user's loader failed: one line naming it
-            raise ConfigError(f"{self.key}._target_: '{self.spec._target_}' raised {type(exc).__name__} "
-                              f"loading '{self.spec.path}': {exc}") from None
+            raise ConfigError(f"{self.key}._target_: '{target}' raised {type(exc).__name__} "
+                              f"loading '{path}': {exc}") from None
 
     def close(self) -> None:
         """Take the features modules out of the model again."""
         for module, child in self._features.values():
-            if dict(module.named_children()).get(FEATURES) is child:
-                delattr(module, FEATURES)
+            if dict(module.named_children()).get(self.features_name) is child:
+                delattr(module, self.features_name)
             child.encode = None
         self._features = {}
 
@@ -214,21 +227,35 @@ class Sae(Tap):
             self._clean = self._sae.encode(x)
         return self._clean.movedim(-1, axis)
 
-    def _spliced(self, x: torch.Tensor) -> torch.Tensor:
-        """``decode(f') + (x - decode(f))`` along the unit axis: see the module docstring."""
+    def _spliced(self, x: torch.Tensor, read: torch.Tensor | None = None) -> torch.Tensor:
+        """``decode(f') + (x - decode(f))`` along the unit axis: see the module docstring. ``read``: the tensor
+        the features read when it is not ``x`` (a transcoder's: the module's input)."""
         layer, axis = self._layer, default_unit_axis(x.dim())
-        if x.dim() < 2 or x.shape[axis] != self._dims[0]:
-            width = x.shape[axis] if x.dim() >= 2 else "-"
-            self._refuse_width(layer, self._dims[0], f"{list(x.shape)} (units: dim {axis})", width)
-        features = self._features[layer][1](x)
+        read = x if read is None else read
+        self._check_widths(layer, x, read)
+        features = self._features[layer][1](read)
         clean, self._clean = self._clean, None
         edited = self._edited(features.movedim(axis, -1))
         if x.is_meta:
             return x
-        x = x.movedim(axis, -1)
-        with torch.no_grad():
-            error = x - self._sae.decode(clean)
-        return (self._sae.decode(edited) + error).to(x.dtype).movedim(-1, axis)
+        x, read = x.movedim(axis, -1), read.movedim(axis, -1)
+        out = self._reconstruction(edited, read)
+        if self.keeps_error:
+            with torch.no_grad():  # the error term carries no gradient
+                error = x - self._reconstruction(clean, read)
+            out = out + error
+        return out.to(x.dtype).movedim(-1, axis)
+
+    def _check_widths(self, layer: str, x: torch.Tensor, read: torch.Tensor) -> None:
+        """One line when ``x`` is not ``d_in`` wide along its unit axis."""
+        axis = default_unit_axis(x.dim())
+        if x.dim() < 2 or x.shape[axis] != self._dims[0]:
+            width = x.shape[axis] if x.dim() >= 2 else "-"
+            self._refuse_width(layer, self._dims[0], f"{list(x.shape)} (units: dim {axis})", width)
+
+    def _reconstruction(self, features: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+        """What the dictionary makes of ``features`` (``[..., d_sae]``) read from ``read``: an SAE's ``decode``."""
+        return self._sae.decode(features)
 
     def _edited(self, features: torch.Tensor) -> torch.Tensor:
         """``features`` with the entry's op applied to the part ``features`` picks (``hooks.index.narrowed``)."""
@@ -242,10 +269,12 @@ def check_order(hooks: Sequence[HookType]) -> None:
     """Refuse an entry selecting an SAE's features (``<layer>.sae``, ``type:SaeFeatures``) that is listed
     before every ``sae`` entry, or attached at an earlier step than the first listed before it: the
     features module it names exists only once an ``sae`` entry is attached."""
-    saes = [hook for hook in hooks if isinstance(hook, Sae)]
+    splicers = [hook for hook in hooks if isinstance(hook, Sae)]
     for position, hook in enumerate(hooks):
         selectors = [hook.spec.layers] if isinstance(hook.spec.layers, str) else list(hook.spec.layers or [])
-        named = [s for s in selectors if isinstance(s, str) and (FEATURES in s.split(".") or "SaeFeatures" in s)]
+        named = [s for s in selectors if isinstance(s, str) and (
+            {sae.features_name for sae in splicers} & set(s.split(".")) or "SaeFeatures" in s)]
+        saes = [sae for sae in splicers if any(sae.features_name in s.split(".") or "SaeFeatures" in s for s in named)]
         if not named or not saes or isinstance(hook, Sae):
             continue
         before = [sae for sae in saes if hooks.index(sae) < position]
