@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from hooks import native
-from hooks.base import HookType
+from hooks.kernels import native
+from hooks.mechanism.base import HookType
 from hooks.specs.callables import resolved_paths
 from runner.config.compose import kept_composition
 from runner.config.schema import RunConfig
