@@ -160,3 +160,20 @@ def test_a_preset_edited_to_the_same_size_and_time_is_composed_again(counts, tmp
     assert preset.stat().st_size == before.st_size and preset.stat().st_mtime_ns == before.st_mtime_ns
     assert compose_module.compose_plain(overrides)["hooks"]["mine"]["max"] == 0.7
     assert len(counts.composed) == 2
+
+
+def test_a_preset_changed_within_two_seconds_of_its_read_is_read_again(counts, tmp_path, monkeypatch):
+    """An edit within the file system's clock tick may keep every stat field: a file that new is not trusted.
+    (The window is widened here to a day, so that a slow first composition cannot outlast it.)"""
+    assert compose_module._SETTLED_NS == 2_000_000_000
+    monkeypatch.setattr(compose_module, "_SETTLED_NS", 86_400 * 10**9)
+    conf = tmp_path / "conf"
+    (conf / "hooks").mkdir(parents=True)
+    preset = conf / "hooks" / "mine.yaml"
+    preset.write_text(PRESET.format(bound=0.5))
+    overrides = ["hooks=mine", f"hydra.searchpath=[file://{conf}]"]
+    compose_module.compose_plain(overrides)
+    read = []
+    monkeypatch.setattr(compose_module, "open", lambda path, *a: read.append(path) or open(path, *a), raising=False)
+    compose_module.compose_plain(overrides)
+    assert read == [str(preset)] and len(counts.composed) == 1
