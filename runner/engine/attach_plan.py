@@ -73,11 +73,6 @@ def attach_plan(hooks, overrides: Sequence[str], settings: dict, logger) -> Atta
     return _copied(plan)
 
 
-def forget() -> None:
-    """Drop every kept plan (a test that counts the checks of one compile starts from none)."""
-    _COMPILED.clear()
-
-
 def _config_yaml(typed) -> str:
     """The ``config.yaml`` of an attach block: the settings that mean something in a user's loop, the entries, the loggers."""
     return OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks", "logger"]), resolve=True)
