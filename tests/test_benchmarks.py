@@ -24,7 +24,7 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     for row in rows:
         by_section.setdefault(row["section"], []).append(row)
     assert set(by_section) == {"hook overhead", "against hand-written", "parquet write", "stats table", "start-up",
-                               "peak memory", "first step", "sweep loading", "attach block"}
+                               "peak memory", "first step", "sweep loading", "attach block", "sweep start"}
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
 
     overhead = {r["name"]: r for r in by_section["hook overhead"]}
@@ -47,6 +47,7 @@ def test_quick_benchmark_writes_every_table(tmp_path):
     first = {r["config"].split()[0]: r for r in by_section["first step"]}
     assert set(first) == {"hooks=stats", "hooks=none"}, "step 0 is measured beside a run without hooks"
     assert first["hooks=stats"]["target"] and not first["hooks=none"]["target"]
+    assert "### Issue 50's targets, as ratios" in markdown
 
 
 @pytest.mark.slow
@@ -65,6 +66,39 @@ def test_the_attach_block_is_timed_beside_a_bare_step_and_the_durable_write_of_i
     assert rows["attach block"]["ratio"] == 1.0 and rows["attach block"]["target"].startswith("≤ 20 ms ")
     assert rows["bare step"]["value"] < rows["attach block"]["value"]  # the block holds a step and more
     assert "| attach block |" in "\n".join(report.lines)
+
+
+@pytest.mark.slow
+def test_the_first_job_of_a_sweep_is_timed_beside_a_sweep_of_one_job():
+    """The patching sweep at ``--quick`` sizes (2 jobs) and of one job, each to job 0's first step, in CPU seconds."""
+    settings = bench.Settings.from_args(argparse.Namespace(quick=True, resnet50=False, long=False, rounds=1,
+                                                           device="cpu"))
+    report = bench.Report()
+    bench.sweep_first_step(report, settings)
+    rows = {r["config"]: r for r in report.rows}
+    assert list(rows) == ["2 jobs", "1 jobs"] and all(r["section"] == "sweep start" for r in rows.values())
+    assert all(r["value"] > 0 and r["unit"] == "CPU s" for r in rows.values())
+    assert rows["1 jobs"]["ratio"] == 1.0
+    assert rows["2 jobs"]["ratio"] == rows["2 jobs"]["value"] / rows["1 jobs"]["value"]
+
+
+def test_issue_50s_table_divides_this_runs_rows():
+    """The summary reads the rows the sections added: the block against 20 ms, the 1,000-job load (not a 10,000-job
+    one after it), the 64-job sweep's first job against a sweep of one job."""
+    settings = bench.Settings.from_args(argparse.Namespace(quick=False, resnet50=False, long=True, rounds=1,
+                                                           device="cpu"))
+    report = bench.Report()
+    for name, ms in zip(bench.attach_block.ROWS, (17.0, 0.5, 3.5)):
+        report.add("attach block", "", name, ms, "CPU ms")
+    report.add("sweep loading", "1,000 jobs", "4 columns", 0.6, "s", 1.25, "≤ 1.3 met")
+    report.add("sweep loading", "10,000 jobs", "4 columns", 6.0, "s", 1.5, "≤ 1.3 **missed**")
+    report.add("sweep start", "64 jobs", "to job 0's first step", 12.0, "CPU s", 12.0 / 8.0)
+    report.add("sweep start", "1 jobs", "to job 0's first step", 8.0, "CPU s", 1.0)
+    bench.issue_targets(report, settings)
+    table = [line for line in report.lines if line.startswith("| ")][-3:]
+    assert table[0].startswith(f"| attach block ") and f"| {17.0 / 20:.2f} | ≤ 1 | ≤ 20 ms met |" in table[0]
+    assert "| load_stats, 4 columns of 1,000 jobs | 1.25 | ≤ 1.3 | ≤ 1.3 met |" in table[1]
+    assert f"| {12.0 / 8.0:.2f} |" in table[2] and "12.00 s against 8.00 s" in table[2]
 
 
 def test_every_variant_leaves_the_gradients_of_bare_or_of_the_hand_written_clamp():

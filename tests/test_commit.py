@@ -223,3 +223,22 @@ def test_a_background_write_error_surfaces_as_the_one_line_output_error(tmp_path
         write_run(out, steps=3, row_group_bytes=1)
     assert str(info.value) == f"cannot write '{out}/stats.parquet': No space left on device"
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+@pytest.mark.parametrize("row_group_bytes", [1, 64 << 20], ids=["a-row-group-a-step", "all-rows-buffered"])
+def test_files_without_rows_are_never_created_and_a_measure_no_step_gave_is_no_column(tmp_path, monkeypatch,
+                                                                                       row_group_bytes):
+    """Only the files that get rows are created (the optional ones without are left out, never opened and
+    removed); a measure no step gave is dropped from the rows still buffered, or from the file written."""
+    created = []
+    open_writer = pq.ParquetWriter.__init__
+    monkeypatch.setattr(pq.ParquetWriter, "__init__",
+                        lambda self, where, *a, **k: created.append(Path(where).name) or open_writer(self, where, *a, **k))
+    out = tmp_path / "run"
+    with RunOutputs(out, "run: 3", row_group_bytes=row_group_bytes, measures=["accuracy", "logit"]) as outputs:
+        for step in range(3):
+            outputs.write_step(step, captures(4), loss=0.5, wall_time_s=0.01, metrics={"logit": 1.0 + step})
+    assert {name.split(".tmp-")[0] for name in created} == {".stats.parquet", ".steps.parquet"}
+    steps = pq.read_table(out / "steps.parquet")
+    assert "accuracy" not in steps.column_names and steps.column("logit").to_pylist() == [1.0, 2.0, 3.0]
+    assert run_state(out) == (outputs.claim.run_id, 3)

@@ -7,6 +7,7 @@ search path and the registrations are unchanged: an edited preset is composed ag
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -132,3 +133,47 @@ def test_a_caller_changing_its_composition_does_not_change_the_next_one(counts):
     first = compose_module.compose_plain(["model=mlp"])
     first["model"]["name"] = "changed"
     assert compose_module.compose_plain(["model=mlp"])["model"]["name"] == "mlp"
+
+
+def test_unchanged_presets_are_not_read_again(counts, monkeypatch):
+    """A composition reused reads no file of ``conf/`` again: each one's stat is compared, its contents kept."""
+    compose_module.compose_plain(RUN)
+    read = []
+    monkeypatch.setattr(compose_module, "open", lambda path, *a: read.append(path) or open(path, *a), raising=False)
+    assert compose_module.compose_plain(RUN)["hooks"]["stats"]["type"] == "stats"
+    assert read == [] and len(counts.composed) == 1
+
+
+def test_a_preset_edited_to_the_same_size_and_time_is_composed_again(counts, tmp_path, monkeypatch):
+    """The modification time put back (``os.utime``, or an edit within one tick of the file system's clock) and
+    the size unchanged: the change time still says it. Here a file is trusted as soon as it is read."""
+    monkeypatch.setattr(compose_module, "_SETTLED_NS", -10**18)
+    conf = tmp_path / "conf"
+    (conf / "hooks").mkdir(parents=True)
+    preset = conf / "hooks" / "mine.yaml"
+    preset.write_text(PRESET.format(bound=0.5))
+    overrides = ["hooks=mine", f"hydra.searchpath=[file://{conf}]"]
+    assert compose_module.compose_plain(overrides)["hooks"]["mine"]["max"] == 0.5
+    before = preset.stat()
+    preset.write_text(PRESET.format(bound=0.7))
+    os.utime(preset, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert preset.stat().st_size == before.st_size and preset.stat().st_mtime_ns == before.st_mtime_ns
+    assert compose_module.compose_plain(overrides)["hooks"]["mine"]["max"] == 0.7
+    assert len(counts.composed) == 2
+
+
+def test_a_preset_changed_within_two_seconds_of_its_read_is_read_again(counts, tmp_path, monkeypatch):
+    """An edit within the file system's clock tick may keep every stat field: a file that new is not trusted.
+    (The window is widened here to a day, so that a slow first composition cannot outlast it.)"""
+    assert compose_module._SETTLED_NS == 2_000_000_000
+    monkeypatch.setattr(compose_module, "_SETTLED_NS", 86_400 * 10**9)
+    conf = tmp_path / "conf"
+    (conf / "hooks").mkdir(parents=True)
+    preset = conf / "hooks" / "mine.yaml"
+    preset.write_text(PRESET.format(bound=0.5))
+    overrides = ["hooks=mine", f"hydra.searchpath=[file://{conf}]"]
+    compose_module.compose_plain(overrides)
+    read = []
+    monkeypatch.setattr(compose_module, "open", lambda path, *a: read.append(path) or open(path, *a), raising=False)
+    compose_module.compose_plain(overrides)
+    assert read == [str(preset)] and len(counts.composed) == 1

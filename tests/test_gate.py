@@ -32,7 +32,7 @@ from runner.analysis import intact
 from runner.cli import execute as execute_module, replay
 from runner.cli.commandline import check_command_line
 from runner.config.compose import compose_config
-from runner.engine import attach as attach_module, loop, plan as plan_module, steps
+from runner.engine import attach as attach_module, attach_plan, loop, plan as plan_module, steps
 from runner.sources import data as data_module
 from runner.store import claim, ranks
 
@@ -181,16 +181,31 @@ def test_each_check_runs_once_for_one_command_line_run_and_none_outside_the_gate
     _clean(watch)
 
 
-def test_each_check_runs_once_for_one_attach_run_and_none_outside_the_gate(watch, tmp_path):
+def _attach_run(watch: Watch, out) -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    with runner.attach(model, hooks=["clip", "stats"], out_dir=tmp_path / "run") as run:
+    with runner.attach(model, hooks=["clip", "stats"], out_dir=out) as run:
         watch.after_gate()  # the first call's rehearsal is the gate's still (rehearse_call)
         for _ in range(2):
             loss = model(torch.randn(5, 3)).sum()
             run.backward(loss)
             run.step(loss)
-    assert (tmp_path / "run" / "manifest.json").is_file()
+    assert (out / "manifest.json").is_file()
+
+
+def test_each_check_runs_once_for_one_attach_run_and_none_outside_the_gate(watch, tmp_path, monkeypatch):
+    monkeypatch.setattr(attach_plan, "_COMPILED", {})  # no plan kept from an earlier test's block
+    _attach_run(watch, tmp_path / "run")
     _once(watch, ATTACH)
+    _clean(watch)
+
+
+def test_a_block_of_arguments_compiled_before_makes_only_the_models_checks(watch, tmp_path, monkeypatch):
+    monkeypatch.setattr(attach_plan, "_COMPILED", {})
+    _attach_run(watch, tmp_path / "first")
+    watch.calls.clear()
+    watch.judging_run = False
+    _attach_run(watch, tmp_path / "second")  # its plan kept (runner.engine.attach_plan): the model is new
+    _once(watch, {plan_module.check_attached_model, plan_module.rehearse_call, plan_module.check_budget})
     _clean(watch)
 
 

@@ -225,3 +225,34 @@ def test_forward_only_entries_add_no_call_per_parameter_and_backward_entries_mar
     backward, parameters = landed_calls({"s": {"type": "stats", "layers": "leaf:**", "kinds": ["grad_output"]}})
     assert forward == 0
     assert backward == parameters
+
+
+#: Where an attach block's fixed cost went before its plan was kept (2026-12-07, 71 ms of CPU a block: the
+#: schema merges and resolving of OmegaConf, Hydra's composition, a re-read of the packages' metadata for the
+#: manifest, PyYAML's Python scanner for the loggers' copy of the config): none of them runs in a block
+#: compiled before (Hydra's ConfigStore is still asked what is registered: ``hydra/core/``).
+SLOW_PATHS = ("/omegaconf/", "/hydra/_internal/", "/hydra/compose.py", "/importlib/metadata/", "/yaml/scanner.py")
+
+
+def test_a_block_of_arguments_compiled_before_calls_no_omegaconf_hydra_yaml_or_metadata(tmp_path):
+    model = net(1)
+
+    def block(out):
+        with runner.attach(model, hooks=["clip", "stats"], out_dir=out) as run:
+            train_step(model)
+            run.step()
+
+    block(tmp_path / "first")
+    called: collections.Counter[str] = collections.Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.update(path for path in SLOW_PATHS if path in frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        block(tmp_path / "second")
+    finally:
+        sys.setprofile(None)
+    assert (tmp_path / "second" / "manifest.json").is_file()
+    assert called == {}, f"calls per block: {dict(called)}"

@@ -172,3 +172,21 @@ def test_a_sweep_reads_one_footer_per_schema_its_manifests_list(sweep, tmp_path,
     df = analysis.load_stats(mixed)
     assert sorted(str(Path(f).parent.name) for f in read) == ["0", "3", "5"]  # the shared schema's first, 3, 5
     assert (df["note"] == "x").sum() == len(table)
+
+
+def test_groups_sharing_a_dictionary_read_it_into_python_once_and_keep_their_labels(monkeypatch):
+    """A sweep's files mostly hold the same layer names: a group whose dictionary equals the last group's reuses
+    its codes; one with other values (a third file with a new layer, and a missing one) is coded afresh."""
+    dictionaries = []
+    local = frame._Labels.local
+    monkeypatch.setattr(frame._Labels, "local", lambda self, values: dictionaries.append(values) or local(self, values))
+    monkeypatch.setattr(frame, "GROUP_ROWS", 1)  # each batch a group of its own
+    same = ["conv1", "fc", "conv1"]
+    files = [same, same, ["fc", "conv9", None]]
+    schema = pa.schema([("layer", pa.dictionary(pa.int32(), pa.string()))])
+    batches = [(pa.record_batch([pa.array(layers).dictionary_encode()], schema=schema), i)
+               for i, layers in enumerate(files)]
+    df, file_of = frame.to_frame(iter(batches), schema, 4)
+    assert df["layer"].tolist()[:8] == [*same, *same, "fc", "conv9"] and pd.isna(df["layer"].iloc[8])
+    assert file_of.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert dictionaries == [["conv1", "fc"], ["fc", "conv9"]]

@@ -6,11 +6,29 @@ no such name, not callable, wrong number of arguments) is one ``ConfigError`` na
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
 from common.errors import ConfigError, closest
+
+
+#: The import paths ``resolve_callable`` was asked for inside ``resolved_paths()``; ``None`` outside it.
+_RESOLVED: ContextVar[list[str] | None] = ContextVar("resolved_paths", default=None)
+
+
+@contextlib.contextmanager
+def resolved_paths() -> Iterator[list[str]]:
+    """Yield the list of the import paths ``resolve_callable`` is asked for within: what the checks read of a
+    user's code (``runner.attach`` keeps no plan that read any: the function may be redefined before the next block)."""
+    found: list[str] = []
+    token = _RESOLVED.set(found)
+    try:
+        yield found
+    finally:
+        _RESOLVED.reset(token)
 
 
 def resolve_callable(path: object, key: str, nargs: int, called_as: str) -> Callable:
@@ -20,6 +38,8 @@ def resolve_callable(path: object, key: str, nargs: int, called_as: str) -> Call
     importable module prefix is imported and the rest looked up as attributes. ``called_as``
     describes the call for the error message, e.g. ``"(module, args, output)"``.
     """
+    if (asked := _RESOLVED.get()) is not None:
+        asked.append(str(path))
     if not isinstance(path, str) or "." not in path.strip("."):
         raise ConfigError(f"{key}: {path!r} is not an import path; write module.function, e.g. mypkg.hooks.my_hook")
     parts = path.split(".")

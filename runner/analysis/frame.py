@@ -63,6 +63,8 @@ class _Labels:
     def __init__(self, capacity: int) -> None:
         self.codes = np.empty(capacity, dtype=np.int8)
         self.index: dict = {}
+        #: The last group's dictionary and its codes: the next group of a sweep's files mostly has the same one.
+        self.last: tuple[pa.Array, np.ndarray] | None = None
 
     def grow(self, capacity: int) -> None:
         self.codes = _grown(self.codes, capacity)
@@ -71,7 +73,9 @@ class _Labels:
         if not pa.types.is_dictionary(column.type):
             column = pc.dictionary_encode(column)
         indices = column.indices.fill_null(len(column.dictionary)) if column.null_count else column.indices
-        self.codes[at:at + len(column)] = self.local(column.dictionary.to_pylist())[indices.to_numpy()]
+        if self.last is None or not self.last[0].equals(column.dictionary):
+            self.last = (column.dictionary, self.local(column.dictionary.to_pylist()))
+        self.codes[at:at + len(column)] = self.last[1][indices.to_numpy()]
 
     def local(self, values: list) -> np.ndarray:
         """Codes of this group's distinct ``values`` (``None``: missing), then -1 for a missing row."""

@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -162,6 +163,14 @@ def compose_plain(overrides: Sequence[str]) -> dict:
     return copy.deepcopy(held.plain)
 
 
+def kept_composition(overrides: Sequence[str]) -> _Composition | None:
+    """The composition ``compose_plain`` keeps for ``overrides`` while what it read is unchanged, else ``None``;
+    it never composes (what is compiled from a composition is kept as long as it is: ``runner.engine.attach_plan``)."""
+    held = _COMPOSED.get(tuple(overrides))
+    unchanged = held is not None and held.inputs == (_yaml_files(held.sources), tuple(map(id, _registered())))
+    return held if unchanged else None
+
+
 def _search_path(overrides: Sequence[str]) -> tuple[str, ...]:
     """The directories a composition of ``overrides`` reads presets from, as far as they say it: ``conf/``
     and the ``file://`` entries of ``hydra.searchpath`` (one that ``config.yaml`` adds is known once composed)."""
@@ -182,9 +191,34 @@ def _yaml_files(directories: Sequence[str]) -> tuple[tuple[str, bytes], ...]:
             for name in names:
                 path = os.path.join(root, name)
                 if name.endswith((".yaml", ".yml")):
-                    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:  # removed meanwhile: not read
-                        found.append((path, f.read()))
+                    with contextlib.suppress(FileNotFoundError):  # removed meanwhile: not read
+                        found.append((path, _contents(path)))
     return tuple(sorted(found))
+
+
+#: Each YAML file's contents as last read, with the ``os.stat`` fields they were read under.
+_READ: dict[str, tuple[tuple[int, ...], bytes]] = {}
+#: A file last changed longer ago than this (ns) when it was read is taken as read while its stat holds.
+_SETTLED_NS = 2_000_000_000
+
+
+def _contents(path: str) -> bytes:
+    """The file's bytes, read again only when its stat changed (modification and change times, size, inode,
+    device: 0.4 ms for ``conf/`` where reading it is 1 ms). A file changed less than ``_SETTLED_NS`` before
+    it was read is read every time: an edit within the file system's clock tick keeps the time, and may
+    keep the size (git's "racily clean" entries)."""
+    stat = os.stat(path)
+    fields = (stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size, stat.st_ino, stat.st_dev)
+    held = _READ.get(path)
+    if held is not None and held[0] == fields:
+        return held[1]
+    with open(path, "rb") as f:
+        data = f.read()
+    if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) > _SETTLED_NS:
+        _READ[path] = (fields, data)
+    else:
+        _READ.pop(path, None)
+    return data
 
 
 def _registered() -> tuple:

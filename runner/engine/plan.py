@@ -157,14 +157,21 @@ def attach_config(hooks, overrides: Sequence[str], settings: dict, logger) -> tu
         raise ConfigError(f"logger: {logger!r} must be a list of logger names or a mapping of their settings")
     entries = dict(hooks) if isinstance(hooks, Mapping) else {}
     loggers = {name: dict(node or {}) for name, node in logger.items()} if isinstance(logger, Mapping) else {}
-    lines = [f"hooks=[{','.join(map(str, hooks))}]" if not entries else "hooks=[]", *overrides]
-    if logger and not loggers:
-        lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
+    lines = attach_lines(hooks, overrides, logger)
     composed = OmegaConf.create(compose_plain(lines))  # composed once while its files are unchanged
     try:
         return OmegaConf.merge(composed, {"hooks": entries, "logger": loggers}, settings), lines
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{getattr(exc, 'full_key', '') or 'hooks'}: {str(exc).splitlines()[0]}") from None
+
+
+def attach_lines(hooks, overrides: Sequence[str], logger) -> list[str]:
+    """The command lines ``runner.attach``'s ``hooks``, ``overrides`` and ``logger`` stand for: preset names
+    as ``hooks=[...]`` and ``logger=[...]`` (a mapping of entries or settings is merged after composing)."""
+    lines = [f"hooks=[{','.join(map(str, hooks))}]" if not isinstance(hooks, Mapping) else "hooks=[]", *overrides]
+    if logger and not isinstance(logger, Mapping):
+        lines.insert(1, f"logger=[{','.join(map(str, logger))}]")
+    return lines
 
 
 def check_attached_model(model: nn.Module, hooks: Sequence[HookType]) -> None:
