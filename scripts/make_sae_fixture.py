@@ -1,5 +1,5 @@
 """Make the SAE fixtures of ``tests/test_sae*.py`` with sae-lens itself (run it with sae-lens 6 installed:
-``DIR/bin/python scripts/make_sae_fixture.py [OUT_DIR]``, DIR built by ``scripts/make-sae-env.sh DIR``; default
+``DIR/bin/python scripts/make_sae_fixture.py [OUT_DIR]``, DIR built by ``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``; default
 ``tests/fixtures``).
 
 For each case below, a random-weight sae-lens SAE for gpt2_tiny's hidden size (d_in 32) with a tiny

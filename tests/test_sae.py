@@ -5,7 +5,7 @@ feature edits equal sae-lens 6's own (saved by ``scripts/make_sae_fixture.py`` i
 the features are a module's output that ``units``, ``stats``, ``extract`` and ``store`` record and that
 ``ablate`` edits; and a bad folder, architecture, width or order is one line with status 2 before the run.
 The ``sae``-marked test runs sae-lens itself (the python ``HOOK_RUNNER_SAE_PYTHON`` names: its own venv, built by
-``scripts/make-sae-env.sh DIR``) on a freshly made SAE."""
+``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``) on a freshly made SAE."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,7 @@ CASES = ("standard", "rescaled", "jumprelu")
 EDITS = {"ablate": ([1, 3], "ablate", 0.0), "clamp": ([2], "clamp", 5.0), "steer": ([0, 5], "steer", 2.0)}
 LAYER = "transformer.h.0"
 GPT2 = ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval")
-#: sae-lens 6's python: its own venv (it pins transformer-lens < 4), built by ``scripts/make-sae-env.sh DIR``
+#: sae-lens 6's python: its own venv (it pins transformer-lens < 4), built by ``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``
 SAE_PYTHON = os.environ.get("HOOK_RUNNER_SAE_PYTHON")
 
 
@@ -397,7 +397,7 @@ def test_a_bad_sae_is_one_line_with_status_2_before_the_run(fault, tmp_path, bad
 
 @pytest.mark.sae
 @pytest.mark.skipif(not SAE_PYTHON, reason="HOOK_RUNNER_SAE_PYTHON is unset: sae-lens 6 lives in its own venv (it pins "
-                    "transformer-lens < 4; scripts/make-sae-env.sh DIR builds it, then set it to DIR/bin/python); "
+                    "transformer-lens < 4; scripts/make-peer-env.sh DIR 'sae-lens>=6,<7' builds it, then set it to DIR/bin/python); "
                     "without it, the default tests against its saved outputs are the gate")
 def test_sae_lens_live_on_a_fresh_sae_equals_the_preset(tmp_path):
     """sae-lens itself makes and runs a fresh set of SAEs (``scripts/make_sae_fixture.py``); the preset's

@@ -1,5 +1,5 @@
 """``transcoder``'s readers against the libraries that write the formats, each run in a venv of its own: sae-lens
-6 (``HOOK_RUNNER_SAE_PYTHON``, built by ``scripts/make-sae-env.sh DIR``) saves random-weight ``Transcoder``,
+6 (``HOOK_RUNNER_SAE_PYTHON``, built by ``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``) saves random-weight ``Transcoder``,
 ``SkipTranscoder``, ``JumpReLUTranscoder`` and ``JumpReLUSkipTranscoder`` with ``save_model`` and computes
 ``encode`` and ``forward``; circuit-tracer 0.5 (``HOOK_RUNNER_CIRCUIT_TRACER_PYTHON``: ``python -m venv
 --system-site-packages DIR && DIR/bin/pip install "circuit-tracer==0.5.*"``, run offline) saves a
@@ -95,7 +95,7 @@ def output_of(tc, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.sae
 @pytest.mark.skipif(not SAE_PYTHON, reason="HOOK_RUNNER_SAE_PYTHON is unset: sae-lens 6 lives in its own venv "
-                    "(scripts/make-sae-env.sh DIR builds it); the default tests check against float64 by hand")
+                    "(scripts/make-peer-env.sh DIR 'sae-lens>=6,<7' builds it); the default tests check against float64 by hand")
 def test_sae_lens_s_saved_transcoders_encode_and_forward_as_sae_lens_does(tmp_path):
     expected = made_by(SAE_PYTHON, SAE_LENS_SCRIPT, tmp_path)
     for arch in ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder"):
