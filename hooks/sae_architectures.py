@@ -70,7 +70,7 @@ def linear_decode(w: Weights, features: torch.Tensor, cfg: dict[str, Any]) -> to
 def topk_decode(w: Weights, features: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor:
     if topk_rescaled(cfg):
         features = features * (1 / w["W_dec"].norm(dim=-1))
-    return features @ w["W_dec"] + w["b_dec"]
+    return linear_decode(w, features, cfg)
 
 
 def batchtopk_as_jumprelu(w: Weights, cfg: dict[str, Any]) -> Weights:
