@@ -1,5 +1,5 @@
 """SAELens folders with random weights for tests that need an SAE of a given width and architecture
-(``hooks.sae``): ``cfg.json`` and ``sae_weights.safetensors`` as ``sae_lens.SAE.save_model`` writes them."""
+(``hooks.types.sae``): ``cfg.json`` and ``sae_weights.safetensors`` as ``sae_lens.SAE.save_model`` writes them."""
 from __future__ import annotations
 
 import json

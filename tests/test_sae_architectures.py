@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hooks.sae_format import load_saelens
+from hooks.formats.sae_format import load_saelens
 from sae_folders import random_saelens
 
 D_IN, D_SAE = 12, 10
