@@ -1,11 +1,13 @@
-"""``sae`` against sae-lens and plain PyTorch: feature activations, reconstruction and spliced outputs under
-feature edits equal sae-lens 6's own (saved by ``scripts/make_sae_fixture.py`` in ``tests/fixtures``, to
-1e-6); the spliced gpt2_tiny's logits equal those of hand-written hooks splicing the same SAE in plain PyTorch
+"""``sae`` against sae-lens and plain PyTorch: for an SAE of each architecture sae-lens 6 saves (standard,
+jumprelu, topk, batchtopk, gated), feature activations equal sae-lens 6's own bit for bit, reconstruction and
+spliced outputs under feature edits to 1e-6 (saved by ``scripts/make_sae_fixture.py`` in ``tests/fixtures``),
+and the spliced gpt2_tiny's logits the plain model's to 1e-5; the spliced gpt2_tiny's logits equal those of hand-written hooks splicing the same SAE in plain PyTorch
 (1e-5), unedited, steered and ablated, and an edit moves them by what the hand-written edit does;
 the features are a module's output that ``units``, ``stats``, ``extract`` and ``store`` record and that
 ``ablate`` edits; and a bad folder, architecture, width or order is one line with status 2 before the run.
 The ``sae``-marked test runs sae-lens itself (the python ``HOOK_RUNNER_SAE_PYTHON`` names: its own venv, built by
-``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``) on a freshly made SAE."""
+``scripts/make-peer-env.sh DIR 'sae-lens>=6,<7'``) on a freshly made SAE of each architecture with each
+normalization and ``apply_b_dec_to_input``."""
 from __future__ import annotations
 
 import json
@@ -33,7 +35,8 @@ pytestmark = pytest.mark.statistics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = load_file(FIXTURES / "sae_expected.safetensors")
-CASES = ("standard", "rescaled", "jumprelu")
+#: one SAE of each architecture (``scripts/make_sae_fixture.py``'s ``CASES``)
+CASES = ("standard", "rescaled", "jumprelu", "topk", "topk_rescaled", "batchtopk", "gated")
 #: the edits ``scripts/make_sae_fixture.py`` made with sae-lens: (features, op, value)
 EDITS = {"ablate": ([1, 3], "ablate", 0.0), "clamp": ([2], "clamp", 5.0), "steer": ([0, 5], "steer", 2.0)}
 LAYER = "transformer.h.0"
@@ -73,7 +76,7 @@ def spliced_in_identity(entry: dict, x: torch.Tensor, out_dir) -> tuple[torch.Te
 def test_features_and_reconstruction_equal_sae_lens_s_encode_and_decode(case, tmp_path):
     x = EXPECTED[f"{case}.x"]
     out, features = spliced_in_identity(sae_entry(case, "0"), x, tmp_path / "run")
-    torch.testing.assert_close(features, EXPECTED[f"{case}.features"], atol=1e-6, rtol=0)
+    assert torch.equal(features, EXPECTED[f"{case}.features"])  # bit for bit
     assert 0 < (features > 0).float().mean() < 1  # some features fire, some do not
     sae = load_saelens(str(FIXTURES / f"sae_{case}"))
     torch.testing.assert_close(sae.decode(sae.encode(x)), EXPECTED[f"{case}.recon"], atol=1e-6, rtol=0)
@@ -88,6 +91,28 @@ def test_edited_features_spliced_with_the_error_term_equal_sae_lens_s(case, edit
     out, _ = spliced_in_identity(sae_entry(case, "0", features=features, op=op, value=value), x, tmp_path / "run")
     torch.testing.assert_close(out, EXPECTED[f"{case}.{edit}"], atol=1e-6, rtol=0)
     assert (out - x).abs().max() > 0.1  # the edit changed the output
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_model_spliced_with_an_sae_of_each_architecture_gives_its_own_logits(case, tmp_path):
+    """The error term leaves gpt2_tiny's logits as they were (1e-5) with the SAE spliced at a block, and the
+    features module saw that block's output encoded by sae-lens's encode as ``load_saelens`` repeats it."""
+    model, x = gpt2(), tokens(1)
+    with torch.no_grad():
+        plain = model(x).logits
+    blocks, seen = [], []
+    with runner.attach(model, hooks={"sae": sae_entry(case)}, out_dir=tmp_path / "run") as attached:
+        handles = [model.get_submodule(LAYER).register_forward_hook(lambda m, a, out: blocks.append(out), prepend=True),
+                   model.get_submodule(f"{LAYER}.sae").register_forward_hook(lambda m, a, out: seen.append(out))]
+        with torch.no_grad():
+            spliced = model(x).logits
+        for handle in handles:
+            handle.remove()
+        attached.step()
+    assert len(seen) == 1, "the features module was not called once in the pass"
+    assert torch.equal(seen[0], load_saelens(str(FIXTURES / f"sae_{case}")).encode(blocks[0]))
+    assert 0 < (seen[0] > 0).float().mean() < 1
+    torch.testing.assert_close(spliced, plain, atol=1e-5, rtol=0)
 
 
 def hand_splice(edit: Callable[[torch.Tensor], torch.Tensor] = lambda f: f, seen: list | None = None):
@@ -351,9 +376,10 @@ def test_another_format_s_loader_named_in_target_is_spliced_like_a_saelens_folde
     torch.testing.assert_close(out, EXPECTED["standard.steer"], atol=1e-6, rtol=0)
 
 
-def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
+def broken_folder(tmp_path: Path, case: str = "standard", **cfg_changes) -> Path:
+    """A copy of fixture ``case`` in ``tmp_path/sae_bad`` whose ``cfg.json`` has ``cfg_changes``."""
     folder = tmp_path / "sae_bad"
-    shutil.copytree(FIXTURES / "sae_standard", folder)
+    shutil.copytree(FIXTURES / f"sae_{case}", folder)
     cfg = json.loads((folder / "cfg.json").read_text())
     (folder / "cfg.json").write_text(json.dumps({**cfg, **cfg_changes}))
     return folder
@@ -363,8 +389,9 @@ def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
     (("hooks.sae.path=/no/such/sae",),
      "error: hooks.sae.path: no folder at '/no/such/sae'; an SAE in SAELens's format is a folder holding cfg.json "
      "and sae_weights.safetensors"),
-    (("hooks.sae.path=TOPK",),
-     "error: hooks.sae.path: the SAE at 'TOPK' has architecture 'topk'; supported: standard, jumprelu"),
+    (("hooks.sae.path=ABSTOPK",),
+     "error: hooks.sae.path: the SAE at 'ABSTOPK': unknown architecture 'abstopk'; valid: batchtopk, gated, jumprelu, "
+     "standard, topk; did you mean 'topk'?"),
     (("hooks.sae.path=STANDARD", "hooks.sae.layers=transformer.h.0.mlp.c_fc"),
      "error: hooks.sae.path: the SAE at 'STANDARD' reads vectors of d_in=32; 'transformer.h.0.mlp.c_fc' output is "
      "[..., 128], 128 units wide"),
@@ -385,8 +412,8 @@ def broken_folder(tmp_path: Path, **cfg_changes) -> Path:
      "and what it does (hooks.sae.op=ablate|clamp|steer)"),
 ])
 def test_a_bad_sae_is_one_line_with_status_2_before_the_run(fault, tmp_path, bad, message):
-    topk = broken_folder(tmp_path, architecture="topk")
-    paths = {"TOPK": str(topk), "STANDARD": str(FIXTURES / "sae_standard")}
+    abstopk = broken_folder(tmp_path, architecture="abstopk")  # sae-lens 6 has it; hooks=sae does not read it
+    paths = {"ABSTOPK": str(abstopk), "STANDARD": str(FIXTURES / "sae_standard")}
     for placeholder, path in paths.items():
         bad = tuple(b.replace(placeholder, path) for b in bad)
         message = message.replace(placeholder, path)
@@ -395,22 +422,55 @@ def test_a_bad_sae_is_one_line_with_status_2_before_the_run(fault, tmp_path, bad
     assert (outcome.code, outcome.stderr) == (2, message)
 
 
+@pytest.mark.parametrize("case", [case for case in CASES if case not in ("standard", "rescaled", "jumprelu")])
+def test_a_topk_batchtopk_or_gated_sae_of_another_width_is_one_line_with_status_2_before_the_run(fault, case):
+    folder = FIXTURES / f"sae_{case}"
+    outcome = fault(*GPT2, "hooks=sae", f"hooks.sae.path={folder}", "hooks.sae.layers=transformer.h.0.mlp.c_fc")
+    assert (outcome.code, outcome.stderr) == (2, (
+        f"error: hooks.sae.path: the SAE at '{folder}' reads vectors of d_in=32; 'transformer.h.0.mlp.c_fc' output is "
+        "[..., 128], 128 units wide"))
+
+
+@pytest.mark.parametrize("case, cfg, message", [
+    ("topk", {"k": 9}, "'CFG' has k=9; a topk SAE keeps k features of each vector, an integer from 1 to d_sae=8"),
+    ("topk", {"k": 2.5}, "'CFG' has k=2.5; a topk SAE keeps k features of each vector, an integer from 1 to d_sae=8"),
+    ("gated", {"d_in": 16}, "'WEIGHTS' holds 'W_dec' of shape [8, 32]; d_in=16, d_sae=8 in cfg.json make it [8, 16]"),
+    ("gated", {"architecture": "standard"}, "'WEIGHTS' has no tensor 'b_enc' (a standard SAE has W_enc, b_enc, W_dec, "
+                                            "b_dec)"),
+    ("batchtopk", {"architecture": "jumprelu"}, "'WEIGHTS' has no tensor 'threshold' (a jumprelu SAE has W_enc, b_enc, "
+                                                "W_dec, b_dec, threshold)"),
+])
+def test_a_folder_whose_cfg_json_its_weights_or_k_contradict_is_one_line_with_status_2(fault, tmp_path, case, cfg,
+                                                                                         message):
+    folder = broken_folder(tmp_path, case, **cfg)
+    message = message.replace("CFG", str(folder / "cfg.json")).replace("WEIGHTS", str(folder / "sae_weights.safetensors"))
+    outcome = fault(*GPT2, "hooks=sae", f"hooks.sae.path={folder}")
+    assert (outcome.code, outcome.stderr) == (2, f"error: hooks.sae.path: {message}")
+
+
 @pytest.mark.sae
 @pytest.mark.skipif(not SAE_PYTHON, reason="HOOK_RUNNER_SAE_PYTHON is unset: sae-lens 6 lives in its own venv (it pins "
                     "transformer-lens < 4; scripts/make-peer-env.sh DIR 'sae-lens>=6,<7' builds it, then set it to DIR/bin/python); "
                     "without it, the default tests against its saved outputs are the gate")
-def test_sae_lens_live_on_a_fresh_sae_equals_the_preset(tmp_path):
-    """sae-lens itself makes and runs a fresh set of SAEs (``scripts/make_sae_fixture.py``); the preset's
-    features, reconstruction and edited splices equal what it computed."""
+def test_sae_lens_live_on_a_fresh_sae_of_each_architecture_normalization_and_b_dec_equals_the_preset(tmp_path):
+    """sae-lens itself makes, saves and runs a fresh SAE of each architecture (topk and batchtopk with and
+    without ``rescale_acts_by_decoder_norm``) with each normalization, with and without ``apply_b_dec_to_input``
+    (``scripts/make_sae_fixture.py --every``); read from its folders, the features equal what sae-lens's
+    encode gave bit for bit, the reconstruction and the spliced outputs under each edit what it gave to 1e-6."""
     script = Path(__file__).parents[1] / "scripts" / "make_sae_fixture.py"
-    subprocess.run([SAE_PYTHON, str(script), str(tmp_path)], check=True, capture_output=True)
+    subprocess.run([SAE_PYTHON, str(script), str(tmp_path), "--every"], check=True, capture_output=True)
     fresh = load_file(tmp_path / "sae_expected.safetensors")
-    for case in CASES:
+    cases = sorted({key.split(".")[0] for key in fresh})
+    configs = [json.loads((tmp_path / f"sae_{case}" / "cfg.json").read_text()) for case in cases]
+    assert {(c["architecture"], c["normalize_activations"], c["apply_b_dec_to_input"]) for c in configs} == {
+        (a, n, b) for a in ("standard", "jumprelu", "topk", "batchtopk", "gated")
+        for n in ("none", "constant_norm_rescale", "layer_norm") for b in (True, False)}
+    for case in cases:
         x = fresh[f"{case}.x"]
         sae = load_saelens(str(tmp_path / f"sae_{case}"))
-        torch.testing.assert_close(sae.encode(x), fresh[f"{case}.features"], atol=1e-6, rtol=0)
-        torch.testing.assert_close(sae.decode(sae.encode(x)), fresh[f"{case}.recon"], atol=1e-6, rtol=0)
+        assert torch.equal(sae.encode(x), fresh[f"{case}.features"]), case
+        torch.testing.assert_close(sae.decode(sae.encode(x)), fresh[f"{case}.recon"], atol=1e-6, rtol=0, msg=case)
         for edit, (features, op, value) in EDITS.items():
             entry = {**sae_entry(case, "0", features=features, op=op, value=value), "path": str(tmp_path / f"sae_{case}")}
             out, _ = spliced_in_identity(entry, x, tmp_path / f"run_{case}_{edit}")
-            torch.testing.assert_close(out, fresh[f"{case}.{edit}"], atol=1e-6, rtol=0)
+            torch.testing.assert_close(out, fresh[f"{case}.{edit}"], atol=1e-6, rtol=0, msg=f"{case} {edit}")

@@ -5,49 +5,45 @@ The contract (``check_sae``): an object with ``encode(x) -> features`` (``[..., 
 ``[..., d_sae]``), ``decode(features) -> x`` and ``W_dec`` of shape ``[d_sae, d_in]``; a loader named
 by ``hooks.NAME._target_`` is called with the folder and returns one (a SAELens ``SAE`` does).
 
-The SAELens folder (``load_saelens``), as ``sae_lens.SAE.save_model`` writes it: ``W_enc``
-``[d_in, d_sae]``, ``b_enc`` ``[d_sae]``, ``W_dec`` ``[d_sae, d_in]``, ``b_dec`` ``[d_in]``, and for
-``jumprelu`` a ``threshold`` ``[d_sae]``. Encode (``sae_lens.saes.sae.SAE.process_sae_in``, then
-``StandardSAE.encode`` / ``JumpReLUSAE.encode``) casts the input to the SAE's dtype, normalizes it
-(``normalize_activations``), subtracts ``b_dec`` when ``apply_b_dec_to_input``, and gives
-``relu(x W_enc + b_enc)``, for ``jumprelu`` zeroed where the pre-activation is not above
-``threshold``. Decode gives ``f W_dec + b_dec``, normalized back with the statistics of the last
-encode, as SAELens keeps them. Other architectures (topk, gated, ...), an input normalization the
-folder cannot carry (``expected_average_only_in``, ``covariance_whitening``: SAELens folds their
-factors in only when it downloads) and ``hook_z`` reshaping are refused in one line.
+The SAELens folder (``load_saelens``), as ``sae_lens.SAE.save_model`` writes it: ``cfg.json`` and the tensors of
+its architecture (``hooks.formats.sae_architectures``: ``standard``, ``jumprelu``, ``topk``, ``batchtopk``, ``gated``).
+Encode (``sae_lens.saes.sae.SAE.process_sae_in``, then the architecture's) casts the input to the SAE's
+dtype, normalizes it (``normalize_activations``), subtracts ``b_dec`` when ``apply_b_dec_to_input``, and
+gives the architecture's features. Decode gives the architecture's reconstruction, normalized back with the
+statistics of the last encode, as SAELens keeps them. Other architectures, an input normalization the
+folder cannot carry (``expected_average_only_in``, ``covariance_whitening``: SAELens folds their factors in
+only when it downloads or when training ends) and ``hook_z`` reshaping are refused in one line.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
 
 from common.errors import ConfigError, choice_error
+from hooks.formats.sae_architectures import ARCHITECTURES, Architecture
 
 CONFIG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
-ARCHITECTURES = ("standard", "jumprelu")
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
-#: The tensors of each architecture, with their shapes as (d_in, d_sae) make them.
-SHAPES = {"W_enc": ("d_in", "d_sae"), "b_enc": ("d_sae",), "W_dec": ("d_sae", "d_in"), "b_dec": ("d_in",)}
 LAYER_NORM_EPS = 1e-5  #: SAELens's ``run_time_activation_ln_in`` default
 
 
 class SaeLensSae:
-    """A SAELens ``standard`` or ``jumprelu`` SAE for inference: ``encode`` and ``decode`` as SAELens 6
-    computes them (see the module docstring), its tensors moved to each input's device on first use."""
+    """A SAELens SAE for inference: ``encode`` and ``decode`` as SAELens 6 computes them (see the module
+    docstring), its tensors (as sae-lens's inference SAE holds them) moved to each input's device on first use."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], architecture: str, apply_b_dec_to_input: bool,
-                 normalize_activations: str) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], cfg: dict[str, Any]) -> None:
         self.tensors = tensors
-        self.architecture = architecture
-        self.apply_b_dec_to_input = apply_b_dec_to_input
-        self.normalize_activations = normalize_activations
+        self.cfg = cfg
+        self.architecture = architecture_of(cfg)
+        self.apply_b_dec_to_input = bool(cfg.get("apply_b_dec_to_input", True))
+        self.normalize_activations = cfg.get("normalize_activations", "none")
         self._on: dict[torch.device, dict[str, torch.Tensor]] = {}
-        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None  # (shift, scale) of the last encode
+        self._undo: Callable[[torch.Tensor], torch.Tensor] | None = None  # undoes the last encode's normalization
 
     @property
     def W_dec(self) -> torch.Tensor:  # noqa: N802 - SAELens's name, which the contract reads
@@ -63,31 +59,23 @@ class SaeLensSae:
         x = self._normalized(x.to(w["W_enc"].dtype))
         if self.apply_b_dec_to_input:
             x = x - w["b_dec"]
-        pre = x @ w["W_enc"] + w["b_enc"]
-        acts = torch.relu(pre)
-        if self.architecture == "jumprelu":
-            acts = acts * (pre > w["threshold"]).to(acts.dtype)
-        return acts
+        return self.architecture.encode(w, x, self.cfg)
 
     def decode(self, features: torch.Tensor) -> torch.Tensor:
-        w = self._at(features.device)
-        out = features @ w["W_dec"] + w["b_dec"]
-        if self._norm is not None:
-            shift, scale = self._norm
-            out = out * scale + shift
-        return out
+        out = self.architecture.decode(self._at(features.device), features, self.cfg)
+        return out if self._undo is None else self._undo(out)
 
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as SAELens normalizes it on the way in; keeps what decode needs to undo it."""
+        """``x`` as SAELens normalizes it on the way in; keeps how decode undoes it."""
         if self.normalize_activations == "constant_norm_rescale":
             coeff = x.shape[-1] ** 0.5 / x.norm(dim=-1, keepdim=True)
-            self._norm = (torch.zeros((), dtype=x.dtype, device=x.device), 1 / coeff)
+            self._undo = lambda out: out / coeff
             return x * coeff
         if self.normalize_activations == "layer_norm":
             mu = x.mean(dim=-1, keepdim=True)
             x = x - mu
             std = x.std(dim=-1, keepdim=True)
-            self._norm = (mu, std)
+            self._undo = lambda out: out * std + mu
             return x / (std + LAYER_NORM_EPS)
         return x
 
@@ -103,6 +91,11 @@ def read_mapping(file: Path, key: str) -> dict[str, Any]:
     return cfg
 
 
+def architecture_of(cfg: dict[str, Any]) -> Architecture:
+    """The architecture a checked ``cfg.json`` names (SAELens's default: ``standard``)."""
+    return ARCHITECTURES[cfg.get("architecture", "standard")]
+
+
 def read_config(path: Path, key: str) -> dict[str, Any]:
     """The folder's ``cfg.json``, checked: a supported architecture and normalization, no reshaping."""
     if not path.is_dir():
@@ -114,10 +107,8 @@ def read_config(path: Path, key: str) -> dict[str, Any]:
                               f"{CONFIG_FILE} and {WEIGHTS_FILE} (other formats: a loader in "
                               f"{key.rsplit('.', 1)[0]}._target_)")
     cfg = read_mapping(path / CONFIG_FILE, key)
-    architecture = cfg.get("architecture", "standard")
-    if architecture not in ARCHITECTURES:
-        raise ConfigError(f"{key}: the SAE at '{path}' has architecture '{architecture}'; supported: "
-                          f"{', '.join(ARCHITECTURES)}")
+    if cfg.get("architecture", "standard") not in ARCHITECTURES:
+        raise choice_error(f"{key}: the SAE at '{path}'", cfg["architecture"], ARCHITECTURES, "architecture")
     if cfg.get("normalize_activations", "none") not in NORMALIZATIONS:
         raise choice_error(f"{key}: the SAE at '{path}' has normalize_activations",
                            cfg["normalize_activations"], NORMALIZATIONS, "normalization")
@@ -127,14 +118,13 @@ def read_config(path: Path, key: str) -> dict[str, Any]:
     for name in ("d_in", "d_sae"):
         if not isinstance(cfg.get(name), int) or cfg[name] < 1:
             raise ConfigError(f"{key}: '{path / CONFIG_FILE}' has {name}={cfg.get(name)!r}; a positive integer")
+    architecture_of(cfg).check(cfg, f"{key}: '{path / CONFIG_FILE}'")
     return cfg
 
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    shapes = {name: tuple(cfg[dim] for dim in dims) for name, dims in SHAPES.items()}
-    if cfg.get("architecture", "standard") == "jumprelu":
-        shapes["threshold"] = (cfg["d_sae"],)
-    return shapes
+    """The shape of each tensor the folder's architecture has, as ``d_in`` and ``d_sae`` make them."""
+    return {name: tuple(cfg[dim] for dim in dims) for name, dims in architecture_of(cfg).tensors.items()}
 
 
 def check_saelens(folder: str, key: str) -> dict[str, Any]:
@@ -143,7 +133,7 @@ def check_saelens(folder: str, key: str) -> dict[str, Any]:
     their shapes. Returns the config."""
     path = Path(folder)
     cfg = read_config(path, key)
-    wanted = expected_shapes(cfg)
+    wanted, kind = expected_shapes(cfg), cfg.get("architecture", "standard")
     try:
         with safe_open(path / WEIGHTS_FILE, framework="pt") as f:
             found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
@@ -151,11 +141,11 @@ def check_saelens(folder: str, key: str) -> dict[str, Any]:
         raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' is not a readable safetensors file: {exc}") from None
     for name in sorted(found.keys() | wanted.keys()):
         if name not in found:
-            raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' has no tensor '{name}' (a {cfg.get('architecture', 'standard')} "
-                              f"SAE has {', '.join(wanted)})")
+            raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' has no tensor '{name}' (a {kind} SAE has "
+                              f"{', '.join(wanted)})")
         if name not in wanted:
-            raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' holds '{name}', which a "
-                              f"{cfg.get('architecture', 'standard')} SAE does not have ({', '.join(wanted)})")
+            raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' holds '{name}', which a {kind} SAE does not have "
+                              f"({', '.join(wanted)})")
         if found[name] != wanted[name]:
             raise ConfigError(f"{key}: '{path / WEIGHTS_FILE}' holds '{name}' of shape {list(found[name])}; "
                               f"d_in={cfg['d_in']}, d_sae={cfg['d_sae']} in {CONFIG_FILE} make it {list(wanted[name])}")
@@ -163,14 +153,15 @@ def check_saelens(folder: str, key: str) -> dict[str, Any]:
 
 
 def load_saelens(folder: str, cfg: dict[str, Any] | None = None) -> SaeLensSae:
-    """The SAE in the SAELens folder ``folder`` (checked by ``check_saelens`` when the entry was built),
-    in the dtype of its ``cfg.json`` (default float32); ``cfg``: that file as the entry read it."""
+    """The SAE in the SAELens folder ``folder`` (checked by ``check_saelens`` when the entry was built), its
+    weights as sae-lens's inference SAE holds them, in the dtype of its ``cfg.json`` (default float32);
+    ``cfg``: that file as the entry read it."""
     cfg = read_config(Path(folder), "sae") if cfg is None else cfg
     dtype = getattr(torch, str(cfg.get("dtype", "float32")).removeprefix("torch."))
     with safe_open(Path(folder) / WEIGHTS_FILE, framework="pt") as f:
-        tensors = {name: f.get_tensor(name).to(dtype) for name in f.keys()}  # noqa: SIM118
-    return SaeLensSae(tensors, cfg.get("architecture", "standard"), bool(cfg.get("apply_b_dec_to_input", True)),
-                      cfg.get("normalize_activations", "none"))
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    tensors = architecture_of(cfg).for_inference(tensors, cfg)
+    return SaeLensSae({name: t.to(dtype) for name, t in tensors.items()}, cfg)
 
 
 def host_bytes(sae: Any) -> int:

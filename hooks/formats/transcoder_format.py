@@ -55,7 +55,8 @@ class LoadedTranscoder(SaeLensSae):
     threshold)``) or ``None`` (ReLU)."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], jump: str | None) -> None:
-        super().__init__(tensors, "standard", apply_b_dec_to_input=False, normalize_activations="none")
+        super().__init__(tensors, {"architecture": "standard", "apply_b_dec_to_input": False,
+                                   "normalize_activations": "none"})
         self.jump = jump
 
     @property
