@@ -17,9 +17,9 @@ numpy, pyarrow, of ``runner``, or of ``hooks`` outside this room (``common`` is 
 import importlib
 import pkgutil
 
-from hooks.specs.base import HOOK_TYPES, HookSpec
+from hooks.specs.base import HOOK_TYPES, Answers, HookSpec, Section
 
-__all__ = ["HOOK_TYPES", "HookSpec", "declare_all"]
+__all__ = ["HOOK_TYPES", "Answers", "HookSpec", "Section", "declare_all"]
 
 
 def declare_all() -> None:
