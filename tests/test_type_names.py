@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from conftest import run_main
+from test_registries import SCALE_HOOK
 from hooks.specs import HOOK_TYPES
 from runner.sources.models import MLP
 
@@ -69,58 +70,45 @@ def test_no_module_of_the_runner_tests_a_hook_types_name():
     assert found == [], "a hook type's name tested outside hooks/ (declare it with the type's spec):\n" + "\n".join(found)
 
 
-#: A user's hook type in one module: a forward hook recording its layers' outputs, whose spec declares its own
-#: answer (the largest output it saw) and report section; nothing of it is named anywhere in the project.
-OWN_TYPE = '''
-    """hooks type said_max: records each output; answers with the largest value it saw."""
-    from dataclasses import dataclass
-    from typing import Any
+#: A user's hook type in one module: ``test_registries``' forward hook scaling its layers' outputs (here by 1)
+#: and recording them, whose spec declares its own answer (the largest output it saw) and report section;
+#: nothing of it is named anywhere in the project.
+OWN_TYPE = """
+        \"\"\"hooks type said_max: records each output; answers with the largest value it saw.\"\"\"
+        from dataclasses import dataclass
+        from typing import Any
 
-    from hooks.base import HookType
-    from hooks.registry import register
-    from hooks.specs import Answers, HookSpec, Section
-
-
-    @dataclass
-    class SaidMaxSpec(HookSpec):
-        answers = Answers("fixture_said_max:said_max")
-        section = Section("said", "Said by its own type", "fixture_said_max:said_section", after="summary")
-
-        layers: Any = "**"
+        from hooks.base import HookType
+        from hooks.registry import register
+        from hooks.specs import Answers, HookSpec, Section
 
 
-    @register("said_max")
-    class SaidMax(HookType):
-        spec_class = SaidMaxSpec
-        pytorch_hooks = "register_forward_hook"
-        expected_kinds = frozenset({"output"})
+        @dataclass
+        class ScaleOutputSpec(HookSpec):
+            answers = Answers("fixture_said_max:said_max")
+            section = Section("said", "Said by its own type", "fixture_said_max:said_section", after="summary")
 
-        def attach(self, model, session):
-            for layer, module in self.targets(model):
-                session.add(module.register_forward_hook(self._hook(session.recorder, layer)))
-
-        def _hook(self, recorder, layer):
-            def keep(module, args, output):
-                recorder.record(output, hook=self.name, layer=layer, phase="forward", kind="output", slot="0",
-                                call=recorder.next_call((self.name, layer)))
-            return keep
+            layers: Any = "**"
+            factor: float = 1.0
 
 
-    def _largest(run_dir, entry):
-        from runner.analysis.load import load_stats
+        @register("said_max")""" + SCALE_HOOK + '''
 
-        stats = load_stats(run_dir)
-        return float(stats[(stats.hook == entry) & (stats.kind == "output")]["max"].max())
+        def _largest(run_dir, entry):
+            from runner.analysis.load import load_stats
 
-
-    def said_max(run_dir, entry):
-        from runner.analysis.answers import Answer
-
-        return Answer([f"largest output {_largest(run_dir, entry)!r}, said by its own type"])
+            stats = load_stats(run_dir)
+            return float(stats[(stats.hook == entry) & (stats.kind == "output")]["max"].max())
 
 
-    def said_section(path, runs, steps, corrupted, on_corrupt):
-        return f"<p>own section: largest output {_largest(runs[0], 'said')!r}</p>"
+        def said_max(run_dir, entry):
+            from runner.analysis.answers import Answer
+
+            return Answer([f"largest output {_largest(run_dir, entry)!r}, said by its own type"])
+
+
+        def said_section(path, runs, steps, corrupted, on_corrupt):
+            return f"<p>own section: largest output {_largest(runs[0], 'said')!r}</p>"
 '''
 
 
