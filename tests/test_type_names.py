@@ -25,6 +25,7 @@ import torch
 from conftest import run_main
 from test_registries import SCALE_HOOK
 from hooks.specs import HOOK_TYPES
+from runner.analysis.summary import entry_types
 from runner.sources.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,3 +149,10 @@ def test_a_type_from_its_own_folder_is_answered_by_its_own_declaration(own_type,
     own = page.split('<section id="said"><h2>Said by its own type</h2>', 1)[1].split("</section>", 1)[0]
     assert f"own section: largest output {said.group(1)}" in own
     assert page.index('<section id="summary">') < page.index('<section id="said">')
+
+
+def test_a_type_whose_module_no_longer_imports_is_answered_by_its_records_and_said(tmp_path):
+    (tmp_path / "config.yaml").write_text("hooks:\n  gone:\n    type: gone_type\n    _module_: no_such_module_here\n")
+    with pytest.warns(UserWarning, match=r"^hooks\.gone\._module_: cannot import 'no_such_module_here' "
+                                         r"\(ModuleNotFoundError: .*\); type 'gone_type' is unknown here"):
+        assert entry_types(tmp_path) == {"gone": "gone_type"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,14 +51,15 @@ def entry_types(run_dir: Path) -> dict[str, str]:
     config = (yaml.safe_load(path.read_text()) or {}) if path else {}
     own = {GENERATE: GENERATE} if config.get("mode") == GENERATE else {}
     entries = {name: entry or {} for name, entry in (config.get("hooks") or {}).items()}
-    for entry in entries.values():
-        _import_module_of(entry)
+    for name, entry in entries.items():
+        _import_module_of(name, entry)
     return {**own, **{name: str(entry.get("type", "?")) for name, entry in entries.items()}}
 
 
-def _import_module_of(entry: dict) -> None:
+def _import_module_of(name: str, entry: dict) -> None:
     """Import the module registering ``entry``'s type when it names one (``_module_``) and the type is not known
-    yet. One that no longer imports leaves the type unknown: the entry is answered by what it recorded."""
+    yet. One that no longer imports leaves the type unknown, said in a warning: the entry is answered by what
+    it recorded."""
     from hooks.specs import HOOK_TYPES  # imported for a run with entries only (start-up); no torch
     from runner.config.registry import MODULE_KEY
 
@@ -65,8 +67,10 @@ def _import_module_of(entry: dict) -> None:
     if module and entry.get("type") not in HOOK_TYPES:
         try:
             importlib.import_module(str(module))
-        except Exception:  # noqa: BLE001 - gone or broken since the run: its entry's records still answer
-            pass
+        except Exception as exc:  # noqa: BLE001 - gone or broken since the run: its entry's records still answer
+            warnings.warn(f"hooks.{name}.{MODULE_KEY}: cannot import '{module}' ({type(exc).__name__}: {exc}); "
+                          f"type '{entry.get('type')}' is unknown here, so the entry is answered by what it recorded",
+                          stacklevel=2)
 
 
 def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:
