@@ -156,3 +156,15 @@ def test_a_type_whose_module_no_longer_imports_is_answered_by_its_records_and_sa
     with pytest.warns(UserWarning, match=r"^hooks\.gone\._module_: cannot import 'no_such_module_here' "
                                          r"\(ModuleNotFoundError: .*\); type 'gone_type' is unknown here"):
         assert entry_types(tmp_path) == {"gone": "gone_type"}
+
+
+def test_a_declared_section_goes_right_after_the_one_it_names_and_one_naming_none_is_refused():
+    from hooks.specs import Section
+    from runner.analysis.report import PAGE, page_order
+
+    first, second = Section("a", "A", "m:f", after="pictures"), Section("b", "B", "m:g", after="a")
+    order = list(page_order([second, first]))
+    assert order[order.index("pictures") + 1:order.index("pictures") + 3] == ["a", "b"]
+    assert [key for key in order if key in PAGE] == list(PAGE)
+    with pytest.raises(ValueError, match=r"report sections \['c'\] follow none of the page's"):
+        page_order([Section("c", "C", "m:h", after="nowhere")])
