@@ -79,8 +79,8 @@ OWN_TYPE = """
         from dataclasses import dataclass
         from typing import Any
 
-        from hooks.base import HookType
-        from hooks.registry import register
+        from hooks.mechanism.base import HookType
+        from hooks.mechanism.registry import register
         from hooks.specs import Answers, HookSpec, Section
 
 

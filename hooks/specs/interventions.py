@@ -1,4 +1,4 @@
-"""``ablate`` and ``patch`` (``hooks.interventions``). A stored run they read is checked by the hook
+"""``ablate`` and ``patch`` (``hooks.types.interventions``). A stored run they read is checked by the hook
 (``check_spec``: reading it needs the run's files), the rest here."""
 from __future__ import annotations
 
@@ -79,5 +79,5 @@ class PatchSpec(SlotEditSpec):
         return f"patch from a stored run ({key}.source=RUN_DIR)"
 
 
-HOOK_TYPES.declare("ablate", "hooks.interventions", AblateSpec)
-HOOK_TYPES.declare("patch", "hooks.interventions", PatchSpec)
+HOOK_TYPES.declare("ablate", "hooks.types.interventions", AblateSpec)
+HOOK_TYPES.declare("patch", "hooks.types.interventions", PatchSpec)

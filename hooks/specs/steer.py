@@ -1,4 +1,4 @@
-"""``steer`` (``hooks.steer``): where the steering vector comes from. Its run directories are checked
+"""``steer`` (``hooks.types.steer``): where the steering vector comes from. Its run directories are checked
 by the hook (``check_spec``)."""
 from __future__ import annotations
 
@@ -48,4 +48,4 @@ class SteerSpec(SlotEditSpec):
         return f"set {key}.baseline=false"
 
 
-HOOK_TYPES.declare("steer", "hooks.steer", SteerSpec)
+HOOK_TYPES.declare("steer", "hooks.types.steer", SteerSpec)

@@ -1,4 +1,4 @@
-"""``units`` (``hooks.units``): the per-unit statistics' axis, sketch and top samples."""
+"""``units`` (``hooks.types.units``): the per-unit statistics' axis, sketch and top samples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ class FLOAT32:
 
 @dataclass
 class UnitsSpec(SampleOutputsSpec):
-    """Keys of a ``units`` entry (``hooks.units`` says what it computes)."""
+    """Keys of a ``units`` entry (``hooks.types.units`` says what it computes)."""
 
     answers = Answers("runner.analysis.answers.units:answer")
     #: The tables, histograms and top examples of ``units.parquet``, after the run's pictures.
@@ -49,4 +49,4 @@ class UnitsSpec(SampleOutputsSpec):
                               f"and at most {FLOAT32.max:g} (the sketch buckets float32 magnitudes), e.g. 1e6")
 
 
-HOOK_TYPES.declare("units", "hooks.units", UnitsSpec)
+HOOK_TYPES.declare("units", "hooks.types.units", UnitsSpec)
