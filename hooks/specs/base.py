@@ -101,7 +101,8 @@ class HookSpec:
         return None
 
     def without_side_pass(self, key: str) -> str:
-        """What to change so that this entry (``key``) asks for no pass beside each step (``mode=generate`` runs none)."""
+        """What to change so that this entry (``key``) asks for no pass beside each step (``mode=generate``
+        runs none)."""
         return "drop the entry"
 
     def first_step(self) -> int:

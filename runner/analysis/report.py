@@ -119,7 +119,8 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
         "config": _configs(runs, job),
     }
     declared = type_sections()
-    body.update({section.id: imported(section.writer)(path, runs, steps, corrupted, on_corrupt) for section in declared})
+    body.update({section.id: imported(section.writer)(path, runs, steps, corrupted, on_corrupt)
+                 for section in declared})
     sections = "\n".join(f'<section id="{key}"><h2>{heading}</h2>\n{body[key]}</section>'
                          for key, heading in page_order(declared).items()
                          if body[key] is not None)  # a section with nothing for these runs is left out
@@ -316,9 +317,9 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
 
 def units_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
                   on_corrupt: str) -> str | None:
-    """The ``units`` section (``UnitsSpec.section``): the ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
-    layer: its units, the values each unit saw, the mean of the unit means, the units never above
-    the threshold (dead); then the histograms of unit means and dead fractions of up to
+    """The ``units`` section (``UnitsSpec.section``): the ``units`` entries' tables (``load_units``: a
+    sweep's jobs and a run's ranks merged), per layer: its units, the values each unit saw, the mean of
+    the unit means, the units never above the threshold (dead); then the histograms of unit means and dead fractions of up to
     ``MOST_HISTOGRAM_LAYERS`` layers; the top examples of a few units (``_top_examples``) first, as the
     summary names its top units first."""
     try:
@@ -462,9 +463,10 @@ def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFram
 
 def patching_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
                      on_corrupt: str) -> str | None:
-    """The ``patching`` section (``PatchSpec.section``, ``AttributionSpec``'s): the heatmaps and table of a patching sweep or an attribution run (``runner.analysis.patching``;
-    where both are under ``path``, the estimate against real patching too), or one line why not;
-    ``None`` for runs that neither patched nor attributed."""
+    """The ``patching`` section (``PatchSpec.section``, ``AttributionSpec``'s): the heatmaps and table of a
+    patching sweep or an attribution run (``runner.analysis.patching``; where both are under ``path``, the
+    estimate against real patching too), or one line why not; ``None`` for runs that neither patched nor
+    attributed."""
     attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)],
                                   on_corrupt=on_corrupt).empty
     if LAYER not in steps.columns and not attributed:
@@ -491,9 +493,9 @@ def patching_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupte
 
 def steering_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
                      on_corrupt: str) -> str | None:
-    """The ``steering`` section (``SteerSpec.section``): a steering run's or sweep's picture and table (``steering_table``: per steered layer and scale the KL,
-    how often the top token changed and the metric, as the summary says them); ``None`` for runs that
-    steered nothing."""
+    """The ``steering`` section (``SteerSpec.section``): a steering run's or sweep's picture and table
+    (``steering_table``: per steered layer and scale the KL, how often the top token changed and the
+    metric, as the summary says them); ``None`` for runs that steered nothing."""
     metric = measured_metric(steps) or "logit_diff"
     try:
         table = steering_table(path, metric, steps, on_corrupt)

@@ -7,8 +7,8 @@ nothing to answer with, names, when it recorded
 statistics, the layers with the largest and smallest norm and those that look dead or non-finite
 (``answers.statistics.recorded_answer``), else the run-total files it wrote. A sweep of patching,
 attribution or steering jobs answers once for all of them (each type's declared sweep answer,
-``HookSpec.answers.sweep``: the cells that recover most, the KL per scale); any other sweep gets a table of the swept values against the
-last train loss and its headline statistic, in job order (the order of the values on the command
+``HookSpec.answers.sweep``: the cells that recover most, the KL per scale); any other sweep gets a
+table of the swept values against the last train loss and its headline statistic, in job order (the order of the values on the command
 line, as the report's pictures): the fraction clipped when the jobs clipped and it differs between
 them, else of the largest norm of each recorded kind the one that differs most between the jobs; a
 statistic that is the same in every job is one line under the table, never its column.

@@ -24,10 +24,10 @@ def store_table(path: str | Path) -> pd.DataFrame:
     for found in sorted({*Path(path).glob(f"*/{MANIFEST}"), *Path(path).glob(f"*/rank-*/{MANIFEST}")}):
         manifest = read_store_manifest(found.parent)
         shards = manifest["shards"]
+        size = sum((found.parent / s["file"]).stat().st_size for s in shards)
         rows.append((manifest["layer"], str(found.parent), manifest["dtype"], len(shards),
-                     sum(int(s["rows"]) for s in shards), sum((found.parent / s["file"]).stat().st_size for s in shards),
-                     shards[0]["first"] if shards else None, shards[-1]["last"] if shards else None,
-                     bool(manifest.get("complete"))))
+                     sum(int(s["rows"]) for s in shards), size, shards[0]["first"] if shards else None,
+                     shards[-1]["last"] if shards else None, bool(manifest.get("complete"))))
     return pd.DataFrame(rows, columns=["layer", "store", "dtype", "shards", "samples", "bytes", "first", "last",
                                        "complete"])
 
