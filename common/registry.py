@@ -114,6 +114,13 @@ class Registry:
                 raise KeyError(f"{self.what} '{name}' is declared in {entry.module}, which does not register it")
         return entry
 
+    def schema_of(self, name: object) -> type | None:
+        """The schema of ``name``, importing nothing: what a choice declares of itself, for whoever reads it
+        without building it (``HookSpec.answers``, for analysis); ``None`` for a name not registered (a stored
+        run's type whose module this process has not imported)."""
+        entry = self._entries.get(name)
+        return entry.schema if entry is not None else None
+
     def check(self, name: object, key: str | None = None) -> None:
         """``get``'s one-line error for a ``name`` not registered, importing nothing."""
         if name not in self._entries:
@@ -124,3 +131,10 @@ class Registry:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
+
+
+def imported(target: str) -> Any:
+    """What a ``"module:name"`` string names (a choice's declared answerer or report section, ``hooks.specs``),
+    its module imported now: a declaration names code that stands above it without importing it."""
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 from common.records import DLA_WHOLE, GENERATE, KINDS
 from hooks.mechanism.registry import HOOK_TYPES
-from runner.analysis.answers import ANSWERERS
+from runner.analysis.answers import declared_answers
 from runner.analysis.report import render
 from runner.analysis.summary import summarize
 from common.sweep_format import WORDS
+from runner.config.schema import MODE_ANSWERS
 from written_runs import write_run, write_sweep_record
 
 SHAPES = ("no rows", "one row", "identical rows", "all NaN")
@@ -120,11 +121,14 @@ def generate(values, entry, draw, where):
 OWN = {"clamp": clamp, "patch": patch, "attribution": attribution, "steer": steer, "logit_lens": logit_lens,
        "dla": dla, "units": units, "store": store, GENERATE: generate}
 #: Per hook type (and ``mode=generate``'s own answer), the files a degenerate entry of it writes.
-CASES = {**{kind: recorded(kind) for kind in HOOK_TYPES if kind not in ANSWERERS}, **OWN}
+CASES = {**{kind: recorded(kind) for kind in HOOK_TYPES if declared_answers(kind).run is None}, **OWN}
+#: The hook types and modes that declare an answer of their own.
+ANSWERING = {kind for kind in [*HOOK_TYPES, *(mode.value for mode in MODE_ANSWERS)]
+             if declared_answers(kind).run is not None}
 
 
 def test_every_hook_type_has_a_degenerate_case():
-    missing = (set(HOOK_TYPES) | set(ANSWERERS)) - set(CASES)
+    missing = (set(HOOK_TYPES) | ANSWERING) - set(CASES)
     assert not missing, f"hook types without a degenerate-run case here: {sorted(missing)}"
 
 

@@ -252,6 +252,9 @@ BAD = {
     "steer baseline": ((), ("hooks=steer", "hooks.steer.file=V", f"hooks.steer.layers={LAYER}"),
                        "hooks.steer: 'steer' runs a pass beside each step, which mode=generate does not run; "
                        "set hooks.steer.baseline=false"),
+    "patch from a clean pass": ((), ("hooks=patch", "hooks.patch.source=clean", f"hooks.patch.layers={LAYER}"),
+                                "hooks.patch: 'patch' runs a pass beside each step, which mode=generate does not run; "
+                                "patch from a stored run (hooks.patch.source=RUN_DIR)"),
     "no new tokens": ((), ("generate.max_new_tokens=0",), "generate.max_new_tokens: 0 must be at least 1"),
     "an entry named generate": ((), ("+hooks.generate.type=stats", f"+hooks.generate.layers={LAYER}"),
                                 "hooks.generate: in mode=generate the name 'generate' is the generation's own"),

@@ -10,16 +10,19 @@ is built (SPEC 1's lazy loading). Importing this package imports every module of
 declares every built-in type, a family added here included (``declare_all``).
 
 What may change here: a type's keys, their defaults and the checks that need neither torch nor a
-stored file (those belong to the hook: ``HookType.check_spec``). What may not: an import of torch,
+stored file (those belong to the hook: ``HookType.check_spec``), and what the type means to the runner,
+declared on its spec so that nothing outside hooks/ tests its name: its answer and report section
+(``HookSpec.answers``, ``section``: ``"module:function"`` strings analysis imports), the pictures of its
+files, whether live loggers show it, what ``mode=generate`` needs of it. What may not: an import of torch,
 numpy, pyarrow, of ``runner``, or of ``hooks`` outside this room (``common`` is allowed);
 ``tests/test_layering.py`` holds these arrows.
 """
 import importlib
 import pkgutil
 
-from hooks.specs.base import HOOK_TYPES, HookSpec
+from hooks.specs.base import HOOK_TYPES, Answers, HookSpec, Section
 
-__all__ = ["HOOK_TYPES", "HookSpec", "declare_all"]
+__all__ = ["HOOK_TYPES", "Answers", "HookSpec", "Section", "declare_all"]
 
 
 def declare_all() -> None:

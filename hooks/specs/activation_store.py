@@ -7,13 +7,15 @@ from typing import Optional
 
 from common.errors import ConfigError, choice_error
 from common.store_format import DTYPES, MANIFEST, read_store_manifest
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers
 from hooks.specs.samples import SampleOutputsSpec
 
 
 @dataclass
 class StoreSpec(SampleOutputsSpec):
     """Keys of a ``store`` entry."""
+
+    answers = Answers("runner.analysis.answers.store:store_answer")
 
     path: Optional[str] = None   #: required: the store's directory (one subdirectory per layer)
     shard_size: int = 1024       #: samples per shard: bounds the memory of the pass

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError, choice_error
-from hooks.specs.base import HOOK_TYPES
-from hooks.specs.interventions import check_clean
+from hooks.specs.base import HOOK_TYPES, Answers
+from hooks.specs.interventions import METHODS_ANSWER, PATCHING, check_clean
 from hooks.specs.tap import SlotEditSpec
 
 METRICS = ("logit_diff", "logit")
@@ -14,6 +14,9 @@ METRICS = ("logit_diff", "logit")
 
 @dataclass
 class AttributionSpec(SlotEditSpec):
+    answers = Answers(METHODS_ANSWER, METHODS_ANSWER)
+    section = PATCHING
+
     clean: Any = None  #: the data keys making the clean batch (default ``{seed: 0}``)
     metric: str = "logit_diff"  #: the step metric differentiated (``metric.diff`` / ``metric.target``)
 

@@ -1,4 +1,5 @@
-"""What every hook entry has (``HookSpec``), the registry of hook types (``HOOK_TYPES``), and the
+"""What every hook entry has (``HookSpec``), the registry of hook types (``HOOK_TYPES``), what a type declares
+of itself to the engine and to analysis (``Answers``, ``Section``, ``HookSpec.stored_run``), and the
 finiteness check every spec gets."""
 from __future__ import annotations
 
@@ -16,6 +17,32 @@ from common.registry import Registry
 #: ClampSpec)``) or registered by a user's module (``hooks.mechanism.registry.register``); each type's spec is stored
 #: in Hydra's ConfigStore as ``hook_schema/TYPE`` (with ``type`` filled in) for presets to inherit.
 HOOK_TYPES = Registry("hooks.NAME.type", "hook type", "hook_schema", name_field="type")
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What analysis says of a type's entries (or of a mode's own rows, ``runner.config.schema.MODE_ANSWERS``):
+    ``run`` is the ``"module:function"`` answering for one entry of a run, ``(run_dir, entry) -> Answer | None``;
+    ``sweep`` the one answering for every job of a sweep at once, ``(path, entry, corrupted, on_corrupt)``
+    (``runner.analysis.answers``). ``None``: the statistics the entry recorded; for a sweep, its table of jobs.
+
+    Named, not imported: this room imports nothing of runner/, and an answerer is imported only when a run
+    of its type is summarized."""
+
+    run: Optional[str] = None
+    sweep: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section of the report (``runner.analysis.report``) on runs of a type: its HTML ``id`` and ``heading``,
+    the ``"module:function"`` writing its HTML, ``(path, runs, steps, corrupted, on_corrupt) -> str | None``
+    (``None``: nothing for these runs, the section is left out), and the section it follows (``after``)."""
+
+    id: str
+    heading: str
+    writer: str
+    after: str
 
 
 @dataclass
@@ -43,6 +70,16 @@ class HookSpec:
 
     #: Float keys of this spec that accept NaN or ±Inf (their docstring says what it means).
     nonfinite_ok: ClassVar[tuple[str, ...]] = ()
+    #: What analysis answers for an entry of this type (the engine and analysis never test a type's name: they
+    #: ask its spec). A subclass inherits its parent's declarations: a subclass that is another type says its own.
+    answers: ClassVar[Answers] = Answers()
+    #: The report's section on this type's runs; ``None``: none of its own.
+    section: ClassVar[Optional[Section]] = None
+    #: The pictures (``plots=[NAME]``) drawn from this type's own files: a run with such an entry that cannot
+    #: draw one says why; of a run without one, nothing is said.
+    pictures: ClassVar[tuple[str, ...]] = ()
+    #: Whether a live logger (``logger=...``) shows this type's statistic rows when it names no ``entries``.
+    logged_live: ClassVar[bool] = False
 
     def check(self, key: str) -> None:
         """Reject values that are well-typed but meaningless; ``key`` is the entry's config path."""
@@ -57,6 +94,16 @@ class HookSpec:
                                   f"(to excluded; null = to the end), e.g. {key}.steps=[2,5]")
         if self.max_calls is not None and self.max_calls < 1:
             raise ConfigError(f"{key}.max_calls: {self.max_calls} must be at least 1 (null: no limit)")
+
+    def stored_run(self) -> Optional[tuple[str, str]]:
+        """The key naming a stored run this entry takes a value of every call from, and that run's directory;
+        ``None``: it takes none (``mode=generate`` checks such a run generated as many tokens as it will)."""
+        return None
+
+    def without_side_pass(self, key: str) -> str:
+        """What to change so that this entry (``key``) asks for no pass beside each step (``mode=generate``
+        runs none)."""
+        return "drop the entry"
 
     def first_step(self) -> int:
         """The step at which the entry's hooks are attached."""

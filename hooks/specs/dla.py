@@ -5,12 +5,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from common.errors import ConfigError
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers
 from hooks.specs.samples import SampleOutputsSpec
 
 
 @dataclass
 class DlaSpec(SampleOutputsSpec):
+    answers = Answers("runner.analysis.answers.dla:dla_answer")
+
     diff: list[int] = field(default_factory=list)  #: ``[a, b]``: the logit difference ``logit[a] - logit[b]``, as ``metric.diff``
     position: Optional[int] = -1  #: the position read (-1: the last, as ``metric.diff`` reads it); null: every position
 

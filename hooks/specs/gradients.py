@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from common.errors import ConfigError, choice_error
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers
 from hooks.specs.tap import SlotEditSpec
 
 TARGETS = ("params", "output", "input")
@@ -40,6 +40,8 @@ class GradSpec(SlotEditSpec):
 
 @dataclass
 class ClampSpec(GradSpec):
+    answers = Answers("runner.analysis.answers.statistics:clamp_answer")
+
     min: Optional[float] = None  #: lower bound (null: none)
     max: Optional[float] = None  #: upper bound (null: none)
 

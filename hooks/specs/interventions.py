@@ -6,13 +6,17 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from common.errors import ConfigError, choice_error
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers, Section
 from hooks.specs.tap import SlotEditSpec
 
 ABLATE_OPS = ("zero", "mean", "resample")
 ABLATE_TARGETS = ("output", "input")
 #: ``source`` value of a patch taken from a clean pass of the same run.
 CLEAN = "clean"
+#: What a patching job, attribution run or sweep of them answers with: the cells that recover most of the gap.
+METHODS_ANSWER = "runner.analysis.answers.methods:methods_answer"
+#: The report's heatmaps and table of patching and attribution runs, right after steering's.
+PATCHING = Section("patching", "Activation patching", "runner.analysis.report:patching_section", after="steering")
 
 
 @dataclass
@@ -40,6 +44,9 @@ def check_clean(clean: Any, key: str) -> None:
 
 @dataclass
 class PatchSpec(SlotEditSpec):
+    answers = Answers("runner.analysis.answers.methods:patch_answer", METHODS_ANSWER)
+    section = PATCHING
+
     source: str = ""  #: a stored run's directory, or ``clean`` (a clean pass of the same run beside each step)
     source_step: Optional[int] = None  #: the stored run's step to take values from (null: the same step)
     clean: Any = None  #: with ``source: clean``: data keys making the clean batch (default ``{seed: 0}``)
@@ -64,6 +71,12 @@ class PatchSpec(SlotEditSpec):
                               f"'{self.source}')")
         if self.source_step is not None and self.source_step < 0:
             raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
+
+    def stored_run(self) -> Optional[tuple[str, str]]:
+        return None if self.source == CLEAN else ("source", self.source)
+
+    def without_side_pass(self, key: str) -> str:
+        return f"patch from a stored run ({key}.source=RUN_DIR)"
 
 
 HOOK_TYPES.declare("ablate", "hooks.types.interventions", AblateSpec)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers
 from hooks.specs.samples import SampleOutputsSpec
 
 NEXT, FINAL = "next", "final"
@@ -13,6 +13,9 @@ NEXT, FINAL = "next", "final"
 
 @dataclass
 class LogitLensSpec(SampleOutputsSpec):
+    answers = Answers("runner.analysis.answers.lens:lens_answer")
+    pictures = ("logit_lens",)  # runner.analysis.lens: the top token of each block at each position
+
     top_k: int = 5  #: how many top tokens ``lens.parquet`` keeps per block and position
     target: Any = FINAL  #: ``final`` (the model's own top token), ``next`` (the input's next token) or a token id
 

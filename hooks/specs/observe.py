@@ -10,6 +10,8 @@ from hooks.specs.tap import TapSpec, check_kinds
 
 @dataclass
 class ObserveSpec(TapSpec):
+    logged_live = True  # a stats entry's rows are what a live logger shows by default
+
     layers: Any = "leaf:**"
     kinds: list[str] = field(default_factory=lambda: ["output", "grad_output"])  #: what is recorded: ``input``, ``output``, ``grad_input``, ``grad_output``
 
@@ -20,11 +22,14 @@ class ObserveSpec(TapSpec):
 
 @dataclass
 class CaptureSpec(ObserveSpec):
+    logged_live = False
+
     kinds: list[str] = field(default_factory=lambda: ["output"])
 
 
 @dataclass
 class PrintSpec(ObserveSpec):
+    logged_live = False
     layers: Any = "*"
     kinds: list[str] = field(default_factory=lambda: ["output"])
     values: bool = False  #: true: print the values, not only the shape

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers, Section
+from hooks.specs.interventions import METHODS_ANSWER
 from hooks.specs.tap import SlotEditSpec
 
 VECTOR_FILES = (".npy", ".pt")
@@ -14,6 +15,10 @@ VECTOR_FILES = (".npy", ".pt")
 
 @dataclass
 class SteerSpec(SlotEditSpec):
+    answers = Answers(METHODS_ANSWER, METHODS_ANSWER)
+    #: The picture of the answer (KL, top-token change and metric per steered layer and scale), right under the summary.
+    section = Section("steering", "Steering", "runner.analysis.report:steering_section", after="summary")
+
     scale: float = 1.0  #: what the vector is multiplied by before it is added
     positive: str = ""  #: a run directory: its mean output is added ...
     negative: str = ""  #: ... minus this run's
@@ -38,6 +43,9 @@ class SteerSpec(SlotEditSpec):
             raise ConfigError(f"{key}.file: no file at '{self.file}'")
         if self.top_k < 1:
             raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
+
+    def without_side_pass(self, key: str) -> str:
+        return f"set {key}.baseline=false"
 
 
 HOOK_TYPES.declare("steer", "hooks.types.steer", SteerSpec)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from common.errors import ConfigError
-from hooks.specs.base import HOOK_TYPES
+from hooks.specs.base import HOOK_TYPES, Answers, Section
 from hooks.specs.samples import SampleOutputsSpec
 
 
@@ -20,6 +20,10 @@ class FLOAT32:
 @dataclass
 class UnitsSpec(SampleOutputsSpec):
     """Keys of a ``units`` entry (``hooks.types.units`` says what it computes)."""
+
+    answers = Answers("runner.analysis.answers.units:answer")
+    #: The tables, histograms and top examples of ``units.parquet``, after the run's pictures.
+    section = Section("units", "Unit statistics", "runner.analysis.report:units_section", after="pictures")
 
     unit_axis: Optional[int] = None       #: null: 1 for outputs of 4+ dims, the last dim otherwise
     threshold: float = 0.0                #: ``above`` counts values > threshold (dead fraction: 1 - above/count)

@@ -16,8 +16,13 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from common.records import LENS
+from hooks.specs import HOOK_TYPES
 from runner.analysis.load import load_table
 from runner.config.registry import PLOTS
+
+#: The picture's name (``plots=[logit_lens]``), which the type writing ``lens.parquet`` declares its own
+#: (``HookSpec.pictures``).
+PICTURE = "logit_lens"
 
 
 def load_lens(path: str | Path) -> pd.DataFrame:
@@ -67,7 +72,7 @@ def logit_lens_picture(rows: pd.DataFrame, step: int = 0, title: str = "") -> Fi
     return fig
 
 
-@PLOTS.register("logit_lens")
+@PLOTS.register(PICTURE)
 class LogitLensPicture:
     """``plots=[logit_lens]`` (the interface of ``runner.analysis.plots.Picture``, which imports this module)."""
 
@@ -84,8 +89,14 @@ class LogitLensPicture:
         try:
             return [("logit_lens.png", logit_lens_picture(load_lens(run_dir), step))]
         except FileNotFoundError:  # said only of a run that had a lens entry: the others were never to draw it
-            if any((entry or {}).get("type") == "logit_lens" for entry in (cfg or {}).get("hooks", {}).values()):
-                notes.append(f"logit_lens: the run wrote no {LENS}")
+            if _drawn_from_an_entry_of(cfg):
+                notes.append(f"{PICTURE}: the run wrote no {LENS}")
         except ValueError as exc:
             notes.append(str(exc))
         return []
+
+
+def _drawn_from_an_entry_of(cfg) -> bool:
+    """Whether the run (its saved config ``cfg``) had an entry whose type declares this picture its own."""
+    specs = [HOOK_TYPES.schema_of((entry or {}).get("type")) for entry in (cfg or {}).get("hooks", {}).values()]
+    return any(spec is not None and PICTURE in spec.pictures for spec in specs)

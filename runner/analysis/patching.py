@@ -37,6 +37,11 @@ LAYER, INDEX, RECEIVER = "hooks.patch.layers", "hooks.patch.index", "hooks.patch
 CLEAN = "clean"
 #: The kind of an attribution entry's estimates (``hooks.types.attribution``).
 ATTRIBUTION = "attribution"
+#: The table's methods (its ``method`` column, ``common.records.METHODS``), read from what each run holds (a
+#: ``receiver`` override, kept estimates, ``steer.parquet``): a patch, an attribution estimate, a path, a steer.
+PATCH, ESTIMATE, PATH, STEERING = METHODS
+#: The column of a steer job's scale.
+SCALE = "scale"
 
 
 def mean_metric(path: str | Path, metric: str) -> float:
@@ -67,12 +72,12 @@ def patching_table(sweep: str | Path | Sequence[str | Path], clean: str | Path |
     paths = [sweep] if isinstance(sweep, (str, Path)) else list(sweep)
     parts = [part for path in paths for part in _rows(path, clean, corrupted, metric, on_corrupt)]
     table = pd.concat([part.reindex(columns=PATCHING_COLUMNS) for part in parts], ignore_index=True)
-    table = table.astype({"layer": str, "scale": float, "patched": float, "clean": float, "corrupted": float,
+    table = table.astype({"layer": str, SCALE: float, "patched": float, "clean": float, "corrupted": float,
                           "kl": float})
     order = {method: i for i, method in enumerate(METHODS)}
-    cell = [METHOD, "layer", "receiver", "index", "scale"]
+    cell = [METHOD, "layer", "receiver", "index", SCALE]
     table = table.sort_values(cell, ignore_index=True, key=lambda c: (
-        c.map(order) if c.name == METHOD else c if c.name == "scale" else c.map(natural_key)))
+        c.map(order) if c.name == METHOD else c if c.name == SCALE else c.map(natural_key)))
     twice = table[table.duplicated(cell, keep=False)]
     if len(twice):
         raise ValueError(f"two results for {dict(twice.iloc[0][cell].dropna())}: load those runs apart")
@@ -124,9 +129,9 @@ def _steer_rows(path: str | Path, jobs: pd.DataFrame, metric: str) -> pd.DataFra
     if "steered" not in jobs.columns or jobs[["steered", "unsteered"]].isna().any().any():
         raise ValueError(f"the steering runs at or under '{path}' have no {metric} and corrupted_{metric} in every "
                          f"step: set metric.target or metric.diff")
-    return pd.DataFrame({METHOD: "steer", "layer": jobs["layers"], "receiver": None,
+    return pd.DataFrame({METHOD: STEERING, "layer": jobs["layers"], "receiver": None,
                          "index": [_entry_index(run_dir, hook) for run_dir, hook in zip(jobs["run_dir"], jobs["hook"])],
-                         "scale": jobs["scale"], "patched": jobs["steered"], "clean": np.nan,
+                         SCALE: jobs[SCALE], "patched": jobs["steered"], "clean": np.nan,
                          "corrupted": jobs["unsteered"], "kl": jobs["kl"]})
 
 
@@ -156,7 +161,7 @@ def _patch_rows(sweep: str | Path, steps: pd.DataFrame, clean, corrupted, metric
     means = [metric] + (beside if clean is None else [])
     table = (train.groupby([LAYER, "receiver", "index"], observed=True, sort=False)[means].mean().reset_index()
              .rename(columns={LAYER: "layer", metric: "patched", beside[0]: "clean", beside[1]: "corrupted"}))
-    table[METHOD] = np.where(table["receiver"] == "", "patch", "path")
+    table[METHOD] = np.where(table["receiver"] == "", PATCH, PATH)
     table["receiver"] = table["receiver"].replace("", None)
     if clean is not None:
         table["clean"] = mean_metric(clean, metric)
@@ -175,7 +180,7 @@ def _attribution_rows(estimates: pd.DataFrame, steps: pd.DataFrame, metric: str)
         per_step = kept.groupby(["layer", "step"], observed=True)["tensor"].apply(lambda t: np.sum(list(t), axis=0))
         for layer, values in per_step.groupby(level="layer", observed=True):
             mean = np.mean(np.stack(list(values)), axis=0)
-            rows += [{METHOD: ATTRIBUTION, "layer": layer, "receiver": None, "index": i,
+            rows += [{METHOD: ESTIMATE, "layer": layer, "receiver": None, "index": i,
                       "patched": sides["corrupted"] + float(value), **sides} for i, value in enumerate(mean)]
     return pd.DataFrame(rows)
 
@@ -195,7 +200,7 @@ def attribution_against_patching(table: pd.DataFrame) -> tuple[pd.DataFrame, flo
     columns: their recovered fractions, by layer and index) and the Pearson correlation between them
     (NaN with fewer than 2 cells or no variation)."""
     cell = ["layer", "index"]
-    wide = {method: table[table[METHOD] == method].set_index(cell)["recovered"] for method in ("attribution", "patch")}
+    wide = {method: table[table[METHOD] == method].set_index(cell)["recovered"] for method in (ESTIMATE, PATCH)}
     both = pd.concat(wide, axis=1, join="inner").reset_index()
-    ok = len(both) > 1 and both["attribution"].std() > 0 and both["patch"].std() > 0
-    return both, float(np.corrcoef(both["attribution"], both["patch"])[0, 1]) if ok else float("nan")
+    ok = len(both) > 1 and both[ESTIMATE].std() > 0 and both[PATCH].std() > 0
+    return both, float(np.corrcoef(both[ESTIMATE], both[PATCH])[0, 1]) if ok else float("nan")

@@ -16,19 +16,19 @@ from matplotlib.figure import Figure
 
 from common.records import METHOD, METHODS
 from runner.analysis.order import natural_key
-from runner.analysis.patching import attribution_against_patching
+from runner.analysis.patching import ESTIMATE, PATCH, PATH, SCALE, STEERING, attribution_against_patching
 
-TITLES = {"patch": "activation patching", "attribution": "attribution patching (estimate)",
-          "path": "path patching (sender → receiver)", "steer": "steering"}
+TITLES = {PATCH: "activation patching", ESTIMATE: "attribution patching (estimate)",
+          PATH: "path patching (sender → receiver)", STEERING: "steering"}
 
 
 def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
     """The heatmaps of ``table``'s methods, stacked, and the attribution-vs-patching scatter when both
     are there (its correlation in the scatter's title); ``title`` over the whole figure."""
-    table = table if METHOD in table else table.assign(**{METHOD: "patch"})  # a table made before methods
+    table = table if METHOD in table else table.assign(**{METHOD: PATCH})  # a table made before methods
     methods = [m for m in METHODS if m in set(table[METHOD])]
     grids = {m: _grid(table[table[METHOD] == m]) for m in methods}
-    both, r = attribution_against_patching(table) if {"attribution", "patch"} <= set(methods) else (None, None)
+    both, r = attribution_against_patching(table) if {ESTIMATE, PATCH} <= set(methods) else (None, None)
     width = max(6.0, 0.55 * max(g.shape[1] for g in grids.values()) + 3)
     heights = [max(2.2, 0.55 * g.shape[0] + 1.4) for g in grids.values()]
     mosaic = [[m] + (["scatter"] if both is not None else []) for m in methods]
@@ -38,11 +38,11 @@ def patching_heatmap(table: pd.DataFrame, title: str = "") -> Figure:
     metric = table.attrs.get("metric", "metric")
     for method, grid in grids.items():  # each its own colour scale: an estimate may overshoot the real cells
         image = _heatmap(axes[method], grid, max(1.0, float(np.nanmax(np.abs(grid.to_numpy(dtype=float))))))
-        what = f"change of {metric}" if method == "steer" else f"recovered fraction of {metric}"
+        what = f"change of {metric}" if method == STEERING else f"recovered fraction of {metric}"
         axes[method].set_title(title if title and len(methods) == 1 else f"{TITLES.get(method, method)}: {what}")
         fig.colorbar(image, ax=axes[method], label=what.split(" of ")[0])
-        if method == "steer":
-            axes[method].set_xlabel("scale")
+        if method == STEERING:
+            axes[method].set_xlabel(SCALE)
             axes[method].set_ylabel("steered layer")
     if both is not None:
         _scatter(axes["scatter"], both, r)
@@ -56,10 +56,10 @@ def _grid(rows: pd.DataFrame) -> pd.DataFrame:
     steering rows: layers x scale, the steered metric minus the unsteered."""
     rows = rows.assign(row=[layer if not isinstance(receiver, str) else f"{layer} → {receiver}"
                             for layer, receiver in zip(rows["layer"], rows.get("receiver", [None] * len(rows)))])
-    if (rows[METHOD] == "steer").all():  # a row per steered layer and index
+    if (rows[METHOD] == STEERING).all():  # a row per steered layer and index
         rows = rows.assign(row=[row if index == "all" else f"{row} [{index}]" for row, index in zip(rows["row"],
                                                                                                    rows["index"])])
-        grid = rows.assign(change=rows["patched"] - rows["corrupted"]).pivot(index="row", columns="scale",
+        grid = rows.assign(change=rows["patched"] - rows["corrupted"]).pivot(index="row", columns=SCALE,
                                                                              values="change")
     else:
         grid = rows.pivot(index="row", columns="index", values="recovered")
@@ -81,9 +81,9 @@ def _heatmap(ax, grid: pd.DataFrame, limit: float):
 
 def _scatter(ax, both: pd.DataFrame, r: float) -> None:
     """Attribution's estimate (y) against real patching (x), one dot per cell, and the line y = x."""
-    ax.scatter(both["patch"], both["attribution"], s=14, alpha=0.8)
-    low = float(min(both["patch"].min(), both["attribution"].min(), 0.0))
-    high = float(max(both["patch"].max(), both["attribution"].max(), 1.0))
+    ax.scatter(both[PATCH], both[ESTIMATE], s=14, alpha=0.8)
+    low = float(min(both[PATCH].min(), both[ESTIMATE].min(), 0.0))
+    high = float(max(both[PATCH].max(), both[ESTIMATE].max(), 1.0))
     ax.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--", label="y = x")
     ax.set_xlabel("recovered, real patching")
     ax.set_ylabel("recovered, attribution estimate")

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from common.durable import replaced
+from common.registry import imported
 from common.records import RUN_TOTAL_SCHEMAS, UNITS
 from runner.analysis import plots
 from runner.analysis.intact import ON_CORRUPT, CorruptRunError, PendingRunsWarning, SkippedRunsWarning
@@ -56,14 +57,14 @@ from runner.analysis.unit_plots import RunExamples, layer_histograms, run_exampl
 from runner.analysis.units import load_units, recorded_layers
 from common.ranks import rank_files
 from common.sweep_format import OK, RUNNING
+from hooks.specs import HOOK_TYPES, Section
 
 REPORT = "report.html"
-#: The sections of the page, by HTML id and heading, in order: summary, pictures, details (each only
-#: where it has something for the runs).
-SECTIONS = {"summary": "Summary", "steering": "Steering", "patching": "Activation patching",
-            "abnormal": "Abnormalities", "pictures": "Pictures", "units": "Unit statistics",
-            "jobs": "Jobs and overrides", "failed": "Failed jobs",
-            "layers": "Recorded layers and statistics", "config": "Resolved config"}
+#: The page's own sections, by HTML id and heading, in order: summary, pictures, details (each only where it
+#: has something for the runs). A hook type's own section (``HookSpec.section``: steering's picture, the
+#: patching heatmaps, unit statistics) goes after the one it names.
+PAGE = {"summary": "Summary", "abnormal": "Abnormalities", "pictures": "Pictures", "jobs": "Jobs and overrides",
+        "failed": "Failed jobs", "layers": "Recorded layers and statistics", "config": "Resolved config"}
 #: Jobs whose own pictures are drawn (the first, in job order), and whose configs are shown.
 MOST_JOB_PICTURES = 8
 MOST_CONFIGS = 16
@@ -110,17 +111,18 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
     outputs = load_tensors(path, filters=[("kind", "=", "output")], on_corrupt=on_corrupt)
     body = {
         "summary": f'<pre class="summary">{html.escape(summarize(path, on_corrupt, corrupted))}</pre>',
-        "steering": _steering(path, steps, on_corrupt),
-        "patching": _patching(path, steps, corrupted, on_corrupt),
         "abnormal": _abnormal(stats, outputs, job),
         "pictures": _pictures(runs, job, stats, steps, patching),
-        "units": _units(path, runs, on_corrupt),
         "jobs": _details(f"{len(runs)} job(s)", _jobs(runs, job, steps), open_=len(runs) <= MOST_TABLE_JOBS),
         "failed": _failed(path) if runs != [path] else None,  # a single run: complete, or no page
         "layers": _layers(stats, many=len(runs) > MOST_TABLE_JOBS),
         "config": _configs(runs, job),
     }
-    sections = "\n".join(f'<section id="{key}"><h2>{SECTIONS[key]}</h2>\n{body[key]}</section>' for key in SECTIONS
+    declared = type_sections()
+    body.update({section.id: imported(section.writer)(path, runs, steps, corrupted, on_corrupt)
+                 for section in declared})
+    sections = "\n".join(f'<section id="{key}"><h2>{heading}</h2>\n{body[key]}</section>'
+                         for key, heading in page_order(declared).items()
                          if body[key] is not None)  # a section with nothing for these runs is left out
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     state = incomplete(path)  # a sweep with jobs that wrote no data says so first
@@ -129,6 +131,31 @@ def _page(path: Path, runs: list[Path], corrupted: str | Path | None, on_corrupt
             f'{html.escape(path.name)}</title><style>{_CSS}</style></head><body>\n<h1>hook-runner report</h1>\n'
             f"{state}<p><code>{html.escape(str(path.resolve()))}</code>: {len(runs)} run(s), "
             f"{html.escape(recorded(runs, len(stats)))}; made {when}.</p>\n{sections}\n</body></html>\n")
+
+
+def type_sections() -> list[Section]:
+    """The report sections the hook types this process knows declare (``HookSpec.section``), each once."""
+    specs = [HOOK_TYPES.schema_of(name) for name in HOOK_TYPES]
+    return list({spec.section.id: spec.section for spec in specs if spec is not None and spec.section}.values())
+
+
+def page_order(declared: list[Section]) -> dict[str, str]:
+    """The page's sections in order, by HTML id with their headings: ``PAGE``'s, each of ``declared`` right after
+    the one it names (which may be another declared one)."""
+    headings = {**PAGE, **{section.id: section.heading for section in declared}}
+    order, pending = list(PAGE), list(declared)
+    while pending:
+        placed = [section for section in pending if section.after in order]
+        if not placed:
+            raise ValueError(f"report sections {[s.id for s in pending]} follow none of the page's {order}")
+        for section in placed:
+            order.insert(order.index(section.after) + 1, section.id)
+        pending = [section for section in pending if section not in placed]
+    return {key: headings[key] for key in order}
+
+
+#: The page's sections in order, by HTML id and heading, the built-in types' own included (``page_order``).
+SECTIONS = page_order(type_sections())
 
 
 def recorded(runs: list[Path], statistic_rows: int) -> str:
@@ -288,10 +315,11 @@ def _abnormal(stats: pd.DataFrame, outputs: pd.DataFrame, job: dict[str, str]) -
     return "\n".join(parts) + f'<p class="note">{checked}</p>'
 
 
-def _units(path: Path, runs: list[Path], on_corrupt: str) -> str | None:
-    """The ``units`` entries' tables (``load_units``: a sweep's jobs and a run's ranks merged), per
-    layer: its units, the values each unit saw, the mean of the unit means, the units never above
-    the threshold (dead); then the histograms of unit means and dead fractions of up to
+def units_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
+                  on_corrupt: str) -> str | None:
+    """The ``units`` section (``UnitsSpec.section``): the ``units`` entries' tables (``load_units``: a
+    sweep's jobs and a run's ranks merged), per layer: its units, the values each unit saw, the mean of
+    the unit means, the units never above the threshold (dead); then the histograms of unit means and dead fractions of up to
     ``MOST_HISTOGRAM_LAYERS`` layers; the top examples of a few units (``_top_examples``) first, as the
     summary names its top units first."""
     try:
@@ -433,10 +461,12 @@ def _pictures(runs, job: dict[str, str], stats: pd.DataFrame, steps: pd.DataFram
     return "\n".join(parts)
 
 
-def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_corrupt: str) -> str | None:
-    """The heatmaps and table of a patching sweep or an attribution run (``runner.analysis.patching``;
-    where both are under ``path``, the estimate against real patching too), or one line why not;
-    ``None`` for runs that neither patched nor attributed."""
+def patching_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
+                     on_corrupt: str) -> str | None:
+    """The ``patching`` section (``PatchSpec.section``, ``AttributionSpec``'s): the heatmaps and table of a
+    patching sweep or an attribution run (``runner.analysis.patching``; where both are under ``path``, the
+    estimate against real patching too), or one line why not; ``None`` for runs that neither patched nor
+    attributed."""
     attributed = not load_tensors(path, columns=["kind"], filters=[("kind", "=", ATTRIBUTION)],
                                   on_corrupt=on_corrupt).empty
     if LAYER not in steps.columns and not attributed:
@@ -461,10 +491,11 @@ def _patching(path: Path, steps: pd.DataFrame, corrupted: str | Path | None, on_
             + _table(table.dropna(axis=1, how="all")))  # a patching sweep's receiver, scale, kl: no row has one
 
 
-def _steering(path: Path, steps: pd.DataFrame, on_corrupt: str) -> str | None:
-    """A steering run's or sweep's picture and table (``steering_table``: per steered layer and scale the KL,
-    how often the top token changed and the metric, as the summary says them); ``None`` for runs that
-    steered nothing."""
+def steering_section(path: Path, runs: list[Path], steps: pd.DataFrame, corrupted: str | Path | None,
+                     on_corrupt: str) -> str | None:
+    """The ``steering`` section (``SteerSpec.section``): a steering run's or sweep's picture and table
+    (``steering_table``: per steered layer and scale the KL, how often the top token changed and the
+    metric, as the summary says them); ``None`` for runs that steered nothing."""
     metric = measured_metric(steps) or "logit_diff"
     try:
         table = steering_table(path, metric, steps, on_corrupt)

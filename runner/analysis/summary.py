@@ -6,9 +6,9 @@ patching job's recovered fraction, ...); an entry whose type has no answerer, or
 nothing to answer with, names, when it recorded
 statistics, the layers with the largest and smallest norm and those that look dead or non-finite
 (``answers.statistics.recorded_answer``), else the run-total files it wrote. A sweep of patching,
-attribution or steering jobs answers once for all of them (``answers.SWEEP_ANSWERERS``: the cells
-that recover most, the KL per scale); any other sweep gets a table of the swept values against the
-last train loss and its headline statistic, in job order (the order of the values on the command
+attribution or steering jobs answers once for all of them (each type's declared sweep answer,
+``HookSpec.answers.sweep``: the cells that recover most, the KL per scale); any other sweep gets a
+table of the swept values against the last train loss and its headline statistic, in job order (the order of the values on the command
 line, as the report's pictures): the fraction clipped when the jobs clipped and it differs between
 them, else of the largest norm of each recorded kind the one that differs most between the jobs; a
 statistic that is the same in every job is one line under the table, never its column.
@@ -20,7 +20,9 @@ summary without importing pandas (about a third of a second of CPU).
 """
 from __future__ import annotations
 
+import importlib
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,11 +45,32 @@ BLANK = "—"
 
 def entry_types(run_dir: Path) -> dict[str, str]:
     """``{entry name: hook type}`` from the run's saved config (empty when it has none); a ``mode=generate``
-    run's generation first, as the entry ``generate`` (``answers.generation``)."""
+    run's generation first, as the entry ``generate`` (``answers.generation``). A type of a user's module the
+    run imported (the entry's ``_module_``) is known here too, with what it declares, its module imported."""
     path = saved_config_path(run_dir)
     config = (yaml.safe_load(path.read_text()) or {}) if path else {}
     own = {GENERATE: GENERATE} if config.get("mode") == GENERATE else {}
-    return {**own, **{name: str((entry or {}).get("type", "?")) for name, entry in (config.get("hooks") or {}).items()}}
+    entries = {name: entry or {} for name, entry in (config.get("hooks") or {}).items()}
+    for name, entry in entries.items():
+        _import_module_of(name, entry)
+    return {**own, **{name: str(entry.get("type", "?")) for name, entry in entries.items()}}
+
+
+def _import_module_of(name: str, entry: dict) -> None:
+    """Import the module registering ``entry``'s type when it names one (``_module_``) and the type is not known
+    yet. One that no longer imports leaves the type unknown, said in a warning: the entry is answered by what
+    it recorded."""
+    from hooks.specs import HOOK_TYPES  # imported for a run with entries only (start-up); no torch
+    from runner.config.registry import MODULE_KEY
+
+    module = entry.get(MODULE_KEY)
+    if module and entry.get("type") not in HOOK_TYPES:
+        try:
+            importlib.import_module(str(module))
+        except Exception as exc:  # noqa: BLE001 - gone or broken since the run: its entry's records still answer
+            warnings.warn(f"hooks.{name}.{MODULE_KEY}: cannot import '{module}' ({type(exc).__name__}: {exc}); "
+                          f"type '{entry.get('type')}' is unknown here, so the entry is answered by what it recorded",
+                          stacklevel=2)
 
 
 def summarize_run(run_dir: str | Path, on_corrupt: str = "error") -> list[str]:

@@ -21,6 +21,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from hooks.specs.base import Answers
+
 
 class Device(str, Enum):
     auto = "auto"
@@ -32,6 +34,14 @@ class Mode(str, Enum):
     train = "train"
     eval = "eval"
     generate = "generate"  #: eval mode, ``model.generate`` on each batch of prompts (``runner.engine.generation``)
+
+
+#: What analysis answers for a mode's own rows, as a hook type declares its (``HookSpec.answers``): the run answers
+#: as the pseudo-entry named by the mode (``runner.analysis.summary.entry_types``).
+MODE_ANSWERS: dict[Mode, Answers] = {
+    Mode.generate: Answers("runner.analysis.answers.generation:generation_answer",
+                           "runner.analysis.answers.generation:generation_sweep_answer"),
+}
 
 
 class Policy(str, Enum):

@@ -19,9 +19,10 @@ generated token. An ``index`` applies to the tensor each call sees: ``-1`` on th
 sees the whole sequence so far, so positions count from the left-padded prompt's first column in
 every call (slower: each call recomputes every position).
 
-A ``patch`` from a stored run takes the stored value of each call: its source must be a generation run
-(``mode=generate`` with ``hooks=extract`` or ``capture``) of at least as many new tokens. No loss,
-backward, optimizer or pass beside a step: refused before the run (``check_run``).
+An entry taking a stored value of each call (a ``patch`` from a stored run: its spec's ``stored_run``) needs
+a generation run there (``mode=generate`` with ``hooks=extract`` or ``capture``) of at least as many new
+tokens. No loss, backward, optimizer or pass beside a step: refused before the run (``check_run``; the
+refusal says what the entry's spec says turns its pass off, ``without_side_pass``).
 """
 from __future__ import annotations
 
@@ -67,24 +68,23 @@ def check_run(settings: RunConfig, data: DataSource, hooks, optimizer) -> None:
             raise ConfigError(f"{hook.key}: '{hook.spec.type}' needs a backward pass; mode=generate runs none "
                               f"(record forward kinds only, or drop the entry)")
         if hook.side_data is not None:
-            fix = f"set {hook.key}.baseline=false" if hasattr(hook.spec, "baseline") else \
-                f"patch from a stored run ({hook.key}.source=RUN_DIR)"
             raise ConfigError(f"{hook.key}: '{hook.spec.type}' runs a pass beside each step, which mode=generate "
-                              f"does not run; {fix}")
-        if hook.spec.type == "patch":
-            _check_patch_source(hook.key, hook.spec.source, g.max_new_tokens)
+                              f"does not run; {hook.spec.without_side_pass(hook.key)}")
+        stored = hook.spec.stored_run()
+        if stored is not None:
+            _check_stored_run(f"{hook.key}.{stored[0]}", stored[1], g.max_new_tokens)
 
 
-def _check_patch_source(key: str, source: str, new_tokens: int) -> None:
-    """A patch during generation takes a stored value at every call (the prompt's, then each new token's):
+def _check_stored_run(key: str, source: str, new_tokens: int) -> None:
+    """An entry taking a stored value at every call during generation (the prompt's, then each new token's):
     only a stored generation run of as many new tokens or more holds them all."""
     config = read_run_config(source)
-    if config.get("mode") != "generate":
-        raise ConfigError(f"{key}.source: run '{source}' is a forward pass (mode={config.get('mode')}) holding the "
+    if config.get("mode") != GENERATE:
+        raise ConfigError(f"{key}: run '{source}' is a forward pass (mode={config.get('mode')}) holding the "
                           f"prompt's call only; mode=generate patches every call: store the source with mode=generate")
     stored = int((config.get("generate") or {}).get("max_new_tokens", 0))
     if stored < new_tokens:
-        raise ConfigError(f"{key}.source: run '{source}' generated {stored} new tokens, fewer than "
+        raise ConfigError(f"{key}: run '{source}' generated {stored} new tokens, fewer than "
                           f"generate.max_new_tokens={new_tokens}")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from common.errors import ConfigError, choice_error
 from common.records import STAT_COLUMNS
 from common.schema_merge import merged_object
+from hooks.specs import HOOK_TYPES
 from runner.config.registry import LOGGERS
 
 #: The extra that installs every logger's library.
@@ -106,7 +107,9 @@ def stats_by_kind(cfg: LoggerConfig) -> dict[str, list[str]]:
 
 
 def logged_entries(cfg: LoggerConfig, entry_types: dict[str, str]) -> frozenset[str]:
-    """The entries whose statistics ``cfg`` logs: those it names, else every ``stats`` entry."""
+    """The entries whose statistics ``cfg`` logs: those it names, else every entry whose type's spec says its
+    rows are logged live (``HookSpec.logged_live``: ``stats``)."""
     if cfg.entries is not None:
         return frozenset(cfg.entries)
-    return frozenset(key for key, kind in entry_types.items() if kind == "stats")
+    specs = {key: HOOK_TYPES.schema_of(kind) for key, kind in entry_types.items()}
+    return frozenset(key for key, spec in specs.items() if spec is not None and spec.logged_live)

@@ -21,13 +21,14 @@ from common.records import METHOD
 from runner.analysis.answers import Answer
 from runner.analysis.load import load_steps
 from runner.analysis.numbers import plain
-from runner.analysis.patching import CLEAN, attribution_against_patching, job_patching_table, patching_table
+from runner.analysis.patching import (CLEAN, ESTIMATE, PATCH, PATH, STEERING, attribution_against_patching,
+                                      job_patching_table, patching_table)
 from runner.analysis.steering import steering_table
 
 #: Cells named per method: those that recover most.
 MOST_CELLS = 5
 #: What each method's line calls itself.
-NAMES = {"patch": "activation patching", "path": "path patching", "attribution": "attribution estimate"}
+NAMES = {PATCH: "activation patching", PATH: "path patching", ESTIMATE: "attribution estimate"}
 
 
 def measured_metric(steps: pd.DataFrame) -> str | None:
@@ -69,17 +70,17 @@ def methods_answer(path: Path, entry: str, corrupted: str | Path | None = None, 
     except ValueError as exc:  # what the runs cannot answer (clean and corrupted alike: nothing to recover), said
         return Answer([str(exc)])
     lines = []
-    for method in ("patch", "path", "attribution"):
+    for method, name in NAMES.items():
         rows = table[table[METHOD] == method]
         if len(rows):
-            lines += _recovery_lines(NAMES[method], rows, metric, path)
-    if {"patch", "attribution"} <= set(table[METHOD]):
+            lines += _recovery_lines(name, rows, metric, path)
+    if {PATCH, ESTIMATE} <= set(table[METHOD]):
         both, r = attribution_against_patching(table)
         lines.append(f"estimate against real patching: r = {r:.3f} over {len(both)} cells")
-    if (table[METHOD] == "steer").any():
+    if (table[METHOD] == STEERING).any():
         steer = steering_table(path, metric, steps, on_corrupt)
         lines += _steer_lines(steer, metric)
-        if (table[METHOD] == "steer").all():
+        if (table[METHOD] == STEERING).all():
             return Answer(lines, steer)
     return Answer(lines, table.dropna(axis=1, how="all"))
 

@@ -24,11 +24,10 @@ def store_table(path: str | Path) -> pd.DataFrame:
     for found in sorted({*Path(path).glob(f"*/{MANIFEST}"), *Path(path).glob(f"*/rank-*/{MANIFEST}")}):
         manifest = read_store_manifest(found.parent)
         shards = manifest["shards"]
-        rows.append({"layer": manifest["layer"], "store": str(found.parent), "dtype": manifest["dtype"],
-                     "shards": len(shards), "samples": sum(int(s["rows"]) for s in shards),
-                     "bytes": sum((found.parent / s["file"]).stat().st_size for s in shards),
-                     "first": shards[0]["first"] if shards else None, "last": shards[-1]["last"] if shards else None,
-                     "complete": bool(manifest.get("complete"))})
+        size = sum((found.parent / s["file"]).stat().st_size for s in shards)
+        rows.append((manifest["layer"], str(found.parent), manifest["dtype"], len(shards),
+                     sum(int(s["rows"]) for s in shards), size, shards[0]["first"] if shards else None,
+                     shards[-1]["last"] if shards else None, bool(manifest.get("complete"))))
     return pd.DataFrame(rows, columns=["layer", "store", "dtype", "shards", "samples", "bytes", "first", "last",
                                        "complete"])
 
