@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -22,11 +22,21 @@ log = logging.getLogger(__name__)
 
 def job_dir(config: DictConfig, num: int) -> Path:
     """Where job ``num`` of this sweep will write: ``hydra.sweep.dir / hydra.sweep.subdir``."""
-    hydra = OmegaConf.create(OmegaConf.to_container(config.hydra, resolve=False))
-    with open_dict(hydra):
-        hydra.job.num = hydra.job.id = num
-    root = OmegaConf.create({"hydra": hydra})
-    return Path(str(config.hydra.sweep.dir)) / str(OmegaConf.select(root, "hydra.sweep.subdir"))
+    return job_dirs(config, [num])[0]
+
+
+def job_dirs(config: DictConfig, nums: Iterable[int]) -> list[Path]:
+    """Where each job of ``nums`` will write. Hydra's node is copied once for them all (not once a job:
+    the copy was 15 ms, three times per job of a sweep before its first job ran), and its subdir resolved
+    with each job's number; the sweep's directory is read from ``config`` itself, whose ``${now:...}`` it keeps."""
+    root = OmegaConf.create({"hydra": OmegaConf.to_container(config.hydra, resolve=False)})
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    dirs = []
+    with open_dict(root):
+        for num in nums:
+            root.hydra.job.num = root.hydra.job.id = num
+            dirs.append(sweep_dir / str(OmegaConf.select(root, "hydra.sweep.subdir")))
+    return dirs
 
 
 def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
