@@ -79,7 +79,7 @@ class EarlyChecks(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         entries = [{"num": num, "overrides": swept(overrides), "state": PENDING, "error": None,
                     "run_dir": os.path.relpath(out_dir, sweep_dir), **start.get(num, {})}
-                   for (num, overrides), out_dir in zip(enumerate(jobs), job_dirs(config, range(len(jobs))))]
+                   for (num, overrides), out_dir in zip(enumerate(jobs), job_dirs(config, enumerate(jobs)))]
         write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(), kept=sorted(kept))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

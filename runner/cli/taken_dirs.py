@@ -30,7 +30,7 @@ def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: 
     """
     bad, code, complete = [], 0, 0
     checked = [num for num in range(len(jobs)) if num not in skip]
-    for num, out_dir in zip(checked, job_dirs(config, checked)):
+    for num, out_dir in zip(checked, job_dirs(config, [(num, jobs[num]) for num in checked])):
         overrides = jobs[num]
         try:
             check_output_dir(out_dir, bool(config.get("overwrite")))
@@ -76,7 +76,7 @@ def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bo
         return [str(exc)]
     overwrite = bool(config.get("overwrite"))
     if multirun:
-        held = [out_dir for out_dir in job_dirs(config, range(len(jobs))) if _holds_run(out_dir, overwrite)]
+        held = [out_dir for out_dir in job_dirs(config, enumerate(jobs)) if _holds_run(out_dir, overwrite)]
         return held_sweep_lines(config, len(held), len(jobs)) if held else []
     if config.get("plan"):
         return []  # a plan writes nothing
