@@ -41,13 +41,14 @@ def counts(monkeypatch) -> Counts:
     """Hydra's compositions, the plans the check compiled, those compiled anywhere else, the job configs handed over."""
     seen = Counts([], [], [], [])
     monkeypatch.setattr(compose_module, "_COMPOSED", {})  # no composition kept from an earlier test
-    load, check_compile, again = ConfigLoaderImpl.load_configuration, commandline.compile_plan, execute_module.compile_plan
-    handed = checked_jobs.CheckedConfigs.load_sweep_config
+    load, handed = ConfigLoaderImpl.load_configuration, checked_jobs.CheckedConfigs.load_sweep_config
+    check_compile, again = commandline.compile_plan, execute_module.compile_plan
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
                         lambda self, *a, **k: seen.composed.append(list(k["overrides"])) or load(self, *a, **k))
     monkeypatch.setattr(checked_jobs.CheckedConfigs, "load_sweep_config",
                         lambda self, master, job: seen.handed.append(list(job)) or handed(self, master, job))
-    monkeypatch.setattr(commandline, "compile_plan", lambda *a, **k: seen.checked.append(a[1]) or check_compile(*a, **k))
+    monkeypatch.setattr(commandline, "compile_plan",
+                        lambda *a, **k: seen.checked.append(a[1]) or check_compile(*a, **k))
     monkeypatch.setattr(execute_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
     monkeypatch.setattr(replay_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
     return seen
@@ -91,7 +92,8 @@ def test_a_sweep_that_composes_each_job_composes_each_once(counts, monkeypatch, 
 def test_each_job_runs_under_the_config_hydra_composes_for_it(monkeypatch, capsys, tmp_path):
     """What a job's ``.hydra/`` holds (its config, Hydra's node: overrides, override_dirname, number, mode) is
     what Hydra's own composition of that job gives, though Hydra composed none of them for the run."""
-    sweep = ["hooks.stats.kinds=[output],[output,grad_output]", "hydra.job.config.override_dirname.exclude_keys=[quiet]"]
+    sweep = ["hooks.stats.kinds=[output],[output,grad_output]",
+             "hydra.job.config.override_dirname.exclude_keys=[quiet]"]
     ran = run_main(monkeypatch, capsys, "-m", *RUN, "seed=1,2", *sweep, f"hydra.sweep.dir={tmp_path}",
                    "hydra.sweep.subdir=${hydra.job.override_dirname}")
     assert ran.code == 0, ran.stderr

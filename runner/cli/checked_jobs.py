@@ -23,7 +23,6 @@ from typing import Any
 
 from hydra._internal.callbacks import Callbacks  # Hydra has no public one: what hydra.main calls
 from hydra.core.config_loader import ConfigLoader
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobRuntime, configure_log, run_job, setup_globals
 from hydra.types import HydraContext, RunMode, TaskFunction
@@ -31,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from runner.cli.early import ComposedJob
 from runner.cli.job_files import name_job
+from runner.cli.override_lines import parsed
 
 
 class UncheckedJob(RuntimeError):
@@ -39,15 +39,15 @@ class UncheckedJob(RuntimeError):
 
 def settings_of(overrides: Sequence[str]) -> dict:
     """What a job's overrides set, hydra's own left out, as Hydra parses them (so ``x=[1, 2]`` is ``x=[1,2]``)."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return {(o.type, o.package, o.key_or_group): o.value() for o in parsed if not o.is_hydra_override()}
+    return {(o.type, o.package, o.key_or_group): o.value() for o in parsed(overrides) if not o.is_hydra_override()}
 
 
 def with_hydra(job: ComposedJob, task: Sequence[str], mode: RunMode) -> DictConfig:
     """``job``'s config under the ``hydra`` node it runs under, as Hydra's composition of ``task`` (the
     task overrides, hydra's own left out) under ``mode`` would hold it: ``hydra.overrides.task`` and
     ``hydra.job.override_dirname`` are the ones of ``task``, ``hydra.mode`` is ``mode`` and, as ``hydra.main``
-    adds it, ``hydra.mode=MODE`` is among ``hydra.overrides.hydra``. A copy: the job's checked config stays as it was."""
+    adds it, ``hydra.mode=MODE`` is among ``hydra.overrides.hydra``. A copy: the job's checked config stays
+    as it was."""
     cfg = copy.deepcopy(job.config)
     node = copy.deepcopy(job.with_hydra.hydra)
     name_job(node, task)
@@ -62,8 +62,7 @@ def with_hydra(job: ComposedJob, task: Sequence[str], mode: RunMode) -> DictConf
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:
     """The lines of ``overrides`` that are not Hydra's own (``hydra.overrides.task``), in their order."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return [o.input_line for o in parsed if not o.is_hydra_override()]
+    return [o.input_line for o in parsed(overrides) if not o.is_hydra_override()]
 
 
 class CheckedConfigs(ConfigLoader):

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hydra._internal.config_loader_impl import get_overrides_dirname  # Hydra's naming of a job, no public one
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from common.job_status import StatusError, read_job_status, write_job_status
+from runner.cli.override_lines import parsed
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +49,19 @@ def job_dirs(config: DictConfig, jobs: Iterable[tuple[int, Sequence[str]]]) -> l
 def name_job(node: DictConfig, task: Sequence[str]) -> None:
     """Set in Hydra's node ``node`` what Hydra's composition of a job of task overrides ``task`` sets from
     them: ``hydra.overrides.task`` and ``hydra.job.override_dirname``."""
-    parsed = OverridesParser.create().parse_overrides(list(task))
     naming = node.job.config.override_dirname
     with read_write(node), open_dict(node):
         node.overrides.task = list(task)
-        node.job.override_dirname = get_overrides_dirname(overrides=parsed, exclude_keys=list(naming.exclude_keys),
-                                                          item_sep=naming.item_sep, kv_sep=naming.kv_sep)
+        node.job.override_dirname = get_overrides_dirname(
+            overrides=parsed(task), exclude_keys=list(naming.exclude_keys), item_sep=naming.item_sep,
+            kv_sep=naming.kv_sep)
 
 
 def as_launched(overrides: Sequence[str]) -> list[str]:
     """A job's task overrides (Hydra's own left out) as Hydra's basic sweeper hands them to the launcher
     (``BasicSweeper.split_arguments``: ``quiet=True`` for ``quiet=true``), which names its directory from them."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed if not o.is_hydra_override()]
+    return [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed(overrides)
+            if not o.is_hydra_override()]
 
 
 def write_status(out_dir: str | Path, overrides: Sequence[str], error: str | None, state: str | None = None) -> None:
