@@ -40,28 +40,42 @@ def _exit_on(problems: list[str]) -> None:
 
 
 def _run_jobs(checked) -> None:
-    """Hydra runs each job (its directory, logging, callbacks, the sweep), handing it the plan the check compiled."""
-    import hydra
+    """Hydra runs each job (its directory, logging, callbacks, the sweep), handed the config the check
+    composed and the plan it compiled for it (``runner.cli.checked_jobs``); ``hydra.main`` only for what
+    runs no job (``--help``, ``--cfg``, ...)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
     from runner.cli.execute import execute
-    from runner.config.compose import CONF_DIR
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-    def hydra_main(cfg: DictConfig) -> None:  # each job runs the plan the check compiled for it
+    def run_plan(cfg: DictConfig) -> None:  # each job runs the plan the check compiled for it
         hydra_cfg = HydraConfig.get()
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         task = list(hydra_cfg.overrides.task)
         execute(cfg, hydra_cfg.runtime.output_dir, task, multirun=multirun,
                 plan=checked.plan_for(hydra_cfg.job.num if multirun else 0, task))
 
+    command = checked.command
     try:
-        hydra_main()
+        if command is None or command.other_mode:
+            _hydra_main(run_plan)
+        else:
+            from runner.cli.checked_jobs import run_checked
+
+            run_checked(command.composed, command.multirun, command.overrides, run_plan)
     except KeyboardInterrupt:  # outside a job (Hydra composing the next one): no traceback, the jobs' record says the rest
         print("error: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _hydra_main(task) -> None:
+    """Hydra's own ``main`` on the command line: its help, a config printed, ..."""
+    import hydra
+
+    from runner.config.compose import CONF_DIR
+
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(task)()
 
 
 if __name__ == "__main__":

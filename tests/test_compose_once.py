@@ -1,44 +1,55 @@
 """Each job is composed once and its plan handed over as the object the check compiled.
 
-Counted here: the runner's Hydra compositions (``runner.config.compose.compose``, Hydra's compose API,
-which every composition of the runner goes through) and the plans compiled, for a CLI run, a sweep,
-``runner.attach`` and a replay. ``runner.attach`` reuses a composition while the files it read, its
-search path and the registrations are unchanged: an edited preset is composed again.
+Counted here: every composition Hydra makes (``ConfigLoaderImpl.load_configuration``: Hydra's compose
+API, ``hydra.main`` and a launcher's ``load_sweep_config`` all compose through it) and the plans
+compiled, for a CLI run, a sweep, ``runner.attach`` and a replay. ``runner.attach`` reuses a composition
+while the files it read, its search path and the registrations are unchanged: an edited preset is
+composed again.
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
 import pytest
 import torch
 import yaml
+from hydra._internal.config_loader_impl import ConfigLoaderImpl  # where every composition of Hydra's goes
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 from torch import nn
 
 import runner
-from runner.cli import commandline, execute as execute_module, replay as replay_module
-from runner.cli.commandline import UncheckedJob, check_command_line
+from runner.cli import checked_jobs, commandline, execute as execute_module, replay as replay_module
+from runner.cli.checked_jobs import UncheckedJob
+from runner.cli.commandline import check_command_line
 from runner.config import compose as compose_module
+from runner.config.compose import compose_with_hydra
 from conftest import run_main
 
 
 @dataclass
 class Counts:
-    composed: list
-    checked: list
-    compiled_again: list
+    composed: list  #: the overrides of each composition Hydra made
+    checked: list  #: the overrides of each plan the check compiled
+    compiled_again: list  #: plans compiled anywhere else
+    handed: list  #: the overrides of each job config a launcher was handed (the check's, not composed)
 
 
 @pytest.fixture
 def counts(monkeypatch) -> Counts:
-    """The runner's Hydra compositions, the plans the check compiled and those compiled anywhere else."""
-    seen = Counts([], [], [])
+    """Hydra's compositions, the plans the check compiled, those compiled anywhere else, the job configs handed over."""
+    seen = Counts([], [], [], [])
     monkeypatch.setattr(compose_module, "_COMPOSED", {})  # no composition kept from an earlier test
-    hydra_compose, check_compile, again = compose_module.compose, commandline.compile_plan, execute_module.compile_plan
-    monkeypatch.setattr(compose_module, "compose",
-                        lambda *a, **k: seen.composed.append(k["overrides"]) or hydra_compose(*a, **k))
-    monkeypatch.setattr(commandline, "compile_plan", lambda *a, **k: seen.checked.append(a[1]) or check_compile(*a, **k))
+    load, handed = ConfigLoaderImpl.load_configuration, checked_jobs.CheckedConfigs.load_sweep_config
+    check_compile, again = commandline.compile_plan, execute_module.compile_plan
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: seen.composed.append(list(k["overrides"])) or load(self, *a, **k))
+    monkeypatch.setattr(checked_jobs.CheckedConfigs, "load_sweep_config",
+                        lambda self, master, job: seen.handed.append(list(job)) or handed(self, master, job))
+    monkeypatch.setattr(commandline, "compile_plan",
+                        lambda *a, **k: seen.checked.append(a[1]) or check_compile(*a, **k))
     monkeypatch.setattr(execute_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
     monkeypatch.setattr(replay_module, "compile_plan", lambda *a, **k: seen.compiled_again.append(a) or again(*a, **k))
     return seen
@@ -51,17 +62,55 @@ def test_a_command_line_run_is_composed_and_compiled_once(counts, monkeypatch, c
     ran = run_main(monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path / 'run'}")
     assert ran.code == 0, ran.stderr
     assert (tmp_path / "run" / "manifest.json").is_file()
-    assert len(counts.composed) == 1 and len(counts.checked) == 1 and counts.compiled_again == []
+    assert counts.composed == [[*RUN, f"hydra.run.dir={tmp_path / 'run'}"]]  # by the check; Hydra's main composed none
+    assert len(counts.checked) == 1 and counts.compiled_again == []
 
 
-def test_each_job_of_a_sweep_runs_the_plan_the_check_compiled_for_it(counts, monkeypatch, capsys, tmp_path):
+def test_each_job_of_a_sweep_is_composed_once_and_runs_the_plan_the_check_compiled_for_it(counts, monkeypatch, capsys,
+                                                                                          tmp_path):
     ran = run_main(monkeypatch, capsys, "-m", *RUN, "seed=1,2,3", f"hydra.sweep.dir={tmp_path}")
     assert ran.code == 0, ran.stderr
-    assert len(counts.composed) == 1  # the other two jobs differ in a value: derived from the first
-    assert counts.checked == [[*RUN, f"seed={seed}", f"hydra.sweep.dir={tmp_path}"] for seed in (1, 2, 3)]
-    assert counts.compiled_again == []
+    jobs = [[*RUN, f"seed={seed}", f"hydra.sweep.dir={tmp_path}"] for seed in (1, 2, 3)]
+    assert counts.composed == jobs[:1]  # the other two jobs differ in a value: derived from the first
+    handed = [checked_jobs.settings_of(job) for job in counts.handed]  # as the sweeper spells them: quiet=True
+    assert handed == [checked_jobs.settings_of(job) for job in jobs]  # the launcher composed none again
+    assert counts.checked == jobs and counts.compiled_again == []
     for num, seed in enumerate((1, 2, 3)):  # job N ran job N's plan: its seed is in its manifest
         assert yaml.safe_load((tmp_path / str(num) / "config.yaml").read_text())["seed"] == seed
+
+
+def test_a_sweep_that_composes_each_job_composes_each_once(counts, monkeypatch, capsys, tmp_path):
+    """Jobs that differ in a preset are each composed by Hydra: once each, by the check."""
+    ran = run_main(monkeypatch, capsys, "-m", "model=mlp,linear", "hooks=stats", "steps=1", "quiet=true",
+                   f"hydra.sweep.dir={tmp_path}")
+    assert ran.code == 0, ran.stderr
+    assert counts.composed == [[f"model={name}", "hooks=stats", "steps=1", "quiet=true", f"hydra.sweep.dir={tmp_path}"]
+                               for name in ("mlp", "linear")]
+    assert [yaml.safe_load((tmp_path / str(num) / "config.yaml").read_text())["model"]["name"] for num in (0, 1)] == [
+        "mlp", "linear"]
+
+
+def test_each_job_runs_under_the_config_hydra_composes_for_it(monkeypatch, capsys, tmp_path):
+    """What a job's ``.hydra/`` holds (its config, Hydra's node: overrides, override_dirname, number, mode) is
+    what Hydra's own composition of that job gives, though Hydra composed none of them for the run."""
+    sweep = ["hooks.stats.kinds=[output],[output,grad_output]",
+             "hydra.job.config.override_dirname.exclude_keys=[quiet]"]
+    ran = run_main(monkeypatch, capsys, "-m", *RUN, "seed=1,2", *sweep, f"hydra.sweep.dir={tmp_path}",
+                   "hydra.sweep.subdir=${hydra.job.override_dirname}")
+    assert ran.code == 0, ran.stderr
+    for num, (seed, kinds) in enumerate([(1, "[output]"), (1, "[output,grad_output]"), (2, "[output]"),
+                                         (2, "[output,grad_output]")]):
+        task = [*RUN[:3], "quiet=True", f"seed={seed}", f"hooks.stats.kinds={kinds}"]  # as Hydra's sweeper spells them
+        hydra = ["hydra.job.config.override_dirname.exclude_keys=[quiet]", f"hydra.sweep.dir={tmp_path}",
+                 "hydra.sweep.subdir=${hydra.job.override_dirname}", "hydra.mode=MULTIRUN"]
+        theirs = compose_with_hydra([*hydra, *task])
+        out = tmp_path / theirs.hydra.job.override_dirname
+        written = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        assert yaml.safe_load((out / ".hydra" / "config.yaml").read_text()) == yaml.safe_load(
+            OmegaConf.to_yaml(compose_module.job_config(copy.deepcopy(theirs))[0]))
+        assert written["overrides"] == OmegaConf.to_container(theirs.hydra.overrides)
+        assert written["job"]["override_dirname"] == theirs.hydra.job.override_dirname
+        assert (written["job"]["num"], written["mode"]) == (num, "MULTIRUN")
 
 
 def test_a_job_the_check_did_not_compile_is_said_loudly_never_compiled_again():
@@ -74,6 +123,19 @@ def test_a_job_the_check_did_not_compile_is_said_loudly_never_compiled_again():
     plan = checked.plan_for(1, ["hooks=stats", "model=mlp", "steps=1", "quiet=true", "seed=2"])
     assert plan is not None
     assert checked.plan_for(1, [*RUN, "seed=2"]) is plan  # a requeued job asks again (tests/test_slurm.py)
+
+
+def test_a_launcher_asking_for_a_job_the_check_did_not_compose_is_refused_never_composed(counts):
+    checked = check_command_line(["-m", *RUN, "seed=1,2"])
+    configs = checked_jobs.CheckedConfigs(checked.command.composed)
+    master = checked_jobs.with_hydra(checked.command.composed[0], RUN, checked_jobs.RunMode.MULTIRUN)
+    assert configs.load_sweep_config(master, [*RUN, "seed=2"]).seed == 2
+    counts.composed.clear()
+    with pytest.raises(UncheckedJob, match="seed=7"):
+        configs.load_sweep_config(master, [*RUN, "seed=7"])
+    with pytest.raises(UncheckedJob, match="compose"):
+        configs.load_configuration("config", RUN, checked_jobs.RunMode.RUN)
+    assert counts.composed == []
 
 
 def test_a_replay_composes_nothing_and_compiles_once(counts, monkeypatch, capsys, tmp_path):

@@ -82,6 +82,17 @@ def test_declaring_imports_no_torch_and_building_imports_only_the_types_module()
     assert seen == {"problems": [], "before": [], "built": "hooks.types.gradients.Clamp", "after": True}
 
 
+def test_a_run_of_a_model_of_the_runners_own_imports_no_torchvision(tmp_path):
+    """torchvision (1.7 s of CPU to import: it imports torch._dynamo) is imported for a model of its own only."""
+    seen = _python(
+        "import json, sys\nfrom runner.cli.commandline import check_command_line\nfrom runner.engine import loop\n"
+        f"checked = check_command_line(['model=mlp', 'hooks=stats', 'hydra.run.dir={tmp_path}'])\n"
+        "loop.run(checked.plan_for(0, ['model=mlp', 'hooks=stats']), " + repr(str(tmp_path)) + ")\n"
+        "print(json.dumps(dict(problems=checked.problems, torchvision='torchvision' in sys.modules)))")
+    assert seen == {"problems": [], "torchvision": False}
+    assert (tmp_path / "manifest.json").is_file()
+
+
 def test_a_declaration_without_its_registration_fails_at_the_first_use(monkeypatch):
     """A declaration naming a module that does not register the choice is a bug said where it is built."""
     import hooks.types.observe  # noqa: F401  (registers stats, capture, print in the real table, not the copy below)

@@ -103,7 +103,7 @@ class SlurmLauncher(UpstreamSlurmLauncher):
         try:
             return job.results()[0]
         except submitit.core.utils.UncompletedJobError as exc:
-            out_dir = job_dir(self.config, num)
+            out_dir = job_dir(self.config, num, overrides)
             if (read_status(out_dir) or {}).get("status") in (None, "requeued"):  # else the job said how it ended
                 slurm = job.state
                 if isinstance(exc, submitit.core.utils.FailedJobError):  # raised in the job

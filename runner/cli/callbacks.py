@@ -28,7 +28,7 @@ from runner.cli.early import expand
 from runner.cli.execute import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, failure_code, keep_claim
 from runner.cli.resume import carried, resume_mode, swept, unfinished_jobs
 from runner.cli.summary import print_summary
-from runner.cli.job_files import job_dir
+from runner.cli.job_files import job_dirs
 from runner.cli.taken_dirs import sweep_dir_problems
 from runner.engine import fsdp
 from runner.store.claim import claim_run_dir
@@ -78,8 +78,8 @@ class EarlyChecks(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         entries = [{"num": num, "overrides": swept(overrides), "state": PENDING, "error": None,
-                    "run_dir": os.path.relpath(job_dir(config, num), sweep_dir), **start.get(num, {})}
-                   for num, overrides in enumerate(jobs)]
+                    "run_dir": os.path.relpath(out_dir, sweep_dir), **start.get(num, {})}
+                   for (num, overrides), out_dir in zip(enumerate(jobs), job_dirs(config, enumerate(jobs)))]
         write_sweep(sweep_dir, entries, command=swept(config.hydra.overrides.task), pid=os.getpid(), kept=sorted(kept))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -18,20 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from runner.cli.checked_jobs import UncheckedJob, settings_of
 from runner.cli.early import ComposedCommand, compose_command_line
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
 from runner.engine.fsdp import sweep_problem
 from runner.engine.plan import Plan, compile_plan
 from runner.engine.plan_cache import shared_meta_models
-
-
-class UncheckedJob(RuntimeError):
-    """Hydra runs a job the command line's check did not compile: a bug in the runner, never a user's mistake."""
 
 
 @dataclass
@@ -41,6 +37,8 @@ class CommandCheck:
     problems: list[str] = field(default_factory=list)
     #: each job's overrides and its plan, by job number (``hydra.job.num``; 0 for a single run)
     plans: list[tuple[list[str], Plan | None]] = field(default_factory=list)
+    #: the command as composed: its jobs' configs, which Hydra runs (``runner.cli.checked_jobs``)
+    command: ComposedCommand | None = None
 
     def plan_for(self, num: int, task_overrides: Sequence[str]) -> Plan:
         """The plan the check compiled for job ``num``, whose overrides Hydra gives as ``task_overrides``
@@ -52,16 +50,10 @@ class CommandCheck:
             UncheckedJob: the check has no plan for that job, or compiled it from other overrides.
         """
         overrides, plan = self.plans[num] if 0 <= num < len(self.plans) else (None, None)
-        if plan is None or _settings(overrides) != _settings(task_overrides):
+        if plan is None or settings_of(overrides) != settings_of(task_overrides):
             raise UncheckedJob(f"job {num} ({' '.join(task_overrides)}) is not the job the command line's check "
                                f"compiled ({' '.join(overrides or ['none'])}); nothing of it was run")
         return plan
-
-
-def _settings(overrides: Sequence[str]) -> dict:
-    """What a job's overrides set, hydra's own left out, as Hydra parses them (so ``x=[1, 2]`` is ``x=[1,2]``)."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return {(o.type, o.package, o.key_or_group): o.value() for o in parsed if not o.is_hydra_override()}
 
 
 def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = None) -> CommandCheck:
@@ -73,7 +65,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
     held = _may_be_taken(command) and held_run_dir(command.first_with_hydra, command.jobs, command.multirun)
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck(held)
-    checked = CommandCheck()
+    checked = CommandCheck(command=command)
     with shared_meta_models():  # a sweep's model is not built again on the meta device for each job
         for num, job in enumerate(command.composed):
             if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once

@@ -38,11 +38,13 @@ def is_replay(argv: Sequence[str]) -> bool:
 
 @dataclass
 class ComposedJob:
-    """One job of the command: its overrides, its composed config and whether its launcher runs it elsewhere."""
+    """One job of the command: its overrides, its composed config, whether its launcher runs it elsewhere,
+    and the composition whose ``hydra`` node it runs under (``runner.cli.checked_jobs``)."""
 
     overrides: list[str]
     config: DictConfig
     remote: bool
+    with_hydra: DictConfig
 
 
 @dataclass
@@ -51,6 +53,7 @@ class ComposedCommand:
 
     jobs: list[list[str]] = field(default_factory=list)
     multirun: bool = False
+    overrides: list[str] = field(default_factory=list)  #: as given, a sweep's unexpanded (``-m`` left out)
     composed: list[ComposedJob] = field(default_factory=list)
     #: the first job's config with Hydra's node (its directories), as composed for the check
     first_with_hydra: DictConfig | None = None
@@ -75,8 +78,8 @@ def compose_command_line(argv: Sequence[str]) -> ComposedCommand:
     if any(arg.split("=")[0] in _OTHER_MODES for arg in argv):
         return ComposedCommand(other_mode=True)
     multirun = any(arg in ("-m", "--multirun") for arg in argv)
-    command = ComposedCommand(multirun=multirun)
     overrides = [arg for arg in argv if arg not in ("-m", "--multirun")]
+    command = ComposedCommand(multirun=multirun, overrides=overrides)
     try:
         command.jobs = expand(overrides) if multirun else [overrides]
     except ConfigError as exc:
@@ -84,14 +87,14 @@ def compose_command_line(argv: Sequence[str]) -> ComposedCommand:
     composer = JobComposer()  # a job differing from the first in values only is not composed again
     for num, job in enumerate(command.jobs):
         try:
-            cfg, remote = composer.compose(job)
-            check_choices(cfg)
+            composition = composer.compose(job)
+            check_choices(composition.config)
         except LauncherError as exc:  # the same for every job: said once
             return ComposedCommand(problems=[str(exc)])
         except ConfigError as exc:
             command.reject(num, job, str(exc))
             continue
-        command.composed.append(ComposedJob(job, cfg, remote))
+        command.composed.append(ComposedJob(job, *composition))
     command.first_with_hydra = composer.first_with_hydra
     return command
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -27,9 +28,19 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config.compose import CONF_DIR, compose_job, compose_with_hydra, job_config
+from runner.config.compose import CONF_DIR, compose_with_hydra, job_config
 
 _ABSENT = object()
+
+
+class Composition(NamedTuple):
+    """One job composed: its config (``compose_job``'s), whether its launcher runs it elsewhere, and the
+    composition whose ``hydra`` node it runs under (``hydra.run.dir``, the launcher, ...): Hydra's own for
+    a job Hydra composed, the first job's for one derived from it (the two differ in values only)."""
+
+    config: DictConfig
+    remote: bool
+    with_hydra: DictConfig
 
 
 class JobComposer:
@@ -43,19 +54,19 @@ class JobComposer:
         #: the command-line check looks there for a run already done, without composing it again
         self.first_with_hydra: DictConfig | None = None
 
-    def compose(self, job: Sequence[str]) -> tuple[DictConfig, bool]:
+    def compose(self, job: Sequence[str]) -> Composition:
         """``compose_job(job)``: derived from the first job when only replaced values differ, else Hydra's."""
         job = list(job)
         derived = self._derived(job) if self._first is not None else None
         if derived is not None:
             self.derived += 1
-            return derived, self._first[2]
-        if self._first is not None:
-            return compose_job(job)
-        self.first_with_hydra = compose_with_hydra(job)
-        cfg, remote = job_config(copy.deepcopy(self.first_with_hydra))
-        self._first = (job, copy.deepcopy(cfg), remote)
-        return cfg, remote
+            return Composition(derived, self._first[2], self.first_with_hydra)
+        with_hydra = compose_with_hydra(job)
+        cfg, remote = job_config(copy.deepcopy(with_hydra))
+        if self._first is None:
+            self.first_with_hydra = with_hydra
+            self._first = (job, copy.deepcopy(cfg), remote)
+        return Composition(cfg, remote, with_hydra)
 
     def _derived(self, job: list[str]) -> DictConfig | None:
         first_job, first_cfg, _ = self._first

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError, OutputError
 from runner.cli.execute import failure_code
-from runner.cli.job_files import job_dir
+from runner.cli.job_files import job_dirs
 from runner.cli.resume import command_problem, resume_mode, unfinished_jobs
 from runner.store.claim import CompleteRunError, check_output_dir, refuse_complete_run
 from common.sweep_format import FAILED, read_record
@@ -29,11 +29,11 @@ def sweep_dir_problems(config: DictConfig, jobs: Sequence[Sequence[str]], skip: 
     sweep keeps) write nothing and are not checked.
     """
     bad, code, complete = [], 0, 0
-    for num, overrides in enumerate(jobs):
-        if num in skip:
-            continue
+    checked = [num for num in range(len(jobs)) if num not in skip]
+    for num, out_dir in zip(checked, job_dirs(config, [(num, jobs[num]) for num in checked])):
+        overrides = jobs[num]
         try:
-            check_output_dir(job_dir(config, num), bool(config.get("overwrite")))
+            check_output_dir(out_dir, bool(config.get("overwrite")))
         except (ConfigError, OutputError) as exc:
             bad.append(f"job {num} ({' '.join(overrides)}): {exc}")
             code = max(code, failure_code(exc))
@@ -76,7 +76,7 @@ def held_run_dir(config: DictConfig, jobs: Sequence[Sequence[str]], multirun: bo
         return [str(exc)]
     overwrite = bool(config.get("overwrite"))
     if multirun:
-        held = [num for num in range(len(jobs)) if _holds_run(job_dir(config, num), overwrite)]
+        held = [out_dir for out_dir in job_dirs(config, enumerate(jobs)) if _holds_run(out_dir, overwrite)]
         return held_sweep_lines(config, len(held), len(jobs)) if held else []
     if config.get("plan"):
         return []  # a plan writes nothing

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torchvision
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -136,6 +135,8 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
 
 def _named_model(name: str | None, weights: str | None) -> nn.Module:
+    import torchvision  # 1.7 s of CPU (it imports torch._dynamo): only for a model of its own
+
     check_model_name(name, MODELS, torchvision.models.list_models())
     try:
         return torchvision.models.get_model(name, weights=weights)
