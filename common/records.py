@@ -38,6 +38,7 @@ ID_FIELDS = (
     pa.field("call", pa.int64()),  #: the n-th forward call of the module in the step (backward rows: the call they belong to)
     pa.field("hook", pa.string()),  #: the entry's name under ``hooks:``
     pa.field("layer", pa.string()),  #: qualified module name, ``""`` for the model itself
+    pa.field("canonical", pa.string()),  #: the row's name in its transformer family's vocabulary (``blocks.3.resid_post``, ``blocks.3.mlp``: ``hooks.families``), the same in every family; null where the vocabulary names none
     pa.field("phase", pa.string()),  #: when the row was recorded: one of ``PHASES``
     pa.field("kind", pa.string()),  #: what the row holds: one of ``KINDS``
     pa.field("slot", pa.string()),  #: tuple position (``"0"``), dict key, dotted path, or parameter name (``"bias"``)

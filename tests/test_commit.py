@@ -26,7 +26,7 @@ INJECTED = ("fsync", "replace", "rename")
 
 def captures(rows: int, kept: int = 0) -> StepCaptures:
     """One step's captures of ``rows`` tensors of shape [2, 3], the first ``kept`` of them kept."""
-    values = {"call": 0, "hook": "hooks.h", "phase": "forward", "kind": "output", "slot": "0",
+    values = {"call": 0, "hook": "hooks.h", "canonical": None, "phase": "forward", "kind": "output", "slot": "0",
               "tensor_shape": [2, 3], "dtype": "float32", "numel": 6}
     columns = {c: [f"l{i}" if c == "layer" else values[c] for i in range(rows)] for c in ID_COLUMNS}
     stats = {c: np.arange(rows, dtype=np.int64 if c.endswith("_count") else np.float64) for c in STAT_COLUMNS}

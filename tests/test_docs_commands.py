@@ -90,6 +90,8 @@ RUN_BY = {
     "test_readme_steering.py::test_the_steering_sweep_runs_as_written_and_scale_0_changes_nothing":
         lambda: bash_lines("tutorials/steering.md"),
     "test_readme_whole_datasets.py::test_the_three_workflows_run_as_written": lambda: bash_lines("tutorials/units.md"),
+    "test_family_tutorial.py::test_the_three_family_sweep_runs_as_written_and_its_table_and_picture_are_plain_hooks_numbers":
+        lambda: bash_lines("tutorials/families.md"),
     "test_dla.py::test_the_how_to_s_command_runs_as_written_and_prints_the_answer_it_shows":
         lambda: bash_lines("how-to/direct-logit-attribution.md"),
     "test_sae_readme.py::test_the_story_s_commands_run_as_written_and_name_the_hand_computed_top_prompts":

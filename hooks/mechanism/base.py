@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
-from hooks.mechanism.select import select_modules
+from common.errors import ConfigError
+from hooks.mechanism.select import Points, select_points
 from hooks.specs.base import HookSpec
 
 if TYPE_CHECKING:
@@ -116,9 +117,24 @@ class HookType:
         """The PyTorch hooks this entry registers, for ``plan=true``."""
         raise NotImplementedError
 
+    #: Whether the entry reads and changes a residual point (``blocks.3.resid_post``: one tensor of a
+    #: block's call, ``hooks.families``) as that tensor alone; an entry that hooks whole modules refuses one.
+    reads_points: ClassVar[bool] = False
+
     def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The modules this entry's ``layers`` selector matches in ``model``."""
-        return select_modules(model, self.spec.layers, f"{self.key}.layers")
+        return self.targets_and_points(model)[0]
+
+    def targets_and_points(self, model: nn.Module) -> tuple[list[tuple[str, nn.Module]], Points]:
+        """``targets`` and, per module selected only through residual points, which of its tensors they are;
+        one line where the entry cannot read a point as one tensor."""
+        found, points = select_points(model, self.spec.layers, f"{self.key}.layers")
+        if points and not self.reads_points:
+            layer, kinds = next(iter(points.items()))
+            raise ConfigError(f"{self.key}.layers: a residual point (blocks.i.resid_pre, resid_mid, resid_post) is "
+                              f"one tensor of a module's call ('{layer}' {' and '.join(sorted(kinds))}), and "
+                              f"'{self.spec.type}' hooks whole modules; select the module (blocks.i)")
+        return found, points
 
     def attach(self, model: nn.Module, session: HookSession) -> None:
         """Register this entry's PyTorch hooks on ``model``, giving every handle to ``session``."""

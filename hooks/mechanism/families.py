@@ -15,13 +15,20 @@ The vocabulary (``vocabulary(model)``) maps each canonical name to the module's 
   ``blocks.i.attn.k_norm`` (Qwen3, Gemma3), ``blocks.i.ln_attn_out`` and ``blocks.i.ln_mlp_out`` (Gemma's
   norms on the attention's and the MLP's outputs, before they join the residual stream).
 
+Beside the modules, the residual stream's points (``points``: canonical -> ``Point``): a point is one tensor
+of a module's call, not a module. ``blocks.i.resid_pre`` is block ``i``'s first input, ``blocks.i.resid_post``
+its output (the first tensor of a tuple), ``blocks.i.resid_mid`` the first input of ``blocks.i.ln2`` (the
+stream after the attention is added), which a parallel block (NeoX's ``use_parallel_residual``) has not.
+``row_name`` names a recorded row by them: the same tensor has the same name in every family.
+
 Knows PyTorch modules and a model's ``config``, nothing of the runner.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -135,6 +142,24 @@ def family_of(model: nn.Module, key: str) -> tuple[str, Family]:
                       f"{known}; {HOW_TO_DECLARE}")
 
 
+class Point(NamedTuple):
+    """Where a residual point's tensor is read: the first ``kind`` tensor (slot ``"0"``) of ``module``'s calls."""
+
+    module: str  #: the module's qualified name
+    kind: str  #: ``input`` or ``output``
+
+
+#: The canonical parts some families have and others not (after ``blocks.i.``, or at the root), by the
+#: ``Family`` field that declares them.
+OPTIONAL_PARTS = {"attn.q_norm": "qk_norms", "attn.k_norm": "qk_norms", "ln_attn_out": "ln_attn_out",
+                  "ln_mlp_out": "ln_mlp_out", "pos_embed": "pos_embed"}
+#: The residual points of block ``i``: the module they are read at (``""``: the block; ``ln2``: its norm
+#: before the MLP) and which of its tensors.
+RESIDUAL_POINTS = {"resid_pre": ("", "input"), "resid_mid": ("ln2", "input"), "resid_post": ("", "output")}
+#: A recorded row's kind -> the forward kind of the tensor it is or is the gradient of.
+_FORWARD_KIND = {"input": "input", "grad_input": "input", "output": "output", "grad_output": "output"}
+
+
 @dataclass
 class Vocabulary:
     """A model's family and each canonical name's module (``names``: canonical -> qualified name)."""
@@ -144,6 +169,26 @@ class Vocabulary:
     config: Any
     names: dict[str, str]
     modules: dict[str, nn.Module]  #: canonical -> module
+    points: dict[str, Point]  #: canonical residual point (``blocks.i.resid_post``) -> where it is read
+
+    @functools.cached_property
+    def _rows(self) -> dict[tuple[str, str], str]:
+        module_names = {real: canonical for canonical, real in self.names.items()}
+        return {**{(real, ""): canonical for real, canonical in module_names.items()},
+                **{(point.module, point.kind): canonical for canonical, point in self.points.items()}}
+
+    def row_name(self, layer: str, kind: str, slot: str) -> str | None:
+        """The canonical name of a recorded row: the residual point its tensor is (a block's input or
+        output slot ``"0"``, or its gradient), else its module's name; None for a module the vocabulary
+        does not name."""
+        rows = self._rows
+        point = rows.get((layer, _FORWARD_KIND.get(kind, ""))) if slot == "0" else None
+        return point or rows.get((layer, ""))
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the blocks read attention and MLP from the same input (no ``resid_mid``)."""
+        return bool(self.setting(self.table.parallel, False))
 
     def setting(self, field: str | None, default: Any = None) -> Any:
         """The model config's ``field`` (a quirk's flag or size), ``default`` when the family has none."""
@@ -168,10 +213,26 @@ class Vocabulary:
         said += [f"grouped key/value heads {self.heads}/{self.kv_heads}"] if self.kv_heads != self.heads else []
         said += ["q/k norms"] if table.qk_norms else []
         said += ["norms on attention and mlp outputs"] if table.ln_attn_out or table.ln_mlp_out else []
-        said += ["parallel attention and mlp"] if self.setting(table.parallel, False) else []
+        said += ["parallel attention and mlp"] if self.parallel else []
         said += ["embedding scaled by sqrt(hidden)"] if table.embed_scale else []
         said += [f"final logits capped at {self.softcap}"] if self.softcap else []
         return said
+
+    def lacks(self, pattern: str) -> str | None:
+        """Why a canonical ``pattern`` names nothing here when it would elsewhere: a block past the last, or a
+        part only other families have (``blocks.0.attn.q_norm`` on GPT-2); None otherwise."""
+        parts = pattern.split(".")
+        count = len(self.blocks())
+        if parts[0] == "blocks" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) >= count:
+            return f"this model has blocks 0 to {count - 1}"
+        part = ".".join(parts[2:]) if parts[0] == "blocks" else pattern
+        field = OPTIONAL_PARTS.get(part)
+        if field is None or getattr(self.table, field):
+            return None
+        having = [name for name in FAMILIES if getattr(FAMILIES.get(name).build, field)]
+        here = [n.split(".", 2)[2] for n in [*self.names, *self.points] if n.startswith("blocks.0.")]
+        return (f"the {self.family} family has no {part} ({', '.join(having)} have one); its blocks have "
+                f"{', '.join(here)}")
 
     def canonical(self, real: str) -> str:
         """The canonical name of the module named ``real`` ("" when the vocabulary has none)."""
@@ -211,7 +272,11 @@ def vocabulary(model: nn.Module, key: str) -> Vocabulary:
     if missing or not isinstance(blocks, nn.ModuleList):
         raise ConfigError(f"{key}: {type(model).__name__} lacks what the '{family}' family names: "
                           f"{', '.join(missing[:3]) or table.blocks + ' (a ModuleList)'}; its table does not fit this model")
-    return Vocabulary(family, table, model.config, names, {c: found[r] for c, r in names.items()})
+    parallel = bool(getattr(model.config, table.parallel, False)) if table.parallel else False
+    points = {f"blocks.{i}.{point}": Point(names[f"blocks.{i}" + (f".{part}" if part else "")], kind)
+              for i in range(len(blocks)) for point, (part, kind) in RESIDUAL_POINTS.items()
+              if not (parallel and point == "resid_mid")}
+    return Vocabulary(family, table, model.config, names, {c: found[r] for c, r in names.items()}, points)
 
 
 def known_vocabulary(model: nn.Module) -> Vocabulary | None:
@@ -220,6 +285,13 @@ def known_vocabulary(model: nn.Module) -> Vocabulary | None:
         return vocabulary(model, "model")
     except ConfigError:
         return None
+
+
+def row_names(model: nn.Module) -> Callable[[str, str, str], str | None] | None:
+    """``Vocabulary.row_name`` of ``model``'s family (what the recorder names its rows by), None when
+    no known family fits it."""
+    vocab = known_vocabulary(model)
+    return None if vocab is None else vocab.row_name
 
 
 def norm_scale(x: torch.Tensor, norm: nn.Module, how: str, eps: str) -> torch.Tensor:

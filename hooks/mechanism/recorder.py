@@ -92,6 +92,9 @@ class Recorder:
         self.host = HostCopies()
         #: the dataset index of each row of the batch being run (a whole-dataset pass sets it), else None
         self.samples: torch.Tensor | None = None
+        #: a row's canonical name from its ``(layer, kind, slot)`` (``hooks.families.row_names``: the session
+        #: sets it for a model of a known transformer family), else None: the ``canonical`` column is null
+        self.row_names: Callable[[str, str, str], str | None] | None = None
         #: a sample id's ``(name, class)`` as its user knows it (a whole-dataset pass of a kind that names
         #: its items sets it: ``runner.sources.batches.ItemRange.names``), else None: the id is its name
         self.sample_names: Callable[[int], tuple[str, str]] | None = None
@@ -325,6 +328,9 @@ class Recorder:
             raw = torch.stack(self._raw).cpu().numpy() if self._raw else np.empty((0, len(RAW)))
             raw = shards.combine(raw, self._shards)
             stats = summarize(raw, np.asarray(columns["numel"], dtype=np.int64))
+        names = self.row_names
+        columns["canonical"] = ([names(*row) for row in zip(columns["layer"], columns["kind"], columns["slot"])]
+                                if names else [None] * len(columns["layer"]))
         columns["tensor_shape"] = [list(s) for s in columns["tensor_shape"]]
         columns["dtype"] = [str(d).removeprefix("torch.") for d in columns["dtype"]]
         out = StepCaptures(columns=columns, stats=stats, kept_rows=self._kept_rows, kept=self._kept)

@@ -12,7 +12,8 @@ A selector is a string or a list of strings; each string is one of
 * a canonical name of the model's family (``blocks.*``, ``blocks.3.attn``, ``blocks.*.mlp``, ``ln_final``,
   ``unembed``; globs as above; see ``hooks.mechanism.families``), when no module's own name matches it and the model
   is a Hugging Face one (``config.model_type``): the same selector then reads every transformer family, and
-  a module's own path still wins.
+  a module's own path still wins. A residual point (``blocks.*.resid_post``) selects the module it is read at;
+  ``select_points`` says which of its tensors the point is, for the types that read it alone.
 
 The result keeps ``model.named_modules()`` order and lists each module once, even when it is
 reachable under two names or matched by two strings. A string that matches nothing is an error
@@ -111,28 +112,45 @@ def _match_one(pattern: str, modules: list[tuple[str, nn.Module]], key: str) -> 
 #: The first segments of the canonical names (``hooks.mechanism.families``).
 CANONICAL_ROOTS = ("blocks", "embed", "pos_embed", "ln_final", "unembed")
 
+#: Per selected module, the residual points it was selected for (``input``, ``output``: which of its
+#: tensors), for a module that no selector string chose whole.
+Points = dict[str, set[str]]
 
-def _canonical(pattern: str, model: nn.Module, key: str) -> list[str] | None:
-    """The module names a canonical ``pattern`` stands for in ``model``'s family; None when ``pattern`` is
-    not canonical or the model has no Hugging Face ``model_type`` (a model of the user's own, whose own
-    names the missed selector meant); one line when the family is unknown or lacks the name."""
+
+def _canonical(pattern: str, model: nn.Module, key: str) -> tuple[list[str], Points] | None:
+    """The module names a canonical ``pattern`` stands for in ``model``'s family, and the residual points
+    among them; None when ``pattern`` is not canonical or the model has no Hugging Face ``model_type`` (a
+    model of the user's own, whose own names the missed selector meant); one line when the family is
+    unknown or lacks the name."""
     if pattern.split(".", 1)[0] not in CANONICAL_ROOTS or model_type(model) is None:
         return None
     vocab = vocabulary(model, key)
     names = vocab.names
     rx = _glob_to_regex(pattern)
     hits = [real for canonical, real in names.items() if rx.fullmatch(canonical)]
-    if not hits:
-        hint = closest(pattern, list(names), n=1)
-        first_block = [n for n in names if not re.match(r"blocks\.[1-9]", n)]  # block 0 stands for every block
+    points: Points = {}
+    for canonical, point in vocab.points.items():
+        if rx.fullmatch(canonical):
+            points.setdefault(point.module, set()).add(point.kind)
+    if not hits and not points:
+        if vocab.parallel and pattern.endswith(".resid_mid"):
+            raise ConfigError(f"{key}: '{pattern}': the {vocab.family} blocks of this model run attention and MLP "
+                              f"in parallel ({vocab.table.parallel}=true), so no residual stream lies between them; "
+                              f"read blocks.i.resid_pre or blocks.i.resid_post")
+        lacks = vocab.lacks(pattern)
+        hint = closest(pattern, [*names, *vocab.points], n=1)
+        if lacks:
+            raise ConfigError(f"{key}: '{pattern}': {lacks}" + (f"; did you mean '{hint[0]}'?" if hint else ""))
+        first_block = [n for n in [*names, *vocab.points] if not re.match(r"blocks\.[1-9]", n)]  # block 0 stands for every block
         raise ConfigError(f"{key}: '{pattern}' is neither a module of this model nor a name of its family's "
                           f"vocabulary ({vocab.family}: {', '.join(first_block)}, ...)"
                           + (f"; did you mean '{hint[0]}'?" if hint else ""))
-    return hits
+    return hits, points
 
 
 def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) -> list[tuple[str, nn.Module]]:
-    """Resolve ``selector`` against ``model`` into ``(qualified_name, module)`` pairs.
+    """Resolve ``selector`` against ``model`` into ``(qualified_name, module)`` pairs (a residual point's
+    module among them: ``select_points`` says which of its tensors it stands for).
 
     Args:
         model: the model whose modules are searched.
@@ -143,12 +161,21 @@ def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) ->
         >>> [n for n, _ in select_modules(resnet, "layer1.*.conv1", "hooks.x.layers")]
         ['layer1.0.conv1', 'layer1.1.conv1']
     """
+    return select_points(model, selector, key)[0]
+
+
+def select_points(model: nn.Module, selector: str | Sequence[str],
+                  key: str) -> tuple[list[tuple[str, nn.Module]], Points]:
+    """``select_modules``' pairs, and per module selected only through residual points
+    (``blocks.*.resid_post``) the kinds of its tensors they are (``hooks.families``: ``input``,
+    ``output``); a module also selected whole is not among them."""
     patterns = [selector] if isinstance(selector, str) else list(selector)
     if not patterns:
         raise ConfigError(f"{key}: empty selector; name at least one module (e.g. '**' for all, "
                           f"'leaf:**' for every leaf, '*' for the direct children)")
     modules = list(model.named_modules(remove_duplicate=False))
     wanted: set[str] = set()
+    points: Points = {}
     for pattern in patterns:
         if isinstance(pattern, int):  # Hydra turns layers=[4] into an int: nn.Sequential's "4"
             pattern = str(pattern)
@@ -157,13 +184,15 @@ def select_modules(model: nn.Module, selector: str | Sequence[str], key: str) ->
         try:
             wanted.update(_match_one(pattern, modules, key))
         except ConfigError:
-            hits = _canonical(pattern, model, key)
-            if hits is None:
+            found = _canonical(pattern, model, key)
+            if found is None:
                 raise
-            wanted.update(hits)
-    wanted_ids = {id(m) for n, m in modules if n in wanted}
+            wanted.update(found[0])
+            for layer, kinds in found[1].items():
+                points.setdefault(layer, set()).update(kinds)
+    wanted_ids = {id(m) for n, m in modules if n in wanted or n in points}
     chosen: dict[int, tuple[str, nn.Module]] = {}
     for name, module in modules:  # one entry per module object, under its first name
         if id(module) in wanted_ids and id(module) not in chosen:
             chosen[id(module)] = (name, module)
-    return list(chosen.values())
+    return list(chosen.values()), {layer: kinds for layer, kinds in points.items() if layer not in wanted}

@@ -11,6 +11,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from hooks.kernels import stats
+from hooks.mechanism.families import row_names
 from hooks.mechanism.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class HookSession:
         self.model = model
         self.hooks = list(hooks)
         self.recorder = recorder or Recorder()
+        self.recorder.row_names = row_names(model)
         self.use_lifetimes = lifetimes
         self._handles: list[tuple[str | None, RemovableHandle]] = []
         self._owner: str | None = None       # the entry whose ``attach`` is running

@@ -69,6 +69,25 @@ def apply_edit(edit, old: torch.Tensor, where: str, *args) -> torch.Tensor:
     return new
 
 
+def at_points(kinds: frozenset[str], points: set[str], edits: dict, key: str, layer: str) -> frozenset[str]:
+    """The kinds an entry recording ``kinds`` records at a module selected through residual points read at
+    its ``points`` (``input``, ``output``): each point's tensor where it records a forward kind, its gradient
+    where it records a gradient kind. Its edits change a block's output (``resid_post``) alone: one line for
+    an edit of a gradient or at an input."""
+    changed = sorted(kind for kind, edit in edits.items() if edit is not None)
+    if any(kind.startswith("grad_") for kind in changed):
+        raise ConfigError(f"{key}: '{layer}' is selected through a residual point, and this entry changes "
+                          f"gradients of every tensor of a call; select the module ({layer}) instead")
+    if changed and "input" in points:
+        raise ConfigError(f"{key}: '{layer}' is selected through a residual point read at its input "
+                          f"(blocks.i.resid_pre, resid_mid), which is read, not changed: blocks.i.resid_pre is the "
+                          f"tensor blocks.(i-1).resid_post is, change that; resid_mid's block adds to the stream it "
+                          f"holds itself, which a change at the norm's input would not reach")
+    forward = bool(kinds & {"input", "output"}) or bool(changed)
+    gradient = bool(kinds & {"grad_input", "grad_output"})
+    return frozenset([*(points if forward else ()), *(f"grad_{kind}" for kind in points if gradient)])
+
+
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -99,6 +118,11 @@ class Tap(HookType):
 
     spec_class = TapSpec
     keep = False
+    reads_points = True
+    #: Per module selected only through residual points (``blocks.3.resid_post``), the kinds recorded
+    #: there (``at_points``): its point tensors' and their gradients', slot ``"0"`` alone; set by ``attach``.
+    _point_kinds: dict[str, frozenset[str]] = {}
+    _expected: frozenset[str] | None = None  # ``expected_kinds`` once attached: the kinds the targets record
     #: The output slot the output edit is changing, set before each call of the edit (``patch`` and
     #: ``ablate`` look their stored values up by it).
     edited_slot = "0"
@@ -186,7 +210,10 @@ class Tap(HookType):
 
     @property
     def expected_kinds(self) -> set[str]:
-        """The kinds every matched call should record: those recorded or changed."""
+        """The kinds every matched call should record: those recorded or changed (once attached, a residual
+        point's own kinds in place of the entry's)."""
+        if self._expected is not None:
+            return set(self._expected)
         edits = {"input": self.edit_input(), "output": self.edit_output(),
                  "grad_input": self.edit_grad_input(), "grad_output": self.edit_grad_output()}
         return set(self.record_kinds) | {kind for kind, edit in edits.items() if edit is not None}
@@ -200,7 +227,18 @@ class Tap(HookType):
             ("input", self.edit_input()), ("output", self.edit_output()),
             ("grad_input", self.edit_grad_input()), ("grad_output", self.edit_grad_output()))}
         wants_pre, wants_fwd, self._grad_in, self._grad_out = self._points()
-        targets = self.targets(model)
+        targets, points = self.targets_and_points(model)
+        self._point_kinds = {layer: at_points(self._kinds, kinds, self._edits, f"{self.key}.layers", layer)
+                             for layer, kinds in points.items()}
+        self._expected = None
+        self._expected = frozenset(set().union(*self._point_kinds.values(), *(
+            [self.expected_kinds] if len(points) < len(targets) else [])))
+        # a point read at a module's input needs its pre-hook (and the input's gradient taps), one at its
+        # output its forward hook (and the output's)
+        at = set().union(*self._point_kinds.values())
+        self._grad_in, self._grad_out = self._grad_in or "grad_input" in at, self._grad_out or "grad_output" in at
+        wants_pre = wants_pre or bool({"input", "grad_input"} & at)
+        wants_fwd = wants_fwd or bool({"output", "grad_output"} & at)
         if self.spec.scope == "global":
             self._attach_global(model, targets, session, wants_pre, wants_fwd)
         else:
@@ -282,11 +320,14 @@ class Tap(HookType):
                 module, layer, "grad_input", self, functools.partial(self._grad_hook, layer, call=call))
         if self._calls_on_pre:
             self.on_pre(layer, call)
-        edit, kinds = self._edits["input"], self._kinds
+        edit, kinds = self._edits["input"], self._point_kinds.get(layer, self._kinds)
         grad_slot = self.grad_slot if self._edits["grad_input"] is not None else None
         if edit is None and "input" not in kinds and grad_slot is None:
             return None
         items = [(str(i), a) for i, a in enumerate(args)] + list((kwargs or {}).items())
+        if layer in self._point_kinds:  # a residual point: the first input alone
+            self._require_slot(layer, "input", "layers", "0", [slot for slot, v in items if isinstance(v, torch.Tensor)])
+            items = items[:1]
         tensors = [slot for slot, value in items if isinstance(value, torch.Tensor)]
         if grad_slot is not None:
             self._require_slot(layer, "input", "slot", grad_slot, tensors)
@@ -332,9 +373,11 @@ class Tap(HookType):
             if dict(walk(output)).get(slot) is not new:  # a container replace_slot cannot rebuild: never a silent no-op
                 raise ConfigError(f"{self.key}: cannot put the changed tensor back into the "
                                   f"{type(output).__name__} '{layer or '(model)'}' returns (slot {slot})")
-        if "output" in self._kinds or edit is not None:
+        kinds = self._point_kinds.get(layer, self._kinds)
+        if "output" in kinds or edit is not None:
             for slot, t in (("0", output),) if isinstance(output, torch.Tensor) else walk(output):  # a bare tensor: no walk
-                self._put(t, layer=layer, phase="forward", kind="output", slot=slot, call=call)
+                if slot == "0" or layer not in self._point_kinds:
+                    self._put(t, layer=layer, phase="forward", kind="output", slot=slot, call=call)
         if self._grad_out and output is not None:
             if self.grad_slot is not None and self._edits["grad_output"] is not None:
                 self._require_slot(layer, "output", "slot", self.grad_slot, [slot for slot, _ in walk(output)])
@@ -346,7 +389,7 @@ class Tap(HookType):
     def _output_slot(self, layer: str, output: Any) -> str:
         """The slot of ``output`` the output edit changes: ``slot``, or the only tensor there is."""
         slots = [slot for slot, _ in walk(output)]
-        wanted = getattr(self.spec, "slot", None)
+        wanted = "0" if layer in self._point_kinds else getattr(self.spec, "slot", None)
         if wanted is not None:
             self._require_slot(layer, "output", "slot", str(wanted), slots)
             return str(wanted)
@@ -366,8 +409,10 @@ class Tap(HookType):
         (through the call's wish, ``functools.partial(_grad_hook, layer, call=call)``)."""
         edit = self._edits[kind] if self.grad_slot in (None, slot) else None
         if edit is None:  # record only: the recorder is the tensor hook (it returns None: the gradient unchanged)
+            point = layer in self._point_kinds
+            records = kind in (self._point_kinds[layer] if point else self._kinds) and (slot == "0" or not point)
             return functools.partial(self._put, layer=layer, phase="backward", kind=kind, slot=slot,
-                                     call=call) if kind in self._kinds else None
+                                     call=call) if records else None
         where = f"{self.key} on '{layer}' {kind} {slot}"
 
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:

@@ -398,6 +398,15 @@ def load_tensors(path: str | Path, columns: Sequence[str] | None = None, filters
 GRADIENT_KINDS = ("grad_output", "grad_input", "param_grad")
 
 
+def across_families(rows: pd.DataFrame) -> bool:
+    """Whether ``rows`` hold runs of several transformer families: one canonical name (``blocks.3.resid_post``)
+    stands for modules of different names (``transformer.h.3``, ``model.layers.3``)."""
+    if "canonical" not in rows.columns:
+        return False
+    named = rows.dropna(subset=["canonical"])
+    return bool((named.groupby("canonical")["layer"].nunique() > 1).any())
+
+
 def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.DataFrame:
     """Rows of one ``kind`` at one step (default the first), in depth order, with ``label`` and ``abs_max``.
 
@@ -408,7 +417,8 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
     accumulated ``.grad`` (phase ``after_backward``) when the run recorded it. When several hooks
     record the same layer, the first one's row is kept. ``label`` names the
     layer, with the parameter (``fc.bias``), a non-default slot (``split[1]``) or a repeated call
-    (``layer1.0.relu #1``), so each label is one line in a plot.
+    (``layer1.0.relu #1``), so each label is one line in a plot; rows of several transformer families
+    (``across_families``) are labelled by their canonical name, which the families share.
     """
     rows = stats[stats["kind"] == kind]
     if (rows["phase"] != "eval").any():
@@ -424,6 +434,8 @@ def per_layer(stats: pd.DataFrame, kind: str, step: int | None = None) -> pd.Dat
         rows = rows.iloc[::-1]
     labels = [label_of(layer, kind, slot, call)
               for layer, slot, call in zip(rows["layer"], rows["slot"], rows["call"])]
+    if across_families(rows):  # one x per canonical name: each family's line over the same blocks
+        labels = [label if pd.isna(canonical) else canonical for label, canonical in zip(labels, rows["canonical"])]
     return rows.assign(label=labels, abs_max=np.maximum(rows["max"].abs(), rows["min"].abs())
                        ).reset_index(drop=True)
 

@@ -44,7 +44,7 @@ __all__ = ["MANIFEST", "ROW_GROUP_BYTES", "SCHEMA_VERSION", "STATS_SCHEMA", "STE
            "TMP_MARK", "OutputError", "ParquetSink", "RunOutputs", "check_output_dir", "parquet_options"]
 
 ID_FIELDS = list(records.ID_FIELDS)
-_STRING_COLUMNS = ["hook", "layer", "phase", "kind", "slot", "dtype", "split"]
+_STRING_COLUMNS = ["hook", "layer", "canonical", "phase", "kind", "slot", "dtype", "split"]
 #: Default memory budget of each file's buffer (``output.row_group_mb``): tables are buffered up to
 #: this many bytes so that short steps do not make tiny row groups, then written as one row group.
 ROW_GROUP_BYTES = 64 << 20
@@ -375,10 +375,12 @@ def _values_array(tensors: list[torch.Tensor]) -> pa.ChunkedArray:
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
     """An identifier column (int64, string or list<int64>) built from its buffers, without ``pa.array``."""
     if arrow_type == pa.string():
-        encoded = [v.encode() for v in values]
+        encoded = [b"" if v is None else v.encode() for v in values]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
         np.cumsum([len(b) for b in encoded], out=offsets[1:])
-        return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+        valid = None if None not in values else pa.py_buffer(np.packbits(
+            np.array([v is not None for v in values]), bitorder="little"))  # null where there is no value
+        return pa.Array.from_buffers(pa.string(), len(encoded), [valid, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
     if pa.types.is_list(arrow_type):
         offsets = np.zeros(len(values) + 1, dtype=np.int32)
         np.cumsum([len(v) for v in values], out=offsets[1:])
