@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hooks.recorder import StepCaptures
+from hooks.mechanism.recorder import StepCaptures
 from runner.store.outputs import TENSORS_SCHEMA, RunOutputs, parquet_options
 
 

@@ -34,7 +34,7 @@ import torchvision
 
 from benchmarks.run import RESULTS, Report, interleaved, paired_ratio
 from hooks import HookSession, build_hooks
-from hooks.store_files import ShardWriter
+from hooks.formats.store_files import ShardWriter
 from runner.engine.early_stop import forward_until_stop, stopping
 from runner.engine.memory import PeakMemory
 from runner.store.activations import ActivationStore

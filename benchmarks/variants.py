@@ -19,7 +19,7 @@ from torch import nn
 
 from hooks import HookSession, build_hooks
 from runner.config.compose import compose_config
-from hooks.recorder import Recorder, StepCaptures
+from hooks.mechanism.recorder import Recorder, StepCaptures
 from runner.store.outputs import RunOutputs
 
 

@@ -14,7 +14,7 @@ from common.manifest import read_manifest
 _PART = re.compile(r"rank-(\d+)")
 #: The key of a rank's part manifest naming the rows every rank records alike, which a reader counts
 #: once: ``true`` (all of them: every rank ran the whole batch) or a list of ``[hook, layer, phase,
-#: kind, slot]`` (rows of a ``DTensor``, each the whole tensor's, ``hooks.shards``).
+#: kind, slot]`` (rows of a ``DTensor``, each the whole tensor's, ``hooks.mechanism.shards``).
 SAME_ON_EVERY_RANK = "same_on_every_rank"
 
 

@@ -48,7 +48,7 @@ ID_FIELDS = (
 #: The identifier columns the recorder fills (every ``ID_FIELDS`` name but ``step``).
 ID_COLUMNS = tuple(f.name for f in ID_FIELDS if f.name != "step")
 
-#: Statistic columns with their Arrow types (see ``hooks.stats.summarize`` for their meaning).
+#: Statistic columns with their Arrow types (see ``hooks.kernels.stats.summarize`` for their meaning).
 STAT_FIELDS = (
     pa.field("mean", pa.float64()),  #: mean of the elements (NaN if any is NaN)
     pa.field("std", pa.float64()),  #: sample standard deviation (``torch.std``)
@@ -224,7 +224,7 @@ STEER_SCHEMA = pa.schema([
 LENS = "lens.parquet"
 #: - ``hook``: the ``logit_lens`` entry's name
 #: - ``layer``: the block's qualified module name
-#: - ``canonical``: its name in the family's vocabulary (``blocks.3``; ``hooks.families``), the same across families
+#: - ``canonical``: its name in the family's vocabulary (``blocks.3``; ``hooks.mechanism.families``), the same across families
 #: - ``block``: the block's number, from 0
 #: - ``step``: step number, from 0
 #: - ``sample``: the sample id: its index in the data (a prompt's), else (``data=tokens`` without a size) its place among the run's samples
@@ -243,7 +243,7 @@ LENS_SCHEMA = pa.schema([
     pa.field("target_prob", _F64), pa.field("target_rank", _I64),
 ])
 
-#: ``dla.parquet``: one row per (entry, step, sample, position, component) of a ``dla`` entry (``hooks.dla``):
+#: ``dla.parquet``: one row per (entry, step, sample, position, component) of a ``dla`` entry (``hooks.types.dla``):
 #: ``contribution``, a part of the residual stream's share of ``logit_diff`` = logit[``target``] - logit[``other``]
 #: (the model's own, beside each row) with the final norm's ``scale`` frozen. Components ``DLA_WHOLE`` sum to
 #: ``logit_diff``; a block's ``head`` rows (``head`` its index, else -1) and its ``attn_bias`` sum to its ``attn``.
@@ -299,7 +299,7 @@ RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, U
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a
 #: ``patch`` entry put in (the part its ``index`` selects); ``clipped`` is what a ``clamp`` entry
 #: removed from a gradient (``grad - clamped``: ``1 - zero_frac`` is the fraction of elements clipped);
-#: ``attribution`` is an ``attribution`` entry's estimate per index of dim 1 (``hooks.attribution``). A complex tensor gets two rows per
+#: ``attribution`` is an ``attribution`` entry's estimate per index of dim 1 (``hooks.types.attribution``). A complex tensor gets two rows per
 #: capture, one per part, with slots ``SLOT.real`` and ``SLOT.imag`` (its dtype column stays
 #: complex; the statistics are those of the part, never of ``|z|``).
 KINDS = ("input", "output", "grad_input", "grad_output", "param_grad", "saved", "patched", "clipped", "attribution")

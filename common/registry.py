@@ -1,4 +1,4 @@
-"""One registry class for every choice a config names by a key: hook types (``hooks.registry``),
+"""One registry class for every choice a config names by a key: hook types (``hooks.mechanism.registry``),
 models, data kinds, losses, optimizers, per-step measures, loggers and plots (``runner.config.registry``).
 
 As torchvision's ``@register_model`` / ``get_model``: a module-level ``Registry`` filled by

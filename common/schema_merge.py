@@ -1,4 +1,4 @@
-"""One schema merge for every typed node of a config: a hook entry (``hooks.registry``), a model, data or
+"""One schema merge for every typed node of a config: a hook entry (``hooks.mechanism.registry``), a model, data or
 optimizer node (``runner.engine.plan``), a live logger's settings (``runner.live.config``).
 
 ``merged`` names a key the schema lacks, with the valid keys and the closest one, and turns

@@ -1,4 +1,4 @@
-"""The activation store's layout, declared once: written by ``hooks.store_files``, read by ``runner.store.activations``.
+"""The activation store's layout, declared once: written by ``hooks.formats.store_files``, read by ``runner.store.activations``.
 
 A store directory (one per layer; under ``torch.distributed`` one ``rank-N`` part per rank) holds::
 

@@ -1,7 +1,7 @@
 """The format of ``units.parquet``'s mergeable columns, numpy only: the quantile sketch's bucket grid,
 Chan's merge of ``(count, mean, M2)`` and the order of the top-k / bottom-k samples.
 
-The ``units`` hook type writes with these rules (``hooks.unit_stats``) and the readers merge and read
+The ``units`` hook type writes with these rules (``hooks.kernels.unit_stats``) and the readers merge and read
 with the same ones (``runner.analysis.units``), so a table is read as it was written; reading one
 imports no PyTorch. Imports nothing of ``hooks`` or ``runner``.
 

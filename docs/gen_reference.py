@@ -2,7 +2,7 @@
 
 A page asks for a table with a marker line, replaced by ``on_page_markdown``:
 
-- ``<!-- generated: hook-specs -->``: every hook type of ``hooks.registry.HOOK_TYPES``, its docstring,
+- ``<!-- generated: hook-specs -->``: every hook type of ``hooks.mechanism.registry.HOOK_TYPES``, its docstring,
   the PyTorch hooks it registers and its spec's keys (type, default) beyond the keys every entry has;
 - ``<!-- generated: config-groups -->``: every config group under ``conf/`` with each option's YAML,
   and the keys of the registered schema an option's ``kind``/name selects;
@@ -89,8 +89,8 @@ def _fields_table(fields: list[dataclasses.Field], schema: type) -> str:
 def hook_specs() -> str:
     """Every registered hook type: docstring, PyTorch hooks, own keys."""
     import hooks  # noqa: F401  (registers every hook type)
-    from hooks.base import HookSpec
-    from hooks.registry import HOOK_TYPES
+    from hooks.mechanism.base import HookSpec
+    from hooks.mechanism.registry import HOOK_TYPES
 
     common = [f.name for f in dataclasses.fields(HookSpec)]
     out = [f"Keys every entry has: {', '.join(f'`{name}`' for name in common)}. The keys below are each "

@@ -4,7 +4,7 @@ from common.errors import ConfigError
 from hooks.specs import HOOK_TYPES
 
 #: Names read from the modules that import torch, imported when first asked for (PEP 562).
-_LAZY = {"build_hooks": "hooks.registry", "register": "hooks.registry", "HookSession": "hooks.session"}
+_LAZY = {"build_hooks": "hooks.mechanism.registry", "register": "hooks.mechanism.registry", "HookSession": "hooks.mechanism.session"}
 
 __all__ = ["HOOK_TYPES", "ConfigError", "HookSession", "build_hooks", "register"]
 

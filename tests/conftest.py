@@ -84,10 +84,10 @@ def run_main(monkeypatch, capsys, *argv: str) -> Ran:
 
 
 def built(kernel, what: str):
-    """``kernel`` (a C kernel of ``hooks.native``, None where it is not built): a test that needs it is
+    """``kernel`` (a C kernel of ``hooks.kernels.native``, None where it is not built): a test that needs it is
     skipped on a machine without a C compiler or with the kernels switched off (``HOOK_RUNNER_NATIVE=0``:
     the default suite passes both ways) and fails on one whose compiler failed to build it."""
-    from hooks import native
+    from hooks.kernels import native
 
     if kernel is None and not native.enabled():
         pytest.skip(f"{native.SWITCH}=0: the {what} is switched off")

@@ -1,4 +1,4 @@
-"""SAELens folders with random weights for tests that need an SAE of a given width (``hooks.sae``):
+"""SAELens folders with random weights for tests that need an SAE of a given width (``hooks.types.sae``):
 ``cfg.json`` and ``sae_weights.safetensors`` as ``sae_lens.SAE.save_model`` writes them."""
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def test_the_stores_of_a_sharded_pass_read_as_one_store(tmp_path):
 
 def test_a_store_of_ranks_is_read_only_with_every_ranks_part_complete(tmp_path):
     """What ``hooks.store`` writes under ``torch.distributed``: ``path/LAYER/rank-N``, each part a store."""
-    from hooks.store_files import ShardWriter
+    from hooks.formats.store_files import ShardWriter
 
     layer = tmp_path / "fc"
     rows = torch.arange(12.0).view(6, 2)
@@ -185,7 +185,7 @@ def test_a_store_of_ranks_is_read_only_with_every_ranks_part_complete(tmp_path):
 def test_a_rank_share_dealt_every_world_size_th_sample_is_refused_at_its_first_batch(tmp_path):
     """What a ``DistributedSampler`` gives rank 0 of 2 (samples 0, 2, 4, ...): refused before a row is
     kept, not a batch later; a hole between two batches is refused too, and the store keeps its shards."""
-    from hooks.store_files import ShardWriter
+    from hooks.formats.store_files import ShardWriter
 
     writer = ShardWriter(tmp_path / "dealt", "fc", 4, "float32", (0, 2))
     with pytest.raises(ValueError, match=r"a batch holds samples 0, 2, 4, 6, not consecutive ones; .*world_size-th"):

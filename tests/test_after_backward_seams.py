@@ -10,7 +10,7 @@ from torch import nn
 
 import runner
 import runner.analysis as analysis
-from hooks.session import LostRowsWarning
+from hooks.mechanism.session import LostRowsWarning
 
 pytestmark = pytest.mark.statistics
 

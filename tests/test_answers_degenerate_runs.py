@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.records import DLA_WHOLE, GENERATE, KINDS
-from hooks.registry import HOOK_TYPES
+from hooks.mechanism.registry import HOOK_TYPES
 from runner.analysis.answers import ANSWERERS
 from runner.analysis.report import render
 from runner.analysis.summary import summarize

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from conftest import cli, make_config
-from hooks.registry import HOOK_TYPES
+from hooks.mechanism.registry import HOOK_TYPES
 from runner.analysis.answers import ANSWERERS, answer_of
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model

@@ -14,7 +14,7 @@ from torch import nn
 from conftest import hook_count, seeded_batch, stats_of
 from common.errors import ConfigError
 from hooks import HookSession, build_hooks
-from hooks.backward import FullBackward
+from hooks.types.backward import FullBackward
 from models_for_tests import CalledTwice
 
 pytestmark = pytest.mark.statistics

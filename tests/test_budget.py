@@ -13,7 +13,7 @@ import runner
 from common.errors import ConfigError
 from conftest import assert_no_partial_output, cli, hook_snapshot, make_config
 from test_shards import one_rank_mesh  # noqa: F401  (the fixture: FSDP2 on a process group of one)
-from hooks import store_files
+from hooks.formats import store_files
 from runner.engine.budget import held, parse_size, size_text
 from runner.engine.plan import compile_plan, describe
 from runner.sources.models import build_model

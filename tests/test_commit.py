@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hooks.recorder import ID_COLUMNS, StepCaptures
-from hooks.stats import STAT_COLUMNS
+from hooks.mechanism.recorder import ID_COLUMNS, StepCaptures
+from hooks.kernels.stats import STAT_COLUMNS
 from runner.store.claim import claim_run_dir
 from runner.store.errors import OutputError
 from common.records import LOCK

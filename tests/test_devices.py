@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.errors import ConfigError
-from hooks.recorder import HostCopies, Recorder
+from hooks.mechanism.recorder import HostCopies, Recorder
 from conftest import make_config
 from runner.engine.plan import compile_plan
 

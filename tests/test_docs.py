@@ -164,7 +164,7 @@ def test_every_command_line_of_the_docs_passes_the_command_lines_check(name, com
 
 def test_the_hook_types_table_names_every_registered_type_and_the_error_line_lists_them():
     import hooks  # noqa: F401  (registers every hook type)
-    from hooks.registry import HOOK_TYPES
+    from hooks.mechanism.registry import HOOK_TYPES
 
     table = section("reference/hook-types.md", "Hook types")
     rows = re.findall(r"^\| \[`(\w+)`\]\(#\1\) \|", table, re.M)  # each linking to its spec's heading

@@ -1,4 +1,4 @@
-"""Every transformer family, one vocabulary (``hooks.families``): GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
+"""Every transformer family, one vocabulary (``hooks.mechanism.families``): GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
 Gemma2 and Gemma3 built by ``transformers`` from small configs, every weight and bias drawn at random (so biases,
 norm gains and grouped key/value heads all matter), saved with ``save_pretrained`` and loaded offline with
 ``model=hf model.auto=causal_lm``. The presets ``hooks=dla`` and ``hooks=logit_lens`` (``layers: blocks.*``) run
@@ -225,11 +225,11 @@ def test_an_unknown_family_is_one_line_and_one_declared_table_makes_it_read(tmp_
     assert refused(capsys, tmp_path, *chosen) == (
         "error: hooks.dla: Phi3ForCausalLM (model_type 'phi3') is not a family the vocabulary knows; known: gpt2, "
         "gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text; declare one: a module named by model._module_ "
-        "that registers a hooks.families.Family with @FAMILIES.register (docs/how-to/model-families.md)")
+        "that registers a hooks.mechanism.families.Family with @FAMILIES.register (docs/how-to/model-families.md)")
 
     (tmp_path / "phi3_family.py").write_text(PHI3_FAMILY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from hooks.families import FAMILIES
+    from hooks.mechanism.families import FAMILIES
     monkeypatch.setattr(FAMILIES, "_entries", dict(FAMILIES._entries))  # the declared table leaves with the test
     declared = (*chosen, "+model._module_=phi3_family")
     run_dir = run(make_config(*declared), tmp_path / "run", declared)
@@ -354,8 +354,8 @@ def test_extract_by_canonical_name_equals_plain_hooks_on_each_family_s_own_modul
 
 def test_the_vocabulary_of_a_compiled_model_names_its_wrapped_modules():
     """``torch.compile`` puts ``_orig_mod.`` before every module name; the vocabulary's names follow."""
-    from hooks.families import vocabulary
-    from hooks.select import select_modules
+    from hooks.mechanism.families import vocabulary
+    from hooks.mechanism.select import select_modules
 
     model = transformers.AutoModelForCausalLM.from_config(REAL["llama"][0])
     compiled = torch.compile(model)

@@ -20,7 +20,7 @@ import torch
 
 from conftest import assert_no_partial_output, make_config, run, sigint_as_at_a_terminal
 from common.errors import ConfigError
-from hooks.recorder import Recorder
+from hooks.mechanism.recorder import Recorder
 from runner.cli.execute import execute
 from runner.sources.models import ConvNet
 

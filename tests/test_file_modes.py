@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_config, run
-from hooks import native
+from hooks.kernels import native
 from runner.analysis.report import write_report
 from runner.engine import loop
 from common.resume_point import RESUME

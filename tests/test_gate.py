@@ -26,7 +26,8 @@ from torch import nn
 from common.errors import ConfigError, choice_error
 
 import runner
-from hooks import tap, tensor_kinds
+from hooks.kernels import tensor_kinds
+from hooks.mechanism import tap
 from runner.analysis import intact
 from runner.cli import execute as execute_module, replay
 from runner.cli.commandline import check_command_line
@@ -63,7 +64,7 @@ AFTER_THE_GATE = {
     attach_module.attach.__wrapped__: "runner.attach's errors in a Python caller's terms (python_remedies)",
     tap.apply_edit: "what an edit returns for a parameter's gradient: runner.attach's first-call rehearsal puts meta "
                  "tensors in the parameters' place, whose hooks it does not reach",
-    tensor_kinds.edited: "the same edit, on the tensor kind it is given (hooks.tensor_kinds)",
+    tensor_kinds.edited: "the same edit, on the tensor kind it is given (hooks.kernels.tensor_kinds)",
     intact.check_on_corrupt: "a run read back (the summary), once it is written",
 }
 

@@ -288,8 +288,8 @@ def test_observers_leave_outputs_and_gradients_bit_identical(tmp_path):
 def test_a_hook_returning_the_wrong_shape_is_named(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
-    from hooks.registry import HOOK_TYPES, register
-    from hooks.tap import Tap, TapSpec
+    from hooks.mechanism.registry import HOOK_TYPES, register
+    from hooks.mechanism.tap import Tap, TapSpec
 
     @dataclass
     class BadSpec(TapSpec):

@@ -13,7 +13,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import runner
-from hooks import HookSession, build_hooks, native
+from hooks import HookSession, build_hooks
+from hooks.kernels import native
 from project_code import project_file
 
 pytestmark = pytest.mark.statistics
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.statistics
 #: ``Junction.expect``, the junction's forward hook and ``_tap``, ``Tap._grad_hook`` (the record-only
 #: callback is a partial of ``Recorder.record``), the junction's tensor hook, the session's
 #: post-accumulate-grad ``landed`` (per parameter, one here per leaf); per row: ``Recorder.record``,
-#: ``_append``, ``_reduce``, ``hooks.stats.reduce_real``, ``native.readable``, ``native.reduce_contiguous``.
+#: ``_append``, ``_reduce``, ``hooks.kernels.stats.reduce_real``, ``native.readable``, ``native.reduce_contiguous``.
 STATS_CALLS_PER_ROW = 10
 #: aten ops per recorded tensor (the kernel's output buffer, the flat view, a detach; an alias is free).
 STATS_OPS_PER_ROW = 3

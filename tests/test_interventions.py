@@ -11,7 +11,7 @@ from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config
 from hooks import HookSession, build_hooks
-from hooks.recorder import walk
+from hooks.mechanism.recorder import walk
 from runner.config.schema import MetricConfig
 from runner.engine.metrics import OutputMetrics
 from runner.engine.plan import compile_plan

@@ -18,8 +18,8 @@ from torch import nn
 
 from conftest import assert_no_partial_output, make_config, run, seeded_batch
 from hooks import HookSession, build_hooks
-from hooks.recorder import Recorder
-from hooks.registry import HOOK_TYPES
+from hooks.mechanism.recorder import Recorder
+from hooks.mechanism.registry import HOOK_TYPES
 from sae_folders import random_saelens
 from runner.analysis import load as analysis
 

@@ -1,4 +1,4 @@
-"""The C kernels (``hooks/stats_kernel.c``, ``hooks/units_kernel.c``) against the eager PyTorch passes:
+"""The C kernels (``hooks/kernels/stats_kernel.c``, ``hooks/kernels/units_kernel.c``) against the eager PyTorch passes:
 the same statistics on every input, NaN and Inf included; ``HOOK_RUNNER_NATIVE=0`` turns the kernels
 off; without a C compiler the statistics fall back to the eager passes, trying the compiler once."""
 from __future__ import annotations
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from conftest import built, make_config, run, stats_of
-from hooks import native
-from hooks.stats import eager_reductions, reduce_tensor, summarize
-from hooks.unit_stats import SketchGrid, UnitStats
+from hooks.kernels import native
+from hooks.kernels.stats import eager_reductions, reduce_tensor, summarize
+from hooks.kernels.unit_stats import SketchGrid, UnitStats
 from runner.analysis.units import load_units
 
 pytestmark = pytest.mark.statistics

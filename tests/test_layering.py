@@ -175,6 +175,34 @@ def test_the_hook_specs_room_stands_on_common_alone_and_imports_no_torch():
     assert outside == []
 
 
+#: hooks/'s rooms and the rooms each may import (besides itself and common/): kernels and formats stand
+#: on nothing else of hooks/, the mechanism on the kernels and the specs, the types on every other room.
+ROOM_ARROWS = {
+    "hooks.specs": set(),
+    "hooks.kernels": set(),
+    "hooks.formats": set(),
+    "hooks.mechanism": {"hooks.kernels", "hooks.specs"},
+    "hooks.types": {"hooks.mechanism", "hooks.kernels", "hooks.formats", "hooks.specs"},
+}
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in ROOM_ARROWS if module == room or module.startswith(f"{room}.")), None)
+
+
+def test_every_hooks_module_lives_in_a_room():
+    """hooks/ holds its package opening and the rooms, nothing else: a newcomer knows where a file goes."""
+    loose = sorted(name for name in _modules() if name.startswith("hooks.") and _room(name) is None)
+    assert loose == []
+
+
+def test_hooks_rooms_import_only_the_rooms_below_them():
+    wrong = sorted((name, imported) for name, imports in import_graph().items() if _room(name)
+                   for imported in imports if imported.startswith("hooks.") and _room(imported) != _room(name)
+                   and _room(imported) not in ROOM_ARROWS[_room(name)])
+    assert wrong == []
+
+
 def test_analysis_and_sources_reach_files_through_the_bottom_floor_only():
     """What a run wrote (manifest, claim, ranks' parts, sweep record, statuses, config) is read through
     common/, never through the writer's modules in runner/store."""

@@ -19,7 +19,7 @@ import torch
 from common.errors import ConfigError
 import runner.analysis as analysis
 from conftest import make_config, run, seeded_batch
-from hooks.recorder import sampled_channels
+from hooks.mechanism.recorder import sampled_channels
 from runner.sources.models import MLP, ConvNet
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -69,7 +69,7 @@ def test_sweep_whose_jobs_wrote_different_columns_keeps_every_column(run_with, t
 
 
 def test_int64_statistics_are_exact_past_float32_precision():
-    from hooks.stats import reduce_tensor, summarize
+    from hooks.kernels.stats import reduce_tensor, summarize
 
     t = torch.tensor([2**40 + 1, 2**40 + 3], dtype=torch.int64)
     got = summarize(reduce_tensor(t).cpu().numpy()[None], np.array([2]))

@@ -189,10 +189,10 @@ def _hook_type_modules() -> set[str]:
 def test_runner_imports_no_hook_type_module():
     """Hook types declare what they need (``HookType``); ``runner/`` supplies it without naming a type."""
     types = _hook_type_modules()
-    assert {"hooks.interventions", "hooks.gradients", "hooks.observe"} <= types
+    assert {"hooks.types.interventions", "hooks.types.gradients", "hooks.types.observe"} <= types
     found = []
     for path in (ROOT / "runner").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in types | {"hooks.stats"}:
+            if isinstance(node, ast.ImportFrom) and node.module in types | {"hooks.kernels.stats"}:
                 found.append(f"{path.relative_to(ROOT)}: from {node.module}")
     assert not found, found

@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from hooks.gradients import Clamp
+from hooks.types.gradients import Clamp
 from runner.cli.commandline import check_command_line
 from runner.cli.execute import execute
 from runner.config.compose import compose_config

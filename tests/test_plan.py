@@ -79,7 +79,7 @@ def test_the_statistics_kernel_is_built_before_step_0_not_inside_it(monkeypatch,
     import json
 
     from conftest import run
-    from hooks import stats
+    from hooks.kernels import stats
 
     calls, build_s, clock = [], 1000.0, time.perf_counter
     skipped = [0.0]  # a build that takes build_s, on the run's clock: in compile_time_s, not in step 0's wall time

@@ -15,8 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from conftest import make_config
 from common.records import ID_COLUMNS, ID_FIELDS, KINDS, PHASES, STAT_COLUMNS, STAT_FIELDS
 from hooks import ConfigError, HOOK_TYPES, HookSession, build_hooks
-from hooks.recorder import Recorder, Tally
-from hooks.registry import build_hook
+from hooks.mechanism.recorder import Recorder, Tally
+from hooks.mechanism.registry import build_hook
 
 pytestmark = pytest.mark.statistics
 

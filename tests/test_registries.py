@@ -117,8 +117,8 @@ MODULES = {
         from dataclasses import dataclass
         from typing import Any
 
-        from hooks.base import HookSpec, HookType
-        from hooks.registry import register
+        from hooks.mechanism.base import HookSpec, HookType
+        from hooks.mechanism.registry import register
     """ + SCALE_SPEC + '@register("scale_output")' + SCALE_HOOK,
     "fixture_target_probability": '''
         """metric.measures=[target_probability]: the batch mean of softmax(logits)[metric.target]."""
@@ -270,7 +270,7 @@ def test_one_registry_class_keeps_every_choice_a_config_names():
                                and call.func.attr == "register" for call in ast.walk(fn)))
                   for module, tree in trees for fn in tree.body
                   if isinstance(fn, ast.FunctionDef) and fn.name == "register"]
-    assert decorators == [("hooks.registry", True)]
+    assert decorators == [("hooks.mechanism.registry", True)]
     with pytest.raises(ConfigError) as bad:
         HOOK_TYPES.get("clmap", key="hooks.clip.type")
     assert str(bad.value) == f"hooks.clip.type: unknown hook type 'clmap'; valid: {', '.join(sorted(HOOK_TYPES))}; " \
@@ -305,8 +305,8 @@ PROJECT_TYPE = {
     """ + SCALE_SPEC + 'HOOK_TYPES.declare("times", "hooks.fixture_times", ScaleOutputSpec)\n',
     "fixture_times.py": """
         \"\"\"times: the forward hook multiplying the output by factor, recording it.\"\"\"
-        from hooks.base import HookType
-        from hooks.registry import register
+        from hooks.mechanism.base import HookType
+        from hooks.mechanism.registry import register
         from hooks.specs.fixture_times import ScaleOutputSpec
 
 
@@ -389,7 +389,7 @@ def test_own_hook_type_runs_in_runner_attach(hook_preset, tmp_path):
 
 def test_the_names_a_spec_accepts_are_the_ones_its_hook_applies():
     """A spec checks its values without torch; the hook maps the same names to what torch does."""
-    from hooks import edits, sae, saved
+    from hooks.types import edits, sae, saved
     from hooks.specs import edits as edit_specs, sae as sae_specs, saved as saved_specs, units as unit_specs
 
     assert tuple(edits.OPS) == edit_specs.OPS

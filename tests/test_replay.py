@@ -93,7 +93,7 @@ def training_run(stored_training, tmp_path) -> Path:
 
 def replay_warnings(stderr: str) -> list[str]:
     """The warning lines of a replay, but the machine's own: without a C compiler every run says once
-    that its statistics use the eager reductions (``hooks.native``), which is no difference of the replay."""
+    that its statistics use the eager reductions (``hooks.kernels.native``), which is no difference of the replay."""
     return [line for line in stderr.splitlines() if "warning" in line.lower() and "could not be built" not in line]
 
 

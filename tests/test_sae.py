@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import runner
-from hooks.sae_format import load_saelens
+from hooks.formats.sae_format import load_saelens
 from runner.analysis import load_stats, load_tensors
 from runner.analysis.units import load_units
 from runner.sources.models import gpt2_tiny

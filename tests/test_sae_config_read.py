@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-import hooks.sae
+import hooks.types.sae
 from conftest import make_config, run
 from runner.analysis import load_tensors
 from sae_folders import random_saelens
@@ -26,14 +26,14 @@ def test_a_cfg_json_edited_after_the_check_cannot_change_the_sae_the_run_splices
     the width check or the loader reading the file): with ``d_in=16`` it would refuse the 32-wide block, with
     ``layer_norm`` and no ``b_dec`` its features would not be ``relu((x - b_dec) W_enc + b_enc)``."""
     folder = random_saelens(tmp_path / "sae", 32, d_sae=6)
-    checked = hooks.sae.check_saelens
+    checked = hooks.types.sae.check_saelens
 
     def check_then_rewrite(path: str, key: str) -> dict:
         cfg = checked(path, key)
         (folder / "cfg.json").write_text(json.dumps({**cfg, **REWRITTEN}))
         return cfg
 
-    monkeypatch.setattr(hooks.sae, "check_saelens", check_then_rewrite)
+    monkeypatch.setattr(hooks.types.sae, "check_saelens", check_then_rewrite)
     overrides = ("model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "steps=2", "hooks=[sae,extract]",
                  f"hooks.sae.layers={LAYER}", f"hooks.sae.path={folder}", f"hooks.extract.layers=[{LAYER},{LAYER}.sae]")
     out = run(make_config(*overrides), tmp_path / "run", overrides)

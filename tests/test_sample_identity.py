@@ -199,7 +199,7 @@ def test_a_store_over_a_shuffled_training_stream_is_refused_in_one_line_and_writ
 def test_eval_passes_give_the_recorder_each_held_out_batch_s_ids_and_the_training_batch_s_after():
     """Entries that record during eval passes number the held-out digits by their own indices, not
     by the training batch's (a held-out batch of another size was refused for it)."""
-    from hooks.recorder import Recorder
+    from hooks.mechanism.recorder import Recorder
     from runner.engine.train import eval_passes
     from runner.sources.batches import Batch
 

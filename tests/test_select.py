@@ -9,7 +9,7 @@ import torchvision
 from torch import nn
 
 from common.errors import ConfigError
-from hooks.select import select_modules
+from hooks.mechanism.select import select_modules
 from runner.sources.models import ConvNet
 
 

@@ -1,4 +1,4 @@
-"""``hooks.shards``: a tensor's statistics from its shards' reductions, and what the C kernel may read."""
+"""``hooks.mechanism.shards``: a tensor's statistics from its shards' reductions, and what the C kernel may read."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from hooks import native, shards
-from hooks.stats import reduce_tensor, summarize
+from hooks.kernels import native
+from hooks.mechanism import shards
+from hooks.kernels.stats import reduce_tensor, summarize
 
 pytestmark = pytest.mark.statistics
 

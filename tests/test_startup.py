@@ -32,7 +32,8 @@ CHOICE_MISTAKES = [
     ["metric.measures=[logitt]"],
 ]
 #: The modules registering the built-in choices (each hook type's implementation among them).
-REGISTERING = sorted(f"hooks.{path.stem}" for path in (ROOT / "hooks").glob("*.py") if path.stem != "__init__") + [
+REGISTERING = sorted(f"hooks.{path.parent.name}.{path.stem}" for path in (ROOT / "hooks").glob("*/*.py")
+                     if path.stem != "__init__" and path.parent.name != "specs") + [
     "runner.sources", "runner.live", "runner.engine.metrics", "runner.analysis.plots", "runner.analysis.lens"]
 _REGISTRIES = ("from hooks.specs import HOOK_TYPES\n"
                "from runner.config.registry import DATA_KINDS, LOGGERS, LOSSES, METRICS, MODELS, OPTIMIZERS, PLOTS\n"
@@ -69,7 +70,7 @@ def test_every_built_in_choice_is_declared_and_its_module_registers_it():
 
 def test_declaring_imports_no_torch_and_building_imports_only_the_types_module():
     """Composing a job and checking its choices imports no torch and no hook type's implementation; building
-    an entry imports its type's module (``hooks.gradients`` for ``clamp``), and only then."""
+    an entry imports its type's module (``hooks.types.gradients`` for ``clamp``), and only then."""
     seen = _python(
         "import json, sys\nfrom runner.cli.early import compose_command_line\n"
         "command = compose_command_line(['hooks=clip', 'model=convnet', 'data=randn', 'optimizer=sgd'])\n"
@@ -77,30 +78,31 @@ def test_declaring_imports_no_torch_and_building_imports_only_the_types_module()
         " or (m.startswith('hooks.') and not m.startswith('hooks.specs')))\n"
         "from hooks import HOOK_TYPES\nbuilt = HOOK_TYPES.get('clamp').build\n"
         "print(json.dumps(dict(problems=command.problems, before=before, built=built.__module__ + '.' + built.__name__,"
-        " after='hooks.gradients' in sys.modules and 'hooks.observe' not in sys.modules)))")
-    assert seen == {"problems": [], "before": [], "built": "hooks.gradients.Clamp", "after": True}
+        " after='hooks.types.gradients' in sys.modules and 'hooks.types.observe' not in sys.modules)))")
+    assert seen == {"problems": [], "before": [], "built": "hooks.types.gradients.Clamp", "after": True}
 
 
 def test_a_declaration_without_its_registration_fails_at_the_first_use(monkeypatch):
     """A declaration naming a module that does not register the choice is a bug said where it is built."""
+    import hooks.types.observe  # noqa: F401  (registers stats, capture, print in the real table, not the copy below)
     from hooks.specs import HOOK_TYPES
     from hooks.specs.observe import ObserveSpec
 
     monkeypatch.setattr(HOOK_TYPES, "_entries", dict(HOOK_TYPES._entries))
-    HOOK_TYPES.declare("undelivered", "hooks.observe", ObserveSpec)
-    with pytest.raises(KeyError, match="hook type 'undelivered' is declared in hooks.observe, which does not "
+    HOOK_TYPES.declare("undelivered", "hooks.types.observe", ObserveSpec)
+    with pytest.raises(KeyError, match="hook type 'undelivered' is declared in hooks.types.observe, which does not "
                                        "register it"):
         HOOK_TYPES.get("undelivered")
 
 
 def test_a_registration_with_another_schema_than_declared_is_refused(monkeypatch):
-    from hooks.registry import register
+    from hooks.mechanism.registry import register
     from hooks.specs import HOOK_TYPES
     from hooks.specs.gradients import ScaleSpec
-    from hooks.gradients import Clamp
+    from hooks.types.gradients import Clamp
 
     monkeypatch.setattr(HOOK_TYPES, "_entries", dict(HOOK_TYPES._entries))
-    HOOK_TYPES.declare("clamp_twice", "hooks.gradients", ScaleSpec)
+    HOOK_TYPES.declare("clamp_twice", "hooks.types.gradients", ScaleSpec)
     with pytest.raises(KeyError, match="hook type 'clamp_twice' is declared with schema .*ScaleSpec.*, registered "
                                        "with .*ClampSpec"):
         register("clamp_twice")(Clamp)

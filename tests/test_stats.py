@@ -10,9 +10,9 @@ import torch
 import torchvision
 
 from conftest import built, seeded_batch, stats_of
-from hooks.recorder import Recorder
-from hooks import native
-from hooks.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
+from hooks.mechanism.recorder import Recorder
+from hooks.kernels import native
+from hooks.kernels.stats import COMPILE_MIN_NUMEL, compiled_reductions, eager_reductions, reduce_tensor, summarize
 
 pytestmark = pytest.mark.statistics
 
@@ -139,7 +139,7 @@ def test_without_a_c_compiler_statistics_fall_back_to_eager_with_one_warning(mon
 
 
 def test_cpu_tensors_of_every_size_take_the_kernel_not_the_eager_passes(monkeypatch):
-    import hooks.stats as stats
+    import hooks.kernels.stats as stats
 
     built(native.kernel(), "statistics kernel")
     monkeypatch.setattr(stats, "eager_reductions", lambda flat: pytest.fail("eager reductions on CPU"))

@@ -12,7 +12,7 @@ import torchvision
 import runner
 from common.errors import ConfigError
 from conftest import cli, make_config, run
-from hooks.registry import build_hook
+from hooks.mechanism.registry import build_hook
 from runner.analysis import load_steps, load_tensors
 from runner.analysis.steering import steering_table
 from runner.engine.plan import compile_plan

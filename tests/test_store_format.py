@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from conftest import cli, make_config, run
 from datasets_for_tests import DigitsPausingAt
-from hooks.store_files import ShardWriter
+from hooks.formats.store_files import ShardWriter
 from runner.engine.plan import compile_plan
 from runner.sources.models import build_model
 from runner.store.activations import ActivationStore

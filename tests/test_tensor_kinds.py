@@ -14,9 +14,9 @@ import runner
 import runner.analysis as analysis
 from common.errors import ConfigError
 from conftest import hook_count
-from hooks import native
-from hooks.recorder import Recorder
-from hooks.stats import reduce_tensor
+from hooks.kernels import native
+from hooks.mechanism.recorder import Recorder
+from hooks.kernels.stats import reduce_tensor
 from runner.analysis.units import load_units
 from test_stats import assert_stats_close, summary_of
 

@@ -426,9 +426,9 @@ def test_the_c_kernel_and_the_eager_passes_give_the_same_statistics_at_every_mag
                                                                                        relative_error):
     """Zeros, values below ``sketch_low``, above ``sketch_high``, infinities and bucket edges: every
     accumulator of the kernel equals the eager float64 passes', and the moments equal numpy's."""
-    from hooks import native
+    from hooks.kernels import native
     from common.unit_sketch import SketchGrid
-    from hooks.unit_stats import UnitStats
+    from hooks.kernels.unit_stats import UnitStats
 
     built(native.units_kernel(), "units kernel")
     grid = SketchGrid(relative_error, 1e-6, 1e6)
@@ -507,11 +507,11 @@ def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
     """The kernel splits units over PyTorch's OpenMP threads: each unit's sketch row and sums are one
     thread's, so the state is bit for bit the single-threaded one."""
     from common.unit_sketch import SketchGrid
-    from hooks.unit_stats import UnitStats
+    from hooks.kernels.unit_stats import UnitStats
 
     grid = SketchGrid(0.01, 1e-6, 1e6)
     batches = [torch.randn(6, 37, 50) * 3 + 1 for _ in range(3)]
-    from hooks import native
+    from hooks.kernels import native
 
     built(native.units_kernel(), "units kernel")
     library = native.library_path(native.compiler_command(), native.UNITS_SOURCE, native.OPENMP)
@@ -533,9 +533,9 @@ def test_the_units_kernel_gives_the_same_state_on_one_thread_and_on_two():
 def test_a_compiler_without_openmp_builds_the_units_kernel_single_threaded(monkeypatch, tmp_path):
     """The flags beyond the common ones are tried in order: a compiler that refuses OpenMP's (here a flag
     no compiler knows) still builds the kernel, without them, and its statistics are the eager ones."""
-    from hooks import native
+    from hooks.kernels import native
     from common.unit_sketch import SketchGrid
-    from hooks.unit_stats import UnitStats
+    from hooks.kernels.unit_stats import UnitStats
 
     monkeypatch.setenv("HOOK_RUNNER_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "OPENMP", ("-fno-such-flag-anywhere",))
@@ -599,8 +599,8 @@ def test_the_top_k_order_is_one_rule_where_the_hook_ranks_and_where_the_reader_m
     import pandas as pd
 
     from common.unit_sketch import SketchGrid
-    from hooks import native
-    from hooks.unit_stats import UnitStats
+    from hooks.kernels import native
+    from hooks.kernels.unit_stats import UnitStats
     from runner.analysis.units import _merge
 
     monkeypatch.setattr(native, "_units_kernel", False)

@@ -1,10 +1,10 @@
 """The room of hook specs: one dataclass per hook type, importable without torch.
 
-Each module here holds the specs of one family of types (mirroring ``hooks/observe.py``,
+Each module here holds the specs of one family of types (mirroring ``hooks/types/observe.py``,
 ``gradients.py``, ``edits.py``, ...): the dataclass Hydra's ConfigStore stores as
 ``hook_schema/TYPE``, that the command line composes against before torch is imported, and that
-``hooks.registry.build_hook`` merges an entry into and checks (``check``). Each module declares its
-types: ``HOOK_TYPES.declare("clamp", "hooks.gradients", ClampSpec)``, the name, the spec and the
+``hooks.mechanism.registry.build_hook`` merges an entry into and checks (``check``). Each module declares its
+types: ``HOOK_TYPES.declare("clamp", "hooks.types.gradients", ClampSpec)``, the name, the spec and the
 module whose ``@register("clamp")`` class implements it, imported only when an entry of that type
 is built (SPEC 1's lazy loading). Importing this package imports every module of the room, so it
 declares every built-in type, a family added here included (``declare_all``).

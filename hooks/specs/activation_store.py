@@ -1,4 +1,4 @@
-"""``store`` (``hooks.activation_store``): the store's directory, shard size and dtype."""
+"""``store`` (``hooks.types.activation_store``): the store's directory, shard size and dtype."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,4 +39,4 @@ class StoreSpec(SampleOutputsSpec):
                 raise ConfigError(f"{key}.path: {exc}") from None
 
 
-HOOK_TYPES.declare("store", "hooks.activation_store", StoreSpec)
+HOOK_TYPES.declare("store", "hooks.types.activation_store", StoreSpec)

@@ -1,4 +1,4 @@
-"""``attribution`` (``hooks.attribution``): the metric differentiated and the clean batch."""
+"""``attribution`` (``hooks.types.attribution``): the metric differentiated and the clean batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,4 +26,4 @@ class AttributionSpec(SlotEditSpec):
         check_clean(self.clean, f"{key}.clean")
 
 
-HOOK_TYPES.declare("attribution", "hooks.attribution", AttributionSpec)
+HOOK_TYPES.declare("attribution", "hooks.types.attribution", AttributionSpec)

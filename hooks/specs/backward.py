@@ -1,4 +1,4 @@
-"""``full_backward``, ``backward_pre`` and ``node`` (``hooks.backward``)."""
+"""``full_backward``, ``backward_pre`` and ``node`` (``hooks.types.backward``)."""
 from __future__ import annotations
 
 import math
@@ -41,6 +41,6 @@ class NodeSpec(TapSpec):
                 raise choice_error(f"{key}.kinds", kind, NODE_KINDS, "kind for a Node hook")
 
 
-HOOK_TYPES.declare("full_backward", "hooks.backward", BackwardSpec)
-HOOK_TYPES.declare("backward_pre", "hooks.backward", BackwardSpec)
-HOOK_TYPES.declare("node", "hooks.backward", NodeSpec)
+HOOK_TYPES.declare("full_backward", "hooks.types.backward", BackwardSpec)
+HOOK_TYPES.declare("backward_pre", "hooks.types.backward", BackwardSpec)
+HOOK_TYPES.declare("node", "hooks.types.backward", NodeSpec)

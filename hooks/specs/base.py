@@ -12,8 +12,8 @@ from omegaconf import MISSING
 from common.errors import ConfigError
 from common.registry import Registry
 
-#: Every hook type by its ``type`` name: declared here (``HOOK_TYPES.declare("clamp", "hooks.gradients",
-#: ClampSpec)``) or registered by a user's module (``hooks.registry.register``); each type's spec is stored
+#: Every hook type by its ``type`` name: declared here (``HOOK_TYPES.declare("clamp", "hooks.types.gradients",
+#: ClampSpec)``) or registered by a user's module (``hooks.mechanism.registry.register``); each type's spec is stored
 #: in Hydra's ConfigStore as ``hook_schema/TYPE`` (with ``type`` filled in) for presets to inherit.
 HOOK_TYPES = Registry("hooks.NAME.type", "hook type", "hook_schema", name_field="type")
 
@@ -22,7 +22,7 @@ HOOK_TYPES = Registry("hooks.NAME.type", "hook type", "hook_schema", name_field=
 class HookSpec:
     """Keys every hook entry has. Subclasses add their own typed keys.
 
-    ``layers`` is a selector (see ``hooks.select``): a string or a list of strings.
+    ``layers`` is a selector (see ``hooks.mechanism.select``): a string or a list of strings.
 
     A lifetime, for any entry (``HookSession`` applies it): ``steps: [from, to]`` attaches the
     entry's hooks when step ``from`` begins and removes them when step ``to`` begins (steps
@@ -33,7 +33,7 @@ class HookSpec:
     after the N-th within that step still act and are recorded (``lifetimes()`` counts them),
     except for ``custom`` entries, whose function is called exactly N times.
 
-    Numeric keys refuse NaN and ±Inf (``hooks.registry``) unless named in ``nonfinite_ok``.
+    Numeric keys refuse NaN and ±Inf (``hooks.mechanism.registry``) unless named in ``nonfinite_ok``.
     """
 
     type: str = MISSING

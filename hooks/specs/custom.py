@@ -1,4 +1,4 @@
-"""``custom`` (``hooks.custom``): a user's function and the PyTorch hook kind that registers it."""
+"""``custom`` (``hooks.types.custom``): a user's function and the PyTorch hook kind that registers it."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -61,4 +61,4 @@ class CustomSpec(HookSpec):
         return resolve_callable(self.fn, f"{key}.fn", called_as.count(",") + 1, f"a {self.hook} hook {called_as}")
 
 
-HOOK_TYPES.declare("custom", "hooks.custom", CustomSpec)
+HOOK_TYPES.declare("custom", "hooks.types.custom", CustomSpec)

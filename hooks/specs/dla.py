@@ -1,4 +1,4 @@
-"""``dla`` (``hooks.dla``): the logit difference attributed, and the position read."""
+"""``dla`` (``hooks.types.dla``): the logit difference attributed, and the position read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,4 +20,4 @@ class DlaSpec(SampleOutputsSpec):
                               f"logit[a] - logit[b], e.g. '{key}.diff=[3,7]'")
 
 
-HOOK_TYPES.declare("dla", "hooks.dla", DlaSpec)
+HOOK_TYPES.declare("dla", "hooks.types.dla", DlaSpec)

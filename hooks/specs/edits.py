@@ -1,4 +1,4 @@
-"""``shift`` and ``edit_output`` (``hooks.edits``): the op and its operand."""
+"""``shift`` and ``edit_output`` (``hooks.types.edits``): the op and its operand."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from common.errors import ConfigError, choice_error
 from hooks.specs.base import HOOK_TYPES
 from hooks.specs.tap import EditSpec, SlotEditSpec
 
-#: The ops ``hooks.edits.OPS`` applies: the new tensor is ``op(tensor, value)``.
+#: The ops ``hooks.types.edits.OPS`` applies: the new tensor is ``op(tensor, value)``.
 OPS = ("add", "mul", "set")
 OUTPUT_OPS = ("add_input", *OPS)
 
@@ -50,5 +50,5 @@ class EditOutputSpec(SlotEditSpec):
         _check_value(key, self.value)
 
 
-HOOK_TYPES.declare("shift", "hooks.edits", ShiftSpec)
-HOOK_TYPES.declare("edit_output", "hooks.edits", EditOutputSpec)
+HOOK_TYPES.declare("shift", "hooks.types.edits", ShiftSpec)
+HOOK_TYPES.declare("edit_output", "hooks.types.edits", EditOutputSpec)

@@ -1,4 +1,4 @@
-"""``clamp``, ``scale`` and ``replace`` (``hooks.gradients``): where the gradient is taken, and each transform's keys."""
+"""``clamp``, ``scale`` and ``replace`` (``hooks.types.gradients``): where the gradient is taken, and each transform's keys."""
 from __future__ import annotations
 
 import math
@@ -65,6 +65,6 @@ class ReplaceSpec(GradSpec):
     value: float = 0.0  #: what every gradient element becomes
 
 
-HOOK_TYPES.declare("clamp", "hooks.gradients", ClampSpec)
-HOOK_TYPES.declare("scale", "hooks.gradients", ScaleSpec)
-HOOK_TYPES.declare("replace", "hooks.gradients", ReplaceSpec)
+HOOK_TYPES.declare("clamp", "hooks.types.gradients", ClampSpec)
+HOOK_TYPES.declare("scale", "hooks.types.gradients", ScaleSpec)
+HOOK_TYPES.declare("replace", "hooks.types.gradients", ReplaceSpec)

@@ -1,4 +1,4 @@
-"""``ablate`` and ``patch`` (``hooks.interventions``). A stored run they read is checked by the hook
+"""``ablate`` and ``patch`` (``hooks.types.interventions``). A stored run they read is checked by the hook
 (``check_spec``: reading it needs the run's files), the rest here."""
 from __future__ import annotations
 
@@ -66,5 +66,5 @@ class PatchSpec(SlotEditSpec):
             raise ConfigError(f"{key}.source_step: {self.source_step} is not a step (steps count from 0)")
 
 
-HOOK_TYPES.declare("ablate", "hooks.interventions", AblateSpec)
-HOOK_TYPES.declare("patch", "hooks.interventions", PatchSpec)
+HOOK_TYPES.declare("ablate", "hooks.types.interventions", AblateSpec)
+HOOK_TYPES.declare("patch", "hooks.types.interventions", PatchSpec)

@@ -1,4 +1,4 @@
-"""``logit_lens`` (``hooks.lens``): how many top tokens, and which token is the target."""
+"""``logit_lens`` (``hooks.types.lens``): how many top tokens, and which token is the target."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,4 +25,4 @@ class LogitLensSpec(SampleOutputsSpec):
                               f"'{NEXT}' (the input's next token) nor a token id")
 
 
-HOOK_TYPES.declare("logit_lens", "hooks.lens", LogitLensSpec)
+HOOK_TYPES.declare("logit_lens", "hooks.types.lens", LogitLensSpec)

@@ -1,4 +1,4 @@
-"""``stats``, ``capture`` and ``print`` (``hooks.observe``): what each records."""
+"""``stats``, ``capture`` and ``print`` (``hooks.types.observe``): what each records."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,6 +30,6 @@ class PrintSpec(ObserveSpec):
     values: bool = False  #: true: print the values, not only the shape
 
 
-HOOK_TYPES.declare("stats", "hooks.observe", ObserveSpec)
-HOOK_TYPES.declare("capture", "hooks.observe", CaptureSpec)
-HOOK_TYPES.declare("print", "hooks.observe", PrintSpec)
+HOOK_TYPES.declare("stats", "hooks.types.observe", ObserveSpec)
+HOOK_TYPES.declare("capture", "hooks.types.observe", CaptureSpec)
+HOOK_TYPES.declare("print", "hooks.types.observe", PrintSpec)

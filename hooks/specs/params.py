@@ -1,4 +1,4 @@
-"""``post_accumulate`` (``hooks.params``): a hook on each parameter's accumulated ``.grad``."""
+"""``post_accumulate`` (``hooks.types.params``): a hook on each parameter's accumulated ``.grad``."""
 from __future__ import annotations
 
 import math
@@ -27,4 +27,4 @@ class PostAccumulateSpec(HookSpec):
             raise ConfigError(f"{key}.lr: {self.lr} must be a finite number >= 0")
 
 
-HOOK_TYPES.declare("post_accumulate", "hooks.params", PostAccumulateSpec)
+HOOK_TYPES.declare("post_accumulate", "hooks.types.params", PostAccumulateSpec)

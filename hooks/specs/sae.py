@@ -1,4 +1,4 @@
-"""``sae`` (``hooks.sae``): the SAE's folder and loader, where it is spliced, and the features' edit."""
+"""``sae`` (``hooks.types.sae``): the SAE's folder and loader, where it is spliced, and the features' edit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,9 +10,9 @@ from hooks.specs.callables import resolve_callable
 from hooks.specs.index import Index, parse_index
 from hooks.specs.tap import TapSpec
 
-SAELENS_LOADER = "hooks.sae_format.load_saelens"
+SAELENS_LOADER = "hooks.formats.sae_format.load_saelens"
 TARGETS = ("output", "input")
-#: The edits of the features: ``hooks.sae.EDIT_OPS`` says what each does.
+#: The edits of the features: ``hooks.types.sae.EDIT_OPS`` says what each does.
 OPS = ("ablate", "clamp", "steer")
 
 
@@ -26,7 +26,7 @@ def feature_index(value: Any, key: str) -> Index | None:
 
 @dataclass
 class SaeSpec(TapSpec):
-    """Keys of an ``sae`` entry (``hooks.sae`` says what each does)."""
+    """Keys of an ``sae`` entry (``hooks.types.sae`` says what each does)."""
 
     path: str = ""                    #: the SAE's folder
     _target_: str = SAELENS_LOADER    #: the function loading it from ``path``
@@ -57,4 +57,4 @@ class SaeSpec(TapSpec):
         feature_index(self.features, f"{key}.features")
 
 
-HOOK_TYPES.declare("sae", "hooks.sae", SaeSpec)
+HOOK_TYPES.declare("sae", "hooks.types.sae", SaeSpec)

@@ -1,4 +1,4 @@
-"""Keys of the types reading one tensor of each output per sample (``hooks.samples``)."""
+"""Keys of the types reading one tensor of each output per sample (``hooks.types.samples``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,4 +8,4 @@ from hooks.specs.base import HookSpec
 
 @dataclass
 class SampleOutputsSpec(HookSpec):
-    slot: str = "0"  #: which tensor of a tuple or mapping output (``hooks.recorder.walk``)
+    slot: str = "0"  #: which tensor of a tuple or mapping output (``hooks.mechanism.recorder.walk``)

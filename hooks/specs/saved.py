@@ -1,4 +1,4 @@
-"""``saved_tensors`` (``hooks.saved``): how the tensors autograd saves are packed."""
+"""``saved_tensors`` (``hooks.types.saved``): how the tensors autograd saves are packed."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from hooks.specs.callables import resolve_callable
 
 MODES = ("offload_cpu", "offload_disk", "compress", "custom")
 OFFLOAD_MODES = ("offload_cpu", "offload_disk")
-#: ``compress``'s dtypes, by the names ``hooks.saved.DTYPES`` maps to torch's
+#: ``compress``'s dtypes, by the names ``hooks.types.saved.DTYPES`` maps to torch's
 DTYPES = ("float16", "bfloat16")
 
 
@@ -52,4 +52,4 @@ class SavedSpec(HookSpec):
                 resolve_callable(self.unpack, f"{key}.unpack", 1, "unpack(packed)"))
 
 
-HOOK_TYPES.declare("saved_tensors", "hooks.saved", SavedSpec)
+HOOK_TYPES.declare("saved_tensors", "hooks.types.saved", SavedSpec)

@@ -1,4 +1,4 @@
-"""``steer`` (``hooks.steer``): where the steering vector comes from. Its run directories are checked
+"""``steer`` (``hooks.types.steer``): where the steering vector comes from. Its run directories are checked
 by the hook (``check_spec``)."""
 from __future__ import annotations
 
@@ -40,4 +40,4 @@ class SteerSpec(SlotEditSpec):
             raise ConfigError(f"{key}.top_k: {self.top_k} must be at least 1")
 
 
-HOOK_TYPES.declare("steer", "hooks.steer", SteerSpec)
+HOOK_TYPES.declare("steer", "hooks.types.steer", SteerSpec)

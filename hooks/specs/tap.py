@@ -1,4 +1,4 @@
-"""Keys shared by the module-level hook types (``hooks.tap``): scope, an edit's ``index`` and ``slot``."""
+"""Keys shared by the module-level hook types (``hooks.mechanism.tap``): scope, an edit's ``index`` and ``slot``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +52,7 @@ class SlotEditSpec(EditSpec):
     line reads ``1.0`` as a number, which names the same slot). Without it an output edit changes
     such an output's only tensor and refuses one holding several; ``ablate`` with ``target: input``
     takes the input of that position or keyword (default: the first); a gradient edit
-    (``hooks.gradients``) changes every tensor's gradient."""
+    (``hooks.types.gradients``) changes every tensor's gradient."""
 
     slot: Any = None  #: which tensor of a tuple or mapping output (or input) the edit changes (null: the only one)
 

@@ -1,4 +1,4 @@
-"""``units`` (``hooks.units``): the per-unit statistics' axis, sketch and top samples."""
+"""``units`` (``hooks.types.units``): the per-unit statistics' axis, sketch and top samples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ class FLOAT32:
 
 @dataclass
 class UnitsSpec(SampleOutputsSpec):
-    """Keys of a ``units`` entry (``hooks.units`` says what it computes)."""
+    """Keys of a ``units`` entry (``hooks.types.units`` says what it computes)."""
 
     unit_axis: Optional[int] = None       #: null: 1 for outputs of 4+ dims, the last dim otherwise
     threshold: float = 0.0                #: ``above`` counts values > threshold (dead fraction: 1 - above/count)
@@ -45,4 +45,4 @@ class UnitsSpec(SampleOutputsSpec):
                               f"and at most {FLOAT32.max:g} (the sketch buckets float32 magnitudes), e.g. 1e6")
 
 
-HOOK_TYPES.declare("units", "hooks.units", UnitsSpec)
+HOOK_TYPES.declare("units", "hooks.types.units", UnitsSpec)

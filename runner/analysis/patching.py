@@ -32,10 +32,10 @@ from runner.analysis.steering import steer_jobs
 
 #: The sweep's override columns naming what each job patched (``RECEIVER``: a path's receiver).
 LAYER, INDEX, RECEIVER = "hooks.patch.layers", "hooks.patch.index", "hooks.patch.receiver"
-#: ``hooks.patch.source`` of jobs patched from their own clean pass (``hooks.interventions.CLEAN``;
+#: ``hooks.patch.source`` of jobs patched from their own clean pass (``hooks.types.interventions.CLEAN``;
 #: not imported from there, which would make reading a sweep import torch).
 CLEAN = "clean"
-#: The kind of an attribution entry's estimates (``hooks.attribution``).
+#: The kind of an attribution entry's estimates (``hooks.types.attribution``).
 ATTRIBUTION = "attribution"
 
 

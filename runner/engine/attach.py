@@ -30,8 +30,8 @@ from torch.utils.data import Dataset
 from common.errors import ConfigError, choice_error
 from common.ranks import SAME_ON_EVERY_RANK
 from hooks import HookSession
-from hooks.base import HookType
-from hooks.recorder import Recorder
+from hooks.mechanism.base import HookType
+from hooks.mechanism.recorder import Recorder
 from runner.config.schema import RunConfig
 from runner.engine.metrics import step_measures
 from runner.engine.plan import ATTACH_SETTINGS, attach_config, check_attached_model, compile_hooks, compile_settings

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from hooks.select import select_modules
+from hooks.mechanism.select import select_modules
 
 #: What ``torchrun`` sets for each rank, and ``init_process_group``'s ``env://`` reads.
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

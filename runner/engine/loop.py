@@ -20,8 +20,8 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import EXPLAINED_CLASSES, GENERATE, GENERATIONS
-from hooks.base import explanation
-from hooks.session import prepare_recording
+from hooks.mechanism.base import explanation
+from hooks.mechanism.session import prepare_recording
 from runner.engine import early_stop, fsdp, whole_pass
 from runner.engine.attach import AttachedRun, open_run
 from runner.engine.generation import Generation, generating

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from hooks.recorder import StepCaptures
+from hooks.mechanism.recorder import StepCaptures
 
 POLICIES = ("error", "warn", "ignore")
 

@@ -29,9 +29,10 @@ from omegaconf.errors import OmegaConfBaseException
 from common.errors import ConfigError, choice_error
 from common.records import GENERATE, GENERATIONS
 from common.schema_merge import known_keys, merged
-from hooks import build_hooks, native
-from hooks.base import HookType
-from hooks.compiled import compiled_problem
+from hooks import build_hooks
+from hooks.kernels import native
+from hooks.mechanism.base import HookType
+from hooks.mechanism.compiled import compiled_problem
 import runner.sources  # noqa: F401  (registers the built-in models, data kinds, losses and optimizers)
 from runner.config.compose import compose_plain
 from runner.config.generate_model import check_generate_model

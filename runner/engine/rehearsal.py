@@ -36,10 +36,10 @@ from torch.nn.modules import module as nn_module
 
 from common.errors import ConfigError
 from hooks import HookSession
-from hooks.base import HookType, explanation
-from hooks.families import known_vocabulary
-from hooks.recorder import Recorder, walk
-from hooks.shards import is_sharded
+from hooks.mechanism.base import HookType, explanation
+from hooks.mechanism.families import known_vocabulary
+from hooks.mechanism.recorder import Recorder, walk
+from hooks.mechanism.shards import is_sharded
 from runner.engine.budget import check_budget
 from runner.sources.data import DataSource
 from runner.sources.losses import LossFn, first_tensor
@@ -61,7 +61,7 @@ class Rehearsal:
     matches: dict[str, list[str]] = field(default_factory=dict)          # entry key -> module names
     records: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (entry, kind) -> [n, bytes, kept]
     held: dict[str, dict[str, int]] = field(default_factory=dict)  # entry name -> what holds bytes across steps -> bytes
-    vocabulary: tuple[str, list[str], dict[str, str]] | None = None  # family, its quirks, canonical -> module (hooks.families)
+    vocabulary: tuple[str, list[str], dict[str, str]] | None = None  # family, its quirks, canonical -> module (hooks.mechanism.families)
 
 
 def meta_model(model_cfg: DictConfig) -> nn.Module | None:

@@ -24,8 +24,8 @@ import contextlib
 import torch
 from torch import nn
 
-from hooks.base import HookType
-from hooks.recorder import Recorder
+from hooks.mechanism.base import HookType
+from hooks.mechanism.recorder import Recorder
 from runner.engine.metrics import OutputMetrics, metric_value
 from runner.engine.train import Forward
 from runner.sources.losses import first_tensor

@@ -15,7 +15,7 @@ import torch
 
 from common.errors import ConfigError
 from hooks import HookSession
-from hooks.recorder import StepCaptures
+from hooks.mechanism.recorder import StepCaptures
 from runner.config.schema import RunConfig
 from runner.engine.memory import PeakMemory, release_freed_memory
 from runner.engine.nonfinite import NonFiniteGuard

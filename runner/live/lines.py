@@ -16,7 +16,7 @@ import numpy as np
 from common.tags import capture_tag
 
 if TYPE_CHECKING:  # the tool's process (``process``) imports this module: no torch for it
-    from hooks.recorder import StepCaptures
+    from hooks.mechanism.recorder import StepCaptures
 
 
 @dataclass

@@ -21,7 +21,7 @@ from runner.live.lines import add_histograms, add_statistics, step_scalars
 from runner.live.process import ProcessSink
 
 if TYPE_CHECKING:  # the tool's process (``process``) imports this module: no torch for it
-    from hooks.recorder import StepCaptures
+    from hooks.mechanism.recorder import StepCaptures
 
 
 class LoggerWarning(UserWarning):

@@ -1,4 +1,4 @@
-"""Reading activation stores back (written by the ``store`` hook type through ``hooks.store_files``).
+"""Reading activation stores back (written by the ``store`` hook type through ``hooks.formats.store_files``).
 
 ``ActivationStore(path)`` is a map-style ``Dataset`` over a complete store, ``ShuffledStore`` an
 ``IterableDataset`` that reads whole shards in a seeded random order, for probe and SAE training.
