@@ -34,5 +34,7 @@ def store_model_input(run_dir: Path, cfg) -> Path:
     row = {"step": [0], "call": [0], "hook": ["(input)"], "layer": [""], "phase": ["forward"], "kind": ["model_input"],
            "slot": ["0"], shape: [list(x.shape)], "dtype": ["float32"], "numel": [x.numel()],
            values: [x.flatten().tolist()]}
+    if "canonical" in table.column_names:  # the row's name in a transformer family's vocabulary: none for an input
+        row["canonical"] = [None]
     pq.write_table(pa.concat_tables([table, pa.table(row, schema=table.schema)]), path)
     return path

@@ -32,10 +32,16 @@ IO_CALLS = {"read_text", "write_text", "read_bytes", "write_bytes", "open", "loa
             "rmtree", "read_table", "write_table", "rename", "replace"}
 
 
+#: The room reading other tools' folders (SAELens, circuit-tracer), whose files' names may be a run's too
+#: (circuit-tracer's transcoder folder holds a ``config.yaml`` of its own): no run file is read there.
+OTHER_TOOLS_FORMATS = "hooks/formats/"
+
+
 @functools.cache
 def _sources() -> dict[str, ast.Module]:
     return {str(path.relative_to(ROOT)): ast.parse(path.read_text())
-            for package in ("common", "hooks", "runner", "hydra_plugins") for path in (ROOT / package).rglob("*.py")}
+            for package in ("common", "hooks", "runner", "hydra_plugins") for path in (ROOT / package).rglob("*.py")
+            if not str(path.relative_to(ROOT)).startswith(OTHER_TOOLS_FORMATS)}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

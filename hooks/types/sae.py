@@ -146,17 +146,18 @@ class Sae(Tap):
         raise ConfigError(f"{self.key}.path: the SAE at '{self.spec.path}' reads vectors of d_in={d_in}; "
                           f"'{layer}' {where} is {shape}, {width} units wide")
 
-    def targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+    def targets_and_points(self, model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[str, set[str]]]:
         """The modules ``layers`` selects, each given its features module (``<layer>.sae``), which
-        entries listed after this one can then select."""
-        found = [(layer, module) for layer, module in super().targets(model)
+        entries listed after this one can then select (``targets`` and ``attach`` both ask this)."""
+        selected, points = super().targets_and_points(model)
+        found = [(layer, module) for layer, module in selected
                  if not (isinstance(module, SaeFeatures) and module.owner == self.key)]  # added by itself
         for layer, module in found:
             if isinstance(module, SaeFeatures):
                 raise ConfigError(f"{self.key}.layers: '{layer}' is the features module of {module.owner}; "
                                   f"an SAE is spliced at a module of the model")
             self._features[layer] = (module, self._features_module(layer, module))
-        return found
+        return found, points
 
     def _features_module(self, layer: str, module: nn.Module) -> SaeFeatures:
         if isinstance(module, CONTAINERS):

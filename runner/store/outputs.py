@@ -86,7 +86,7 @@ class ParquetSink:
         """The writer of the temporary file, created at the first call."""
         if self._writer is None:
             try:
-                with naming(self.tmp):
+                with naming(self.path):  # the file the user knows, not its temporary name
                     self._writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(self.schema))
             except BaseException:
                 self.tmp.unlink(missing_ok=True)
