@@ -195,3 +195,21 @@ def test_a_name_the_family_lacks_is_one_line_on_the_command_line(folders, tmp_pa
     lines = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("[transformers]")]  # the library's
     assert lines == [f"error: hooks.stats.layers: {line}"]  # notes on the test configs' token ids aside
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_path_from_a_part_its_family_norms_before_the_residual_is_one_line(folders, tmp_path):
+    """Gemma adds ``post_attention_layernorm(attn(x))`` to the stream: a path from ``blocks.0.attn`` would send the
+    receiver the attention's change, not what the stream got (a wrong delta, silently): refused, naming the norm;
+    from the norm (``blocks.0.ln_attn_out``) it runs."""
+    out = tmp_path / "out"
+    path = ("hooks=patch", "hooks.patch.source=clean", "hooks.patch.receiver=blocks.1", "hooks.patch.index=15",
+            "data.seed=1")
+    done = subprocess.run([sys.executable, "-m", "runner", *overrides(folders["gemma2"], *path,
+                           "hooks.patch.layers=blocks.0.attn", "hooks.patch.slot=0"), f"hydra.run.dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("[transformers]")]
+    assert lines == ["error: hooks.patch.layers: 'model.layers.0.self_attn' (blocks.0.attn) reaches the residual stream "
+                     "through blocks.0.ln_attn_out ('model.layers.0.post_attention_layernorm', a norm of the gemma2 "
+                     "family), so its change is not what the receiver would be sent; send from blocks.0.ln_attn_out"]
+    assert not out.exists() or not any(out.iterdir())

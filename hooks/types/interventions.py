@@ -32,9 +32,10 @@ from typing import Any
 import torch
 
 from common.errors import ConfigError
+from common.rundir import StoredKey, check_run_dir, stored_steps, stored_tensors
+from hooks.mechanism.families import known_vocabulary
 from hooks.mechanism.registry import register
 from hooks.mechanism.select import select_modules
-from common.rundir import StoredKey, check_run_dir, stored_steps, stored_tensors
 from hooks.mechanism.tap import Tap
 from hooks.specs.interventions import AblateSpec, CLEAN, PatchSpec
 
@@ -223,10 +224,26 @@ class Patch(BesideStep):
             names = ", ".join(name for name, _ in found[:4]) + ", ..." * (len(found) > 4)
             raise ConfigError(f"{self.key}.receiver: '{self.spec.receiver}' matches {len(found)} modules "
                               f"({names}); a path has one receiver")
-        if found[0][0] in {name for name, _ in self.targets(model)}:
+        senders = {name for name, _ in self.targets(model)}
+        if found[0][0] in senders:
             raise ConfigError(f"{self.key}.receiver: '{found[0][0]}' is also a sender (layers); a path runs from "
                               f"the senders to a later module")
+        self._check_senders_join_the_residual(model, senders)
         return found[0]
+
+    def _check_senders_join_the_residual(self, model, senders: set[str]) -> None:
+        """A family that norms the attention's or the MLP's output before the residual (Gemma's
+        ``ln_attn_out``, ``ln_mlp_out``) adds the norm's output to the stream, not the sender's: what the
+        sender's change sends the receiver is the norm's, so such a sender is refused, naming the norm."""
+        vocab = known_vocabulary(model)
+        canonical = {} if vocab is None else {real: name for name, real in vocab.names.items()}
+        for sender in sorted(senders):
+            block, _, part = canonical.get(sender, "").rpartition(".")
+            normed = f"{block}.ln_{'attn' if part == 'attn' else 'mlp'}_out"
+            if part in ("attn", "mlp") and normed in vocab.names:
+                raise ConfigError(f"{self.key}.layers: '{sender}' ({block}.{part}) reaches the residual stream through "
+                                  f"{normed} ('{vocab.names[normed]}', a norm of the {vocab.family} family), so its "
+                                  f"change is not what the receiver would be sent; send from {normed}")
 
     def _receive(self, receiver: str):
         """Forward pre-hook of the receiver: its first input plus what each sender's clean output adds to
