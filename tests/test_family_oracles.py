@@ -1,4 +1,11 @@
-"""The vocabulary's activations against nnterp 1.3's (one Llama-like vocabulary over nnsight, the peer issue 51
+"""The vocabulary's activations against the peers' own vocabularies.
+
+TransformerLens 4's ``TransformerBridge`` (hook names ``blocks.i.hook_resid_post``, ``hook_attn_out``,
+``hook_mlp_out``, raw Hugging Face numerics without compatibility mode): on every family it loads, each block's
+output and what its attention and MLP add to the stream (Gemma's: the norms on their outputs, ``ln_attn_out`` and
+``ln_mlp_out``, which is where the bridge reads them) equal its cache to 1e-5 (its own float32 arithmetic: 2e-6 seen).
+
+nnterp 1.3 (one Llama-like vocabulary over nnsight, the peer issue 51
 names): for every family of ``tests/test_families.py`` that nnterp's ``StandardizedTransformer`` loads offline
 from the ``save_pretrained`` folder, each block's output (``blocks.i``), its attention's (``blocks.i.attn``) and
 its MLP's (``blocks.i.mlp``), read by plain forward hooks on the modules our vocabulary names, equal nnterp's
@@ -88,3 +95,26 @@ def test_the_vocabulary_s_activations_equal_nnterp_s_on_every_family_it_loads(tm
         assert sorted(mine) == sorted(theirs)
         for name, tensor in theirs.items():
             assert torch.equal(mine[name], tensor), (family, name, float((mine[name] - tensor).abs().max()))
+
+
+#: The bridge's hook of each part, and the canonical name whose module's output it is (Gemma: the norm on the
+#: part's output, what joins the stream; elsewhere the part itself).
+BRIDGE_HOOKS = {"hook_resid_post": ("", ""), "hook_attn_out": (".attn", ".ln_attn_out"),
+                "hook_mlp_out": (".mlp", ".ln_mlp_out")}
+
+
+@pytest.mark.oracles
+@pytest.mark.parametrize("family", list(REAL))
+def test_the_vocabulary_s_activations_equal_transformer_lens_s_cache(tmp_path, family):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    config, _ = REAL[family]
+    save(config, tmp_path / family)
+    bridge = TransformerBridge.boot_transformers(str(tmp_path / family), device="cpu", tokenizer=local_tokenizer())
+    _, cache = bridge.run_with_cache(torch.tensor(IDS))
+    normed = family.startswith("gemma")
+    pairs = {f"blocks.{i}{(part, gemma)[normed]}": f"blocks.{i}.{hook}"
+             for i in range(config.num_hidden_layers) for hook, (part, gemma) in BRIDGE_HOOKS.items()}
+    mine = ours(tmp_path / family, sorted(pairs))
+    for name, hook in pairs.items():
+        torch.testing.assert_close(mine[name], cache[hook], rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} / {hook}: {m}")
