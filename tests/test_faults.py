@@ -289,7 +289,8 @@ def wait_for_temp_file(proc: subprocess.Popen, out: Path, timeout: float = 120) 
         time.sleep(0.05)
 
 
-LONG_RUN = ("model=mlp", "hooks=stats", "steps=1000000")
+#: A run that writes a row group each step (files open at their first rows: ``output.row_group_mb`` small)
+LONG_RUN = ("model=mlp", "hooks=stats", "steps=1000000", "output.row_group_mb=0.0001")
 
 
 @pytest.mark.slow

@@ -162,10 +162,13 @@ finally:
 
 
 @pytest.mark.slow
-def test_hydra_composes_each_job_once_when_it_launches_it(tmp_path):
+def test_hydra_s_launcher_composes_no_job_again(tmp_path):
+    """The launcher runs the check's compositions (``runner/cli/checked_jobs.py``): its ``load_sweep_config`` is
+    never called (Hydra's basic sweeper alone called it 6 times for 3 jobs; test_compose_once counts every
+    composition: one per job)."""
     done = subprocess.run([sys.executable, "-c", COUNT_COMPOSITIONS, "-m", "model=linear", "hooks=none", "seed=0,1,2",
                            "quiet=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "sweep compositions: 3" in done.stdout  # Hydra's basic sweeper: 6 (each job validated, then launched)
+    assert "sweep compositions: 0" in done.stdout
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1", "2"]
