@@ -82,6 +82,8 @@ def test_a_readme_command_run_twice_is_refused_with_the_documented_line(command,
     monkeypatch.chdir(tmp_path)
     if "data.path=outputs/crops" in command:  # the README makes the folder first (python assets/make_crops.py outputs/crops)
         subprocess.run([sys.executable, str(ROOT / "assets" / "make_crops.py"), "outputs/crops"], cwd=tmp_path, check=True)
+    if "model.path=models/" in command:  # the tutorial makes the folders first (python scripts/make_family_models.py models)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_family_models.py"), "models"], cwd=tmp_path, check=True)
     if "=tests/fixtures/" in command:  # a folder the repository holds (the SAE of "Sparse autoencoder features")
         shutil.copytree(ROOT / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
     for earlier in COMMANDS[:COMMANDS.index(command)]:  # what a command reads (the replayed run, the clean run)
