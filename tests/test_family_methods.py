@@ -30,7 +30,11 @@ from test_generation import PROMPTS, TOKENIZER
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = list(REAL)
+#: The default run reads two families (NeoX: LayerNorm with biases, parallel attention and MLP; Gemma3: RMSNorm
+#: times 1 + weight, norms on the attention's and MLP's outputs, q/k norms, grouped key/value heads); ``-m slow``
+#: reads all nine (about 9 minutes on two shared cores).
+FAMILIES = [family if family in ("gpt_neox", "gemma3") else pytest.param(family, marks=pytest.mark.slow)
+            for family in REAL]
 WIDTH = 16
 DIFF = (3, 7)
 NEW = 5
