@@ -4,8 +4,6 @@ call, ``hooks.families``) and the ``canonical`` column of every capture table, o
 against plain PyTorch hooks on each family's own modules, named here (``LN2``) apart from the vocabulary."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +11,12 @@ import pytest
 import torch
 
 import runner.analysis as analysis
-from conftest import make_config, run
+from conftest import make_config, run, run_main
 from runner.engine.plan import compile_plan
 from test_families import REAL, folders, hand_pass, overrides, parts_of, refused  # noqa: F401  (folders: a fixture)
 
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Each family's norm before its MLP, by its own name: ``resid_mid`` is that norm's input.
 LN2 = {"gpt2": "ln_2", "gemma2": "pre_feedforward_layernorm", "gemma3": "pre_feedforward_layernorm"}
 POINTS = ("resid_pre", "resid_mid", "resid_post")
@@ -134,8 +131,9 @@ def test_edits_at_resid_post_change_the_block_s_output_as_plain_hooks_do(folders
     for name, (edit, plain) in ways.items():
         chosen = overrides(folders[family], *edit, *read_after)
         got = kept(run(make_config(*chosen), tmp_path / name, chosen), canonical="blocks.1.resid_post")
-        want = edited_pass(folders[family], batch(chosen), {f"{block}.0": plain})[f"{block}.1"]
-        unedited = edited_pass(folders[family], batch(chosen), {})[f"{block}.1"]
+        x = batch(chosen)
+        want = edited_pass(folders[family], x, {f"{block}.0": plain})[f"{block}.1"]
+        unedited = edited_pass(folders[family], x, {})[f"{block}.1"]
         assert (want - unedited).abs().max() > 1e-2, name  # the edit changes what block 1 gives
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{family} {name}")
 
@@ -176,6 +174,15 @@ def test_stats_of_runs_over_three_families_load_as_one_table_by_canonical_name(f
     assert analysis.load_stats(mlp).canonical.isna().all()  # a model of no transformer family names nothing
 
 
+def command_line_refuses(monkeypatch, capsys, out: Path, *argv: str) -> list[str]:
+    """``python -m runner ARGV hydra.run.dir=OUT`` (its ``main``, in this process): status 2, nothing written under
+    ``out``; the lines it printed, the library's notes on the test configs' token ids (``[transformers]``) aside."""
+    done = run_main(monkeypatch, capsys, *argv, f"hydra.run.dir={out}")
+    assert done.code == 2, done.stderr
+    assert not out.exists() or not any(out.iterdir())
+    return [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("[transformers]")]
+
+
 @pytest.mark.parametrize(("family", "selector", "line"), [
     ("gpt2", "blocks.0.attn.q_norm", "'blocks.0.attn.q_norm': the gpt2 family has no attn.q_norm (qwen3, gemma3 have "
      "one); its blocks have ln1, attn, attn.out, ln2, mlp, resid_pre, resid_mid, resid_post; did you mean 'blocks.0.attn.out'?"),
@@ -185,31 +192,23 @@ def test_stats_of_runs_over_three_families_load_as_one_table_by_canonical_name(f
      "blocks.0.mlp, ln_final, unembed, blocks.0.resid_pre, blocks.0.resid_mid, blocks.0.resid_post, ...); did you mean "
      "'blocks.0.attn.out'?"),
 ])
-def test_a_name_the_family_lacks_is_one_line_on_the_command_line(folders, tmp_path, family, selector, line):
-    """``python -m runner`` in a subprocess: status 2, the one line, no traceback, nothing written."""
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "runner", *overrides(folders[family], "hooks=stats",
-                           "hooks.stats.kinds=[output]", f"hooks.stats.layers={selector}"), f"hydra.run.dir={out}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr
-    lines = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("[transformers]")]  # the library's
-    assert lines == [f"error: hooks.stats.layers: {line}"]  # notes on the test configs' token ids aside
-    assert not out.exists() or not any(out.iterdir())
+def test_a_name_the_family_lacks_is_one_line_on_the_command_line(folders, tmp_path, monkeypatch, capsys, family,
+                                                                  selector, line):
+    """``python -m runner``'s ``main``: status 2, the one line, no traceback, nothing written (the same in a real
+    process: ``tests/test_faults.py``)."""
+    assert command_line_refuses(monkeypatch, capsys, tmp_path / "out", *overrides(
+        folders[family], "hooks=stats", "hooks.stats.kinds=[output]", f"hooks.stats.layers={selector}")) == [
+        f"error: hooks.stats.layers: {line}"]
 
 
-def test_a_path_from_a_part_its_family_norms_before_the_residual_is_one_line(folders, tmp_path):
+def test_a_path_from_a_part_its_family_norms_before_the_residual_is_one_line(folders, tmp_path, monkeypatch, capsys):
     """Gemma adds ``post_attention_layernorm(attn(x))`` to the stream: a path from ``blocks.0.attn`` would send the
     receiver the attention's change, not what the stream got (a wrong delta, silently): refused, naming the norm;
     from the norm (``blocks.0.ln_attn_out``) it runs."""
-    out = tmp_path / "out"
     path = ("hooks=patch", "hooks.patch.source=clean", "hooks.patch.receiver=blocks.1", "hooks.patch.index=15",
             "data.seed=1")
-    done = subprocess.run([sys.executable, "-m", "runner", *overrides(folders["gemma2"], *path,
-                           "hooks.patch.layers=blocks.0.attn", "hooks.patch.slot=0"), f"hydra.run.dir={out}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr
-    lines = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("[transformers]")]
-    assert lines == ["error: hooks.patch.layers: 'model.layers.0.self_attn' (blocks.0.attn) reaches the residual stream "
-                     "through blocks.0.ln_attn_out ('model.layers.0.post_attention_layernorm', a norm of the gemma2 "
-                     "family), so its change is not what the receiver would be sent; send from blocks.0.ln_attn_out"]
-    assert not out.exists() or not any(out.iterdir())
+    assert command_line_refuses(monkeypatch, capsys, tmp_path / "out", *overrides(
+        folders["gemma2"], *path, "hooks.patch.layers=blocks.0.attn", "hooks.patch.slot=0")) == [
+        "error: hooks.patch.layers: 'model.layers.0.self_attn' (blocks.0.attn) reaches the residual stream "
+        "through blocks.0.ln_attn_out ('model.layers.0.post_attention_layernorm', a norm of the gemma2 "
+        "family), so its change is not what the receiver would be sent; send from blocks.0.ln_attn_out"]
