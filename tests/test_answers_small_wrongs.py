@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from common.records import RUN_TOTAL_SCHEMAS, STEER, TABLE_SCHEMAS, UNIT_EXAMPLES
 from runner.analysis.load import load_table, process_rank_column
@@ -105,10 +106,16 @@ def test_the_report_of_an_incomplete_sweep_prints_its_warning_as_one_clean_line(
                            "reading the 1 complete run(s)\n")
 
 
-def test_the_report_of_a_path_that_does_not_exist_says_so_in_one_line(tmp_path):
-    done = report(str(tmp_path / "nowhere"))
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == f"error: '{tmp_path / 'nowhere'}' does not exist: no complete run there\n"
+def test_the_report_of_a_path_that_does_not_exist_says_so_in_one_line(tmp_path, capsys):
+    """``runner.report.main`` in this process (the real process's lines: the test above)."""
+    import runner.report
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        runner.report.main([str(tmp_path / "nowhere")])
+    printed = capsys.readouterr()
+    assert (exit_.value.code, printed.out) == (2, "")
+    assert printed.err == f"error: '{tmp_path / 'nowhere'}' does not exist: no complete run there\n"
     assert not (tmp_path / "nowhere").exists()
 
 
