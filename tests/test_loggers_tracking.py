@@ -9,11 +9,11 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 import torch
-from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -27,6 +27,8 @@ from wandb_files import offline_runs
 from docs_text import blocks, section
 
 pytestmark = pytest.mark.tracking
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,6 +36,14 @@ REPO = Path(__file__).resolve().parents[1]
 def server(tmp_path_factory):
     with mlflow_server(tmp_path_factory.mktemp("mlflow")) as (uri, _):
         yield uri
+
+
+def tracking_client(uri: str) -> MlflowClient:
+    """mlflow's client of ``uri``: mlflow (1.2 s of imports) is imported here, not when the default suite, whose
+    every xdist worker collects this file, leaves its tests out."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
 
 
 def logged_metrics(client: MlflowClient, run_id: str, expected: dict) -> dict:
@@ -66,7 +76,7 @@ def train(out, steps, logger, kill_after=None):
 def test_mlflow_metric_history_equals_the_parquet_values(server, tmp_path):
     out = tmp_path / "run"
     train(out, 4, {"mlflow": {"tracking_uri": server, "experiment": "single", "close_timeout_s": 600}})
-    client = MlflowClient(server)
+    client = tracking_client(server)
     (run,) = client.search_runs([client.get_experiment_by_name("single").experiment_id])
     assert run.info.run_name == "run" and run.info.status == "FINISHED"
     expected = expected_scalars(out)
@@ -86,7 +96,7 @@ def test_a_sweep_of_4_jobs_is_one_wandb_group_and_one_mlflow_parent_with_4_child
         (logged,) = offline_runs(job / "wandb")
         assert logged.run.run_group == str(sweep.resolve()) and logged.run.display_name == job.name
         assert logged.scalars() == expected_scalars(job)
-    client = MlflowClient(server)
+    client = tracking_client(server)
     runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
     (parent,) = [r for r in runs if SWEEP_TAG in r.data.tags]
     assert parent.data.tags[SWEEP_TAG] == str(sweep.resolve())
@@ -101,7 +111,7 @@ def test_a_sweep_of_4_jobs_is_one_wandb_group_and_one_mlflow_parent_with_4_child
 
 def test_a_server_killed_mid_run_costs_one_warning_and_the_parquet_files_are_complete(tmp_path):
     with mlflow_server(tmp_path) as (uri, process):
-        client = MlflowClient(uri)
+        client = tracking_client(uri)
 
         def kill():  # once the server holds step 0's loss: it was logging, then it is gone
             deadline = time.monotonic() + 300
@@ -144,7 +154,7 @@ def test_the_readmes_live_dashboards_commands_run_as_written(tmp_path):
         logged = {(e.step, tag): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
         assert logged == {key: pytest.approx(np.float32(value), rel=1e-6, abs=1e-30)
                           for key, value in expected_scalars(job).items()}
-    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    client = tracking_client(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("hook-runner").experiment_id])
     (parent,) = [r for r in runs if SWEEP_TAG in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]

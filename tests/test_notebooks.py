@@ -13,13 +13,9 @@ import os
 import time
 from pathlib import Path
 
-import jupytext
 import pytest
 import torch
 import torch.nn.functional as F
-from jupyter_client.manager import start_new_kernel
-from nbclient import NotebookClient
-from nbformat.v4 import new_code_cell
 from sklearn.datasets import load_digits
 from torch import nn
 
@@ -37,6 +33,10 @@ def kernels_import_this_checkout(monkeypatch):
 
 def executed(name: str, tmp_path: Path, *extra_cells: str):
     """The notebook ``name`` with ``extra_cells`` appended, executed in a fresh ``python3`` kernel in ``tmp_path``."""
+    import jupytext  # Jupyter's packages are imported by the tests that run a kernel: not when the default
+    from nbclient import NotebookClient  # suite, whose every xdist worker collects this file, leaves them out
+    from nbformat.v4 import new_code_cell
+
     notebook = jupytext.read(NOTEBOOKS / name)
     notebook.cells.extend(new_code_cell(source) for source in extra_cells)
     NotebookClient(notebook, kernel_name="python3", timeout=120,
@@ -176,6 +176,8 @@ class Kernel:
     """One live ``python3`` kernel, run as a notebook's cells run: ``cell(code)`` returns its reply and stdout."""
 
     def __init__(self, cwd: Path) -> None:
+        from jupyter_client.manager import start_new_kernel
+
         self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=str(cwd))
 
     def cell(self, code: str) -> tuple[dict, str]:
