@@ -194,8 +194,8 @@ def command_line_refuses(monkeypatch, capsys, out: Path, *argv: str) -> list[str
 ])
 def test_a_name_the_family_lacks_is_one_line_on_the_command_line(folders, tmp_path, monkeypatch, capsys, family,
                                                                   selector, line):
-    """``python -m runner``'s ``main``: status 2, the one line, no traceback, nothing written (the same in a real
-    process: ``tests/test_faults.py``)."""
+    """``python -m runner``'s ``main``: status 2, the one line, no traceback, nothing written (a plan's refusal in a
+    real process: ``tests/test_faults.py``'s rejected sweep, marked slow; a mistake's: ``tests/test_startup.py``)."""
     assert command_line_refuses(monkeypatch, capsys, tmp_path / "out", *overrides(
         folders[family], "hooks=stats", "hooks.stats.kinds=[output]", f"hooks.stats.layers={selector}")) == [
         f"error: hooks.stats.layers: {line}"]
