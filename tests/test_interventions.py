@@ -9,7 +9,7 @@ import torch
 
 from common.errors import ConfigError
 import runner.analysis as analysis
-from conftest import make_config
+from conftest import make_config, run
 from hooks import HookSession, build_hooks
 from hooks.mechanism.recorder import walk
 from runner.config.schema import MetricConfig
@@ -228,9 +228,11 @@ def logit_diff(logits: torch.Tensor) -> float:
     return float((last[:, 3] - last[:, 4]).mean())
 
 
-@pytest.fixture
-def clean_run(run_with):
-    return run_with(*GPT, "hooks=extract", r"hooks.extract.layers=[re:transformer\.h\.\d+,lm_head]")
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    """A clean run keeping every block's output and the logits: the patching tests' source, which they only read."""
+    overrides = (*GPT, "hooks=extract", r"hooks.extract.layers=[re:transformer\.h\.\d+,lm_head]")
+    return run(make_config(*overrides), tmp_path_factory.mktemp("clean") / "run", overrides)
 
 
 def test_patching_the_last_block_from_a_stored_clean_run_gives_the_clean_output(run_with, clean_run):
@@ -271,7 +273,7 @@ def test_a_patch_source_that_lacks_the_layer_step_or_shape_fails_before_the_run(
                                           r"\[2, 16, 32\]; this run's are \[2, 8, 32\]$"):
         run_with(*GPT, "data.shape=[2,8]", "hooks=patch", f"hooks.patch.source={clean_run}",
                  "hooks.patch.layers=transformer.h.0")
-    assert not (tmp_path / "run1" / "manifest.json").exists()
+    assert not (tmp_path / "run0" / "manifest.json").exists()
     with pytest.raises(ConfigError, match=r"^hooks.patch.source: '.*nowhere' is not a complete run directory"):
         compile_plan(make_config(*GPT, "hooks=patch", f"hooks.patch.source={tmp_path / 'nowhere'}"))
 
