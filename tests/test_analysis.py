@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,20 @@ pytestmark = pytest.mark.statistics
 CLIP_MAXES = (1.0, 0.01, 0.0001)
 
 
-@pytest.fixture
-def sweep(tmp_path):
-    """Three convnet jobs that differ only in the clip bound, laid out as Hydra's multirun does."""
+@pytest.fixture(scope="module")
+def written_sweep(tmp_path_factory):
+    """Three convnet jobs that differ only in the clip bound, laid out as Hydra's multirun does: run once."""
+    where = tmp_path_factory.mktemp("written") / "sweep"
     for i, bound in enumerate(CLIP_MAXES):
         overrides = ["model=convnet", "hooks=[clip,stats]", f"hooks.clip.max={bound}", "steps=2"]
-        run(make_config(*overrides), tmp_path / "sweep" / str(i), overrides)
-    return tmp_path / "sweep"
+        run(make_config(*overrides), where / str(i), overrides)
+    return where
+
+
+@pytest.fixture
+def sweep(written_sweep, tmp_path):
+    """A copy of the written sweep of the test's own, which it may change."""
+    return shutil.copytree(written_sweep, tmp_path / "sweep")
 
 
 class DeadReLU(nn.Module):
