@@ -13,6 +13,7 @@ from hooks.specs.samples import SampleOutputsSpec
 @dataclass
 class GraphSpec(SampleOutputsSpec):
     answers = Answers("runner.analysis.answers.graph:graph_answer")
+    pictures = ("attribution_graph",)  # runner.analysis.graph: one prompt's pruned graph, nodes by layer and position
 
     max_n_logits: int = 10  #: at most this many logit targets, the most probable tokens at the last position
     desired_logit_prob: float = 0.95  #: ... until their cumulative probability reaches this (circuit-tracer's)
