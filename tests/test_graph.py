@@ -58,3 +58,52 @@ def test_every_edge_equals_the_hand_written_float64_direct_effect(tmp_path, fami
         largest = float(expected.abs().max())
         assert largest > 0.1
         torch.testing.assert_close(got, expected, atol=1e-5 * largest, rtol=0)
+
+
+def demeaned_logits(model, entries: dict, ids: torch.Tensor, out: Path, scale: torch.Tensor | None) -> torch.Tensor:
+    """The last position's logits minus their mean, float64, with ``entries`` attached; ``scale``: the final
+    norm's, held at the given value (``None``: the model's own), else its own returned too."""
+    final = model.transformer.ln_f
+    seen = {}
+
+    def frozen(module, args, output):
+        x = args[0].double()
+        seen["scale"] = (x.var(-1, unbiased=False) + module.eps).sqrt()
+        held = seen["scale"] if scale is None else scale
+        return ((x - x.mean(-1, keepdim=True)) / held[..., None] * module.weight + module.bias).float()
+
+    with runner.attach(model, hooks=entries, out_dir=out) as attached:
+        handle = final.register_forward_hook(frozen)
+        with torch.no_grad():
+            logits = model(ids).logits[0, -1].double()
+        handle.remove()
+        attached.step()
+    return logits - logits.mean(), seen["scale"]
+
+
+def test_ablating_a_last_block_feature_at_the_last_position_moves_each_logit_by_its_edge(tmp_path):
+    """Zeroing a feature of the last block's transcoder at the last position (``ablate`` on its features module)
+    changes each target logit minus the mean logit by minus its edge weight: exactly (1e-5 of the largest), with
+    the final norm's scale held at the unablated pass's, as the graph holds it; its only path to the logits is
+    direct, and with the scale held the logits are linear in it. A feature of an earlier block or position acts
+    through attention and later features as well, which the graph's direct effect leaves out; and with the final
+    norm's scale recomputed the change differs by the scale's own change: measured on these two features, by 64%
+    and 99% of the largest edge, as one feature's write is a large part of this random GPT-2's small residual
+    stream (the direct effect is a first-order account, not a prediction of a real ablation there)."""
+    model, ids = gpt2(), PROMPT[:1]
+    folder = circuit_tracer_transcoders(tmp_path / "tc", 2, 32, d_sae=8)
+    nodes, edges = graph_run(model, folder, tmp_path / "graph", ids, keep_all=True)
+    last = ids.shape[1] - 1
+    features = nodes[(nodes.kind == "feature") & (nodes.layer == 1) & (nodes.position == last)]
+    logits = nodes[nodes.kind == "logit"]
+    assert len(features) and len(logits) > 1
+    transcoder = {"transcoder": {"type": "transcoder", "layers": "blocks.*.mlp", "path": str(folder)}}
+    clean, scale = demeaned_logits(model, transcoder, ids, tmp_path / "clean", None)
+    for feature in features.itertuples():
+        ablate = {"type": "ablate", "layers": "transformer.h.1.mlp.transcoder", "index": f":, {last}, {feature.feature}"}
+        ablated, _ = demeaned_logits(model, {**transcoder, "ablate": ablate}, ids, tmp_path / f"f{feature.feature}", scale)
+        weight = edges.set_index(["source", "target"]).weight
+        predicted = torch.tensor([weight.get((feature.node, t), 0.0) for t in logits.node], dtype=torch.float64)
+        change = clean[logits.token_id.tolist()] - ablated[logits.token_id.tolist()]
+        assert predicted.abs().max() > 0.1
+        torch.testing.assert_close(change, predicted, atol=1e-5 * float(predicted.abs().max()), rtol=0)
