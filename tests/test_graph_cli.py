@@ -131,3 +131,26 @@ def test_the_answer_names_each_prompt_s_strongest_path_as_enumerating_every_path
         assert len(paths) > 1
         said = " -> ".join(label(own_nodes.loc[n]) for n in path)
         assert line.endswith(f": {said} (product {product:.3g})"), (line, said)
+
+
+def test_the_answer_puts_each_feature_s_top_examples_from_a_units_run_beside_it(tmp_path, monkeypatch, capsys):
+    """``hooks.graph.units`` names a ``units`` run over the same transcoders' features: a feature ``L<l> F<f>`` on a
+    path is followed by unit ``f`` of block ``l``'s features module's top samples there, in order, with values."""
+    from conftest import run_main
+    from runner.analysis.units import load_units
+
+    units = run_main(monkeypatch, capsys, *GPT2, "data.size=8", "data.shape=[4,6]", "epochs=1",
+                     "hooks=[transcoder,units]", f"hooks.transcoder.path={FIXTURE}", "hooks.units.layers=type:SaeFeatures",
+                     f"hydra.run.dir={tmp_path / 'units'}")
+    ran = run_main(monkeypatch, capsys, *GPT2, *GRAPH, *TOKENS, f"hooks.graph.units={tmp_path / 'units'}",
+                   f"hydra.run.dir={tmp_path / 'run'}")
+    assert (units.code, ran.code) == (0, 0), units.stderr + ran.stderr
+    table = load_units(tmp_path / "units").set_index(["layer", "unit"])
+    beside = [part for line in ran.stdout.splitlines() for part in line.split(" -> ") if "[top: " in part]
+    assert beside  # a path of these prompts goes through a feature
+    for part in beside:
+        layer, feature = (int(word[1:]) for word in part.split()[:2])
+        row = table.loc[(f"transformer.h.{layer}.mlp.transcoder", feature)]
+        said = part.split("[top: ", 1)[1].rstrip("]").split("; ")
+        assert [s.split(":")[0] for s in said] == [f"sample {s}" for s in row.top_sample[:3]]
+        assert [s.rsplit("(", 1)[1].rstrip(")") for s in said] == [f"{v:.3g}" for v in row.top_value[:3]]

@@ -17,7 +17,7 @@ import yaml
 from runner.analysis.answers import Answer
 from runner.analysis.graph import label, load_graphs, one_prompt, prompts, strongest_path
 from runner.analysis.load import config_of, run_dirs
-from runner.analysis.units import load_unit_names, load_units, recorded_layers
+from runner.analysis.units import load_units, recorded_layers, top_units
 
 #: How many prompts' paths the lines name, and how many top examples beside each feature.
 PROMPTS = 3
@@ -45,17 +45,15 @@ def graph_paths(path: str | Path, entry: str | None = None) -> pd.DataFrame:
 
 
 def feature_examples(units_run: str | Path) -> dict[tuple[int, int], str]:
-    """(block, feature) -> its top examples in the ``units`` run at ``units_run``, in words."""
-    units = load_units(units_run)
+    """(block, feature) -> its top examples in the ``units`` run at ``units_run`` as ``top_units`` names them."""
     first = next(iter(run_dirs(units_run)))
     layers = [layer for layer in recorded_layers(first) if layer.endswith(f".{FEATURES}")]
-    names = load_unit_names(units_run)
-    said = {}
-    for row in units[units.layer.isin(layers)].itertuples():
-        tops = [f"{names.get((row.hook, int(s)), (f'sample {s}',))[0]!r} @{p} ({v:.3g})"
-                for s, p, v in list(zip(row.top_sample, row.top_position, row.top_value))[:EXAMPLES]]
-        said[layers.index(row.layer), int(row.unit)] = "; ".join(tops)
-    return said
+    every = len(load_units(units_run))
+    said: dict[tuple[int, int], list[str]] = {}
+    for block, layer in enumerate(layers):
+        for row in top_units(units_run, layer, k=every, examples=EXAMPLES).itertuples():
+            said.setdefault((block, int(row.unit)), []).append(f"{row.input} ({row.value:.3g})")
+    return {key: "; ".join(examples) for key, examples in said.items()}
 
 
 def units_run_of(run_dir: Path, entry: str) -> str | None:
