@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import runner
+from common.errors import ConfigError
 from runner.analysis.load import load_table
 from graph_reference import reference_adjacency
-from test_transcoder import gpt2, llama
+from test_transcoder import gpt2, llama, transformers
 from transcoder_folders import circuit_tracer_transcoders
 
 pytestmark = pytest.mark.statistics
@@ -107,3 +108,22 @@ def test_ablating_a_last_block_feature_at_the_last_position_moves_each_logit_by_
         change = clean[logits.token_id.tolist()] - ablated[logits.token_id.tolist()]
         assert predicted.abs().max() > 0.1
         torch.testing.assert_close(change, predicted, atol=1e-5 * float(predicted.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("config, message", [
+    (lambda: transformers.GPTNeoXConfig(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=64,
+                                        num_attention_heads=4),
+     "hooks.graph: the gpt_neox family's attention (GPTNeoXAttention) makes its queries and keys in neither a fused "
+     "c_attn (gpt2) nor q_proj and k_proj (llama, mistral, qwen2, qwen3, gemma2, gemma3), so its patterns cannot be "
+     "frozen"),
+    (lambda: transformers.Gemma2Config(num_hidden_layers=2, hidden_size=16, intermediate_size=32, vocab_size=64,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=4),
+     "hooks.graph: this gemma2 model caps its logits (final_logit_softcapping=30.0); a graph's logit targets are of "
+     "a model without the cap"),
+])
+def test_a_family_whose_patterns_or_logits_a_graph_cannot_take_is_refused_in_one_line(tmp_path, config, message):
+    model = transformers.AutoModelForCausalLM.from_config(config()).eval()
+    folder = circuit_tracer_transcoders(tmp_path / "tc", 2, 16, d_sae=8)
+    with pytest.raises(ConfigError) as refused:
+        graph_run(model, folder, tmp_path / "run", PROMPT % 64)
+    assert str(refused.value) == message

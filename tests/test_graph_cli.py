@@ -70,7 +70,11 @@ def without_job_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows as a job wrote them: no ``run_dir``, no override columns, no step (a shard numbers its own)."""
     schema = GRAPH_NODES_SCHEMA if "node" in frame.columns else GRAPH_EDGES_SCHEMA
     keep = [c for c in schema.names if c != "step"]
-    return frame[keep].sort_values(["sample", *keep[2:4]]).reset_index(drop=True)
+    frame = frame[keep].copy()
+    for column in keep:  # a merged table holds repeated strings as categories
+        if isinstance(frame[column].dtype, pd.CategoricalDtype):
+            frame[column] = frame[column].astype(frame[column].cat.categories.dtype)
+    return frame.sort_values(["sample", *keep[2:4]]).reset_index(drop=True)
 
 
 def test_a_sweep_over_shards_merges_into_the_jobs_tables_and_the_unsharded_run_s(tmp_path, monkeypatch, capsys):

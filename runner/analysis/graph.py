@@ -7,7 +7,7 @@ and returns the path whose product of normalised edge weights is largest, a weig
 the absolute weights of its target's kept incoming edges (the share of the target's input it carries, as
 circuit-tracer's influence normalises rows): exact, by dynamic programming over the layers (every edge goes
 from a lower layer to a higher one). ``graph_picture`` draws one prompt's pruned graph: nodes by layer (rows:
-embeddings at the bottom, logits on top) and position (columns), edges by weight (width: the normalised
+embeddings at the bottom, logits on top, spread most probable first) and position (columns), edges by weight (width: the normalised
 weight; blue positive, red negative), the strongest path in black; ``plots=[attribution_graph]`` draws the
 first prompt of a step into the run directory (``attribution_graph.png``).
 """
@@ -102,12 +102,15 @@ def graph_picture(nodes: pd.DataFrame, edges: pd.DataFrame, title: str = "") -> 
     nodes = nodes[nodes.kept]
     kept = edges[edges.kept & edges.source.isin(nodes.node) & edges.target.isin(nodes.node)]
     n_layers = int(nodes.layer.max())
+    positions = int(nodes.position.max()) + 1
     where = {}
-    for (row, position), group in nodes.groupby(["layer", "position"]):
+    for (row, position), group in nodes[nodes.kind != "logit"].groupby(["layer", "position"]):
         offsets = np.linspace(-0.3, 0.3, len(group)) if len(group) > 1 else [0.0]
         where |= {int(n): (position + dx, row) for n, dx in zip(group.node, offsets)}
-    positions = int(nodes.position.max()) + 1
-    fig = Figure(figsize=(max(6.0, 1.1 * positions), 1.0 * (n_layers + 3)))
+    logits = nodes[nodes.kind == "logit"].node  # spread along the top row, most probable first
+    spread = np.linspace(0, positions - 1, len(logits)) if len(logits) > 1 else [positions - 1]
+    where |= {int(n): (x, n_layers) for n, x in zip(logits, spread)}
+    fig = Figure(figsize=(3.0 + 1.1 * max(positions, len(logits)), 1.1 * (n_layers + 3)))
     ax = fig.subplots()
     share = shares(edges).reindex(kept.index)
     for edge, size in zip(kept.itertuples(), share):
@@ -123,11 +126,12 @@ def graph_picture(nodes: pd.DataFrame, edges: pd.DataFrame, title: str = "") -> 
     for node in nodes.itertuples():
         if node.kind in ("embedding", "logit") or node.node in path:
             x, y = where[node.node]
-            ax.annotate(label(node), (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+            said = f"{label(node)}\np={node.probability:.2f}" if node.kind == "logit" else label(node)
+            ax.annotate(said, (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
     ax.set_yticks(range(-1, n_layers + 1), ["embed", *[f"L{i}" for i in range(n_layers)], "logits"])
     ax.set_xticks(range(positions))
     ax.set_xlabel("position")
-    ax.set_ylim(-1.6, n_layers + 0.8)
+    ax.set_ylim(-1.6, n_layers + 1.0)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or "attribution graph (pruned)", fontsize=9)
     fig.tight_layout()
