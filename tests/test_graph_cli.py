@@ -42,6 +42,9 @@ GRAPH = ("hooks=[transcoder,graph]", f"hooks.transcoder.path={FIXTURE}")
      "error: hooks.transcoder.op: 'ablate' edits the features after they are read, and the graph reads them as "
      "read; edit them with an entry on their module (hooks=[transcoder,ablate,graph], "
      "hooks.ablate.layers=blocks.0.mlp.transcoder)"),
+    (("mode=train", *GRAPH),
+     "error: hooks.graph: the model's dropout is on in training mode, and the graph's own passes would drop other "
+     "parts than the step's; run mode=eval"),
     (("model.input_kind=tensor", "data=randn", "data.shape=[2,6]", *GRAPH),
      "error: hooks.graph: the model's input is torch.float32 [2, 6]; a graph is of a prompt's tokens [batch, "
      "positions]: data=text or data=tokens"),

@@ -112,6 +112,9 @@ class AttributionGraph(SampleOutputs):
         if vocab.softcap:
             raise ConfigError(f"{self.key}: this {vocab.family} model caps its logits ({vocab.table.softcap}="
                               f"{vocab.softcap}); a graph's logit targets are of a model without the cap")
+        if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+            raise ConfigError(f"{self.key}: the model's dropout is on in training mode, and the graph's own passes "
+                              f"would drop other parts than the step's; run mode=eval")
         self._model, self._vocab = model, vocab
         self._blocks = [vocab.names[f"blocks.{i}.mlp"] for i in range(len(vocab.blocks()))]
         self._check_layers(model)
@@ -151,7 +154,7 @@ class AttributionGraph(SampleOutputs):
             with self.session.recorder.aside(), torch.enable_grad():
                 yield
         finally:
-            self._tracing = False
+            self._tracing, self._pass = False, {}  # the pass's tensors and their graph go with it
 
     def _observe(self, layer: str, output: Any) -> None:
         if not self._tracing:
