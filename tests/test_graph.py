@@ -28,7 +28,7 @@ PROMPT = torch.tensor([[5, 17, 3, 42, 8, 11], [7, 7, 30, 2, 9, 40]])
 def graph_run(model, folder: Path, out: Path, ids: torch.Tensor = PROMPT, **graph) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The graph entry's tables after one pass of ``ids`` with transcoders from ``folder`` at every block's MLP."""
     entries = {"transcoder": {"type": "transcoder", "layers": "blocks.*.mlp", "path": str(folder)},
-               "graph": {"type": "graph", "layers": "blocks.*.mlp", "batch_size": 16, **graph}}
+               "graph": {"type": "graph", "layers": "blocks.*.mlp", **{"batch_size": 16, **graph}}}
     with runner.attach(model, hooks=entries, out_dir=out) as attached:
         with torch.no_grad():
             model(ids)
@@ -43,14 +43,15 @@ def dense(nodes: pd.DataFrame, edges: pd.DataFrame) -> torch.Tensor:
     return adjacency
 
 
-@pytest.mark.parametrize("family, width", [("gpt2", 32), ("llama", 16)])
+@pytest.mark.parametrize("family, width, batch", [("gpt2", 32, 16), ("llama", 16, 512)])
 @pytest.mark.parametrize("skip", [False, True])
-def test_every_edge_equals_the_hand_written_float64_direct_effect(tmp_path, family, width, skip):
+def test_every_edge_equals_the_hand_written_float64_direct_effect(tmp_path, family, width, batch, skip):
+    """GPT-2's targets in backwards of 16 (several per prompt); Llama's all in one (as many copies as targets)."""
     model = gpt2() if family == "gpt2" else llama()
     vocab = model.config.vocab_size
     ids = PROMPT % vocab
     folder = circuit_tracer_transcoders(tmp_path / "tc", 2, width, d_sae=8, skip=skip)
-    nodes, edges = graph_run(model, folder, tmp_path / "run", ids, keep_all=True)
+    nodes, edges = graph_run(model, folder, tmp_path / "run", ids, keep_all=True, batch_size=batch)
     for sample, prompt in enumerate(ids):
         own_nodes = nodes[nodes["sample"] == sample].sort_values("node").reset_index(drop=True)
         assert own_nodes.node.tolist() == list(range(len(own_nodes)))

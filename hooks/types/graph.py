@@ -14,8 +14,9 @@ MLP's output a constant (its features' activations frozen, so an edge is a direc
 feature) but for a skip transcoder's linear term, through which gradients pass as in circuit-tracer. A
 feature writes ``a W_dec[f]`` into its MLP's output, an error node its vector there, an embedding its vector at
 the embedding's output; a feature's pre-activation is its MLP's input times its encoder row, a logit's the
-logit minus the mean logit. The gradients are taken in one pass of the prompt copied ``batch_size`` times (one
-target per copy) with one backward per ``batch_size`` targets.
+logit minus the mean logit. The gradients are taken in one pass of the prompt copied ``batch_size`` times (fewer
+when the prompt has fewer targets: its logits and its features active in the step's pass), one target per copy,
+one backward per that many targets.
 
 The prompt's graph is pruned as circuit-tracer's ``prune_graph`` prunes (``hooks.types.graph_prune``) and
 written to ``graph_nodes.parquet`` (every node, ``kept`` and ``influence`` from the pruning) and
@@ -91,6 +92,7 @@ class AttributionGraph(SampleOutputs):
         self._pass: dict[Any, torch.Tensor] = {}  # what the graph's own pass saw
         self._ids: torch.Tensor | None = None
         self._samples: torch.Tensor | None = None
+        self._active: dict[int, torch.Tensor] = {}  # block -> the step's active features per prompt
 
     @classmethod
     def check_with(cls, hooks: list) -> None:
@@ -170,6 +172,8 @@ class AttributionGraph(SampleOutputs):
     def _at_features(self, i: int, module: nn.Module, args: tuple, out: torch.Tensor) -> None:
         if self._tracing:
             self._pass["features", i] = out.detach()
+        elif not out.is_meta:  # the step's pass: each prompt's active features, which bound its targets
+            self._active[i] = (out[:, ZERO_POSITIONS.stop:] != 0).flatten(1).sum(1)
 
     def _at_mlp(self, i: int, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
         """The MLP's output as a leaf (its nodes' write point), plus the skip term's gradient where there is one."""
@@ -202,16 +206,16 @@ class AttributionGraph(SampleOutputs):
         ids, samples, self._samples = self._ids, self._samples, None
         if ids is None or ids.is_meta or samples is None or not self.session.recorder.enabled:
             return  # the rehearsal, a pass aside, a step ``sample.every`` leaves out
-        for row, sample in zip(ids, samples.tolist()):
-            self._graph(row, sample)
+        active, self._active = sum(self._active.values()), {}
+        for row, sample, features in zip(ids, samples.tolist(), active.tolist()):
+            self._graph(row, sample, min(self.spec.batch_size, self.spec.max_n_logits + features))
 
-    def _graph(self, ids: torch.Tensor, sample: int) -> None:
-        """One prompt's graph, pruned, as rows."""
-        copies = self.spec.batch_size
+    def _graph(self, ids: torch.Tensor, sample: int, copies: int) -> None:
+        """One prompt's graph, pruned, as rows: one target per copy of the prompt, ``copies`` at a time."""
         with self._traced():
             logits = next(t for _, t in walk(self._model(ids.expand(copies, -1))))
             nodes = self._nodes_of(ids, logits)
-            adjacency = self._adjacency(nodes, logits)
+            adjacency = self._adjacency(nodes, logits, copies)
         kept = prune(adjacency, nodes["probabilities"], len(nodes["features"]), len(ids),
                      self.spec.node_threshold, self.spec.edge_threshold)
         self._write(sample, ids, nodes, adjacency, kept)
@@ -237,7 +241,7 @@ class AttributionGraph(SampleOutputs):
                 "tokens": self._pass["embed"][0].detach(), "targets": targets,
                 "logits": logits[0, -1, targets].detach(), "probabilities": probabilities.double()}
 
-    def _adjacency(self, nodes: dict, logits: torch.Tensor) -> torch.Tensor:
+    def _adjacency(self, nodes: dict, logits: torch.Tensor, copies: int) -> torch.Tensor:
         """Rows targets, columns sources, float64: the logits' rows, then the features'."""
         features, acts = nodes["features"], nodes["activations"]
         n_layers, n_pos = nodes["errors"].shape[:2]
@@ -250,7 +254,6 @@ class AttributionGraph(SampleOutputs):
         # targets: (row, kind, layer, position, direction)
         rows = [(logit_offset + j, "logit", n_layers, n_pos - 1, int(t)) for j, t in enumerate(nodes["targets"])]
         rows += [(k, "feature", int(l), int(p), int(f)) for k, (l, p, f) in enumerate(features)]
-        copies = self.spec.batch_size
         leaves = [self._pass["embed"], *(self._pass["out", i] for i in range(n_layers))]
         for start in range(0, len(rows), copies):
             chunk = rows[start:start + copies]
