@@ -72,8 +72,10 @@ def attention_values(block: nn.Module, a: torch.Tensor, pattern: torch.Tensor) -
     return z.transpose(0, 1).reshape(positions, -1) @ attn.o_proj.weight.T + attn.o_proj.bias
 
 
-def norms_of(model: nn.Module, block: nn.Module) -> tuple[nn.Module, nn.Module]:
-    return (block.ln_1, block.ln_2) if hasattr(block, "ln_1") else (block.input_layernorm, block.post_attention_layernorm)
+def norms_of(block: nn.Module) -> tuple[nn.Module, nn.Module]:
+    if hasattr(block, "ln_1"):
+        return block.ln_1, block.ln_2
+    return block.input_layernorm, block.post_attention_layernorm
 
 
 def frozen_forward(parts: dict, ids: torch.Tensor, taken: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -93,7 +95,7 @@ def frozen_forward(parts: dict, ids: torch.Tensor, taken: dict) -> tuple[torch.T
     reads = []
     with torch.no_grad():
         for i, block in enumerate(blocks_of(model)):
-            ln1, ln2 = norms_of(model, block)
+            ln1, ln2 = norms_of(block)
             h = h + attention_values(block, frozen_norm(h, ln1, seen(ln1)), parts["patterns"][i])
             m = frozen_norm(h, ln2, seen(ln2))
             reads.append(m)
@@ -137,7 +139,8 @@ def target_values(parts: dict, nodes, logits: torch.Tensor, reads: list) -> dict
         if node.kind == "logit":
             values[node.node] = logits[-1, node.token_id] - logits[-1].mean()
         elif node.kind == "feature":
-            values[node.node] = reads[node.layer][node.position] @ parts["weights"][node.layer]["W_enc"][:, node.feature]
+            encoder = parts["weights"][node.layer]["W_enc"]
+            values[node.node] = reads[node.layer][node.position] @ encoder[:, node.feature]
     return values
 
 

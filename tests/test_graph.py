@@ -102,8 +102,10 @@ def test_ablating_a_last_block_feature_at_the_last_position_moves_each_logit_by_
     transcoder = {"transcoder": {"type": "transcoder", "layers": "blocks.*.mlp", "path": str(folder)}}
     clean, scale = demeaned_logits(model, transcoder, ids, tmp_path / "clean", None)
     for feature in features.itertuples():
-        ablate = {"type": "ablate", "layers": "transformer.h.1.mlp.transcoder", "index": f":, {last}, {feature.feature}"}
-        ablated, _ = demeaned_logits(model, {**transcoder, "ablate": ablate}, ids, tmp_path / f"f{feature.feature}", scale)
+        ablate = {"type": "ablate", "layers": "transformer.h.1.mlp.transcoder",
+                  "index": f":, {last}, {feature.feature}"}
+        ablated, _ = demeaned_logits(model, {**transcoder, "ablate": ablate}, ids, tmp_path / f"f{feature.feature}",
+                                     scale)
         weight = edges.set_index(["source", "target"]).weight
         predicted = torch.tensor([weight.get((feature.node, t), 0.0) for t in logits.node], dtype=torch.float64)
         change = clean[logits.token_id.tolist()] - ablated[logits.token_id.tolist()]

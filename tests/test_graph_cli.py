@@ -42,6 +42,9 @@ GRAPH = ("hooks=[transcoder,graph]", f"hooks.transcoder.path={FIXTURE}")
      "error: hooks.transcoder.op: 'ablate' edits the features after they are read, and the graph reads them as "
      "read; edit them with an entry on their module (hooks=[transcoder,ablate,graph], "
      "hooks.ablate.layers=blocks.0.mlp.transcoder)"),
+    ((*GRAPH, "hooks.graph.units=/no/such/run"),
+     "error: hooks.graph.units: no run at or under '/no/such/run' wrote units.parquet; name a units run over the same "
+     "transcoders (hooks=[transcoder,units] hooks.units.layers=type:SaeFeatures)"),
     (("mode=train", *GRAPH),
      "error: hooks.graph: the model's dropout is on in training mode, and the graph's own passes would drop other "
      "parts than the step's; run mode=eval"),
@@ -147,7 +150,8 @@ def test_the_answer_puts_each_feature_s_top_examples_from_a_units_run_beside_it(
     from runner.analysis.units import load_units
 
     units = run_main(monkeypatch, capsys, *GPT2, "data.size=8", "data.shape=[4,6]", "epochs=1",
-                     "hooks=[transcoder,units]", f"hooks.transcoder.path={FIXTURE}", "hooks.units.layers=type:SaeFeatures",
+                     "hooks=[transcoder,units]", f"hooks.transcoder.path={FIXTURE}",
+                     "hooks.units.layers=type:SaeFeatures",
                      f"hydra.run.dir={tmp_path / 'units'}")
     ran = run_main(monkeypatch, capsys, *GPT2, *GRAPH, *TOKENS, f"hooks.graph.units={tmp_path / 'units'}",
                    f"hydra.run.dir={tmp_path / 'run'}")

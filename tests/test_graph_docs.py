@@ -49,7 +49,8 @@ def test_the_page_s_commands_run_as_written_and_give_what_it_says(tmp_path, monk
     first = nodes[nodes["sample"] == 0]
     assert first.kind.value_counts().to_dict() == {"feature": 42, "error": 12, "logit": 10, "embedding": 6}
     assert sorted(set(first.position[first.kind == "feature"])) == [1, 2, 3, 4, 5]
-    drawn, asset = pixels(Path("runs/graph/attribution_graph.png")), pixels(ROOT / "docs/assets/attribution_graph_gpt2_tiny.png")
+    drawn = pixels(Path("runs/graph/attribution_graph.png"))
+    asset = pixels(ROOT / "docs/assets/attribution_graph_gpt2_tiny.png")
     assert drawn.shape == asset.shape and np.abs(drawn - asset).max() < 0.05
 
     code, = blocks(section(PAGE, "The tables"), "python")
@@ -67,8 +68,8 @@ def test_the_page_s_commands_run_as_written_and_give_what_it_says(tmp_path, monk
         pd.testing.assert_frame_equal(without_job_columns(merged), without_job_columns(pd.concat(own)))
 
     before = set(Path("runs").iterdir())
-    mistake = run_main(monkeypatch, capsys, *command("The graph of each prompt")[:-1], "hooks.transcoder.layers=blocks.0.mlp",
-                       "hydra.run.dir=runs/mistake")
+    mistake = run_main(monkeypatch, capsys, *command("The graph of each prompt")[:-1],
+                       "hooks.transcoder.layers=blocks.0.mlp", "hydra.run.dir=runs/mistake")
     line, = blocks(section(PAGE, "Mistakes are one line"), "text")
     assert (mistake.code, mistake.stderr.strip()) == (2, line.strip())
     assert set(Path("runs").iterdir()) == before

@@ -30,7 +30,8 @@ def random_graph(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         allowed[i, :i] = True
         allowed[i, N_FEATURES:sources] = True
     allowed[sources:, :sources] = True
-    weights = torch.randn(n, n, generator=gen, dtype=torch.float64) * torch.rand(n, n, generator=gen, dtype=torch.float64) ** 3
+    spread = torch.rand(n, n, generator=gen, dtype=torch.float64) ** 3
+    weights = torch.randn(n, n, generator=gen, dtype=torch.float64) * spread
     weights *= allowed & (torch.rand(n, n, generator=gen) > 0.33)
     probabilities = torch.softmax(torch.randn(N_LOGITS, generator=gen, dtype=torch.float64), 0)
     return weights, probabilities

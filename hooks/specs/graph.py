@@ -19,10 +19,10 @@ class GraphSpec(SampleOutputsSpec):
     desired_logit_prob: float = 0.95  #: ... until their cumulative probability reaches this (circuit-tracer's)
     node_threshold: float = 0.8  #: keep the nodes holding this fraction of the cumulative influence on the logits
     edge_threshold: float = 0.98  #: keep the edges holding this fraction of the edges' influence
-    batch_size: int = 64  #: targets per backward: the prompt is copied this many times (at most its targets) in one forward
+    batch_size: int = 64  #: targets per backward: copies of the prompt in one forward (at most its targets)
     keep_all: bool = False  #: write every non-zero edge (``kept`` says which pruning keeps), not only the kept ones
     tokenizer: Optional[str] = None  #: a ``save_pretrained`` folder decoding ``token`` (the preset: ``data.tokenizer``)
-    units: Optional[str] = None  #: a ``units`` run of the same transcoders: the answer puts each feature's top examples beside it
+    units: Optional[str] = None  #: a ``units`` run of the same transcoders: its top examples beside each feature
 
     def check(self, key: str) -> None:
         check_finite(key, self)

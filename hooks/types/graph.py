@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from common.errors import ConfigError
-from common.records import GRAPH_EDGES, GRAPH_EDGES_SCHEMA, GRAPH_NODES, GRAPH_NODES_SCHEMA
+from common.records import GRAPH_EDGES, GRAPH_EDGES_SCHEMA, GRAPH_NODES, GRAPH_NODES_SCHEMA, UNITS
 from hooks.mechanism.families import vocabulary
 from hooks.mechanism.recorder import walk
 from hooks.mechanism.registry import register
@@ -62,7 +63,8 @@ def logit_targets(logits: torch.Tensor, max_n: int, desired: float) -> tuple[tor
 
 
 def encoder_rows(tc: Any, d_in: int) -> torch.Tensor:
-    """The transcoder's encoder as ``[d_in, d_sae]`` (``W_enc`` is held either way; a square one as SAELens holds it)."""
+    """The transcoder's encoder as ``[d_in, d_sae]`` (``W_enc`` is held either way; a square one as SAELens
+    holds it)."""
     w, d_sae = tc.W_enc, tc.W_dec.shape[0]
     return w if tuple(w.shape) == (d_in, d_sae) else w.T
 
@@ -94,6 +96,13 @@ class AttributionGraph(SampleOutputs):
         self._samples: torch.Tensor | None = None
         self._active: dict[int, torch.Tensor] = {}  # block -> the step's active features per prompt
 
+    def check_spec(self) -> None:
+        """The ``units`` run the answer reads examples from wrote ``units.parquet`` (at or under it: a sweep)."""
+        units = self.spec.units
+        if units is not None and not any(Path(units).rglob(UNITS)):
+            raise ConfigError(f"{self.key}.units: no run at or under '{units}' wrote {UNITS}; name a units run over "
+                              f"the same transcoders (hooks=[transcoder,units] hooks.units.layers=type:SaeFeatures)")
+
     @classmethod
     def check_with(cls, hooks: list) -> None:
         for place, hook in enumerate(hooks):
@@ -107,7 +116,8 @@ class AttributionGraph(SampleOutputs):
                 if edited is not None:
                     raise ConfigError(f"{edited.key}.op: '{edited.spec.op}' edits the features after they are read, "
                                       f"and the graph reads them as read; edit them with an entry on their module "
-                                      f"(hooks=[transcoder,ablate,{hook.name}], hooks.ablate.layers=blocks.0.mlp.{FEATURES})")
+                                      f"(hooks=[transcoder,ablate,{hook.name}], "
+                                      f"hooks.ablate.layers=blocks.0.mlp.{FEATURES})")
 
     def attach(self, model: nn.Module, session) -> None:
         vocab = vocabulary(model, self.key)

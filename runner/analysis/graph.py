@@ -7,9 +7,9 @@ and returns the path whose product of normalised edge weights is largest, a weig
 the absolute weights of its target's kept incoming edges (the share of the target's input it carries, as
 circuit-tracer's influence normalises rows): exact, by dynamic programming over the layers (every edge goes
 from a lower layer to a higher one). ``graph_picture`` draws one prompt's pruned graph: nodes by layer (rows:
-embeddings at the bottom, logits on top, spread most probable first) and position (columns), edges by weight (width: the normalised
-weight; blue positive, red negative), the strongest path in black; ``plots=[attribution_graph]`` draws the
-first prompt of a step into the run directory (``attribution_graph.png``).
+embeddings at the bottom, logits on top, spread most probable first) and position (columns), edges by weight
+(width: the normalised weight; blue positive, red negative), the strongest path in black;
+``plots=[attribution_graph]`` draws the first prompt of a step into the run directory (``attribution_graph.png``).
 """
 from __future__ import annotations
 
