@@ -90,3 +90,32 @@ def circuit_tracer_graph(model_dir: Path, transcoder_dir: Path, ids: list[int], 
     decoded = json.loads((out_dir / "graph.json").read_text())
     return OracleGraph(load_file(out_dir / "graph.safetensors"), decoded["input_tokens"], decoded["logit_tokens"],
                        json.loads((out_dir / "oracle.json").read_text()))
+
+
+def tables_of(graph: OracleGraph, hook: str = "graph", step: int = 0, sample: int = 0):
+    """circuit-tracer's graph as ``graph_nodes`` and ``graph_edges`` rows (``common.records``' columns), one prompt:
+    every node in its order, ``influence`` its cumulative score and ``kept`` its pruned node mask; every non-zero
+    edge, ``kept`` its edge mask."""
+    import pandas as pd
+
+    t = graph.tensors
+    n_layers, ids = int(t["n_layers"]), t["input_tokens"].tolist()
+    n_pos, active = len(ids), t["active_features"][t["selected_features"]].tolist()
+    values = t["activation_values"][t["selected_features"]].tolist()
+    rows = [("feature", layer, pos, feature, ids[pos], graph.input_tokens[pos], value, None)
+            for (layer, pos, feature), value in zip(active, values)]
+    rows += [("error", layer, pos, -1, ids[pos], graph.input_tokens[pos], 0.0, None)
+             for layer in range(n_layers) for pos in range(n_pos)]
+    rows += [("embedding", -1, pos, -1, ids[pos], graph.input_tokens[pos], 0.0, None) for pos in range(n_pos)]
+    last = t["logits"][-1]
+    rows += [("logit", n_layers, n_pos - 1, -1, token, text, float(last[token]), float(p)) for token, text, p
+             in zip(t["logit_token_ids"].tolist(), graph.logit_tokens, t["logit_probabilities"].tolist())]
+    nodes = pd.DataFrame(rows, columns=["kind", "layer", "position", "feature", "token_id", "token", "activation",
+                                        "probability"])
+    nodes.insert(0, "node", range(len(nodes)))
+    nodes = nodes.assign(influence=t["cumulative_scores"].tolist(), kept=t["node_mask"].tolist())
+    target, source = t["adjacency_matrix"].nonzero(as_tuple=True)
+    edges = pd.DataFrame({"source": source.tolist(), "target": target.tolist(),
+                          "weight": t["adjacency_matrix"][target, source].tolist(),
+                          "kept": t["edge_mask"][target, source].tolist()})
+    return (frame.assign(hook=hook, step=step, sample=sample) for frame in (nodes, edges))
