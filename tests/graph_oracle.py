@@ -62,6 +62,24 @@ def transcoder_folder(folder: Path, seed: int = 0, d_sae: int = 8) -> Path:
     return circuit_tracer_transcoders(folder, blocks=2, d_model=16, d_sae=d_sae, skip=True, jumprelu=True, seed=seed)
 
 
+def graph_run(folder: Path, tcs: Path, prompts: list[list[int]], out: Path) -> Path:
+    """A run of ``hooks=[transcoder,graph]`` (every non-zero edge: ``keep_all``; tokens decoded by the folder's
+    tokenizer) on the folder's model in float32, one pass of ``prompts``, with the transcoders spliced at every
+    block's MLP; its directory."""
+    import transformers
+
+    import runner
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    entries = {"transcoder": {"type": "transcoder", "layers": "blocks.*.mlp", "path": str(tcs)},
+               "graph": {"type": "graph", "layers": "blocks.*.mlp", "keep_all": True, "tokenizer": str(folder)}}
+    with runner.attach(model, hooks=entries, out_dir=out) as attached:
+        with torch.no_grad():
+            model(torch.tensor(prompts))
+        attached.step()
+    return out
+
+
 @dataclass
 class OracleGraph:
     """What circuit-tracer computed: ``tensors`` (``adjacency_matrix`` rows targets and columns sources;

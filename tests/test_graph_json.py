@@ -12,7 +12,7 @@ import subprocess
 import pandas as pd
 import pytest
 
-from graph_oracle import CT_PYTHON, UNSET, circuit_tracer_graph, model_folder, tables_of, transcoder_folder
+from graph_oracle import CT_PYTHON, UNSET, circuit_tracer_graph, graph_run, model_folder, tables_of, transcoder_folder
 from runner.analysis.graph_json import graph_json, main, select_prompt
 
 NODE_COLUMNS = ["node", "kind", "layer", "position", "feature", "token_id", "token", "activation", "probability",
@@ -86,7 +86,7 @@ from circuit_tracer.frontend.graph_models import Model, Node
 text = open(sys.argv[1]).read()
 model = Model.model_validate_json(text)
 ours = json.loads(text)
-assert model.model_dump() == {**ours, "links": ours["links"]}, "the reader changed what it read"
+assert model.model_dump() == ours, "the reader changed what it read"
 n_layers = int(sys.argv[2])
 rebuilt = []
 for node in model.nodes:  # each node as circuit-tracer's own constructor makes it from its coordinates
@@ -145,3 +145,25 @@ def test_a_bad_path_is_one_line_status_2_and_nothing_written(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no-run" in err, err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_command_writes_a_run_s_prompt_and_says_a_missing_sample_in_one_line(tmp_path, capsys):
+    pytest.importorskip("hooks.types.graph", reason="the graph hook type (branch graphs) is not merged in")
+    from runner.analysis.load import load_table
+
+    run = graph_run(model_folder(tmp_path / "model", "gpt2"), transcoder_folder(tmp_path / "tc"),
+                    [[0, 5, 9, 3], [0, 7, 7, 30]], tmp_path / "run")
+    out = tmp_path / "graph.json"
+    main([str(run), "--sample", "1", "--out", str(out)])
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    written = json.loads(out.read_text())
+    chosen = select_prompt(load_table(run, "graph_nodes.parquet"), load_table(run, "graph_edges.parquet"), 1)
+    assert written == graph_json(*chosen, slug="run-1", scan="run-1")
+    assert written["metadata"]["prompt_tokens"] == ["<|endoftext|>", "but", "but", "tree"]  # the tokenizer's words
+    assert written["links"] and all(link["weight"] for link in written["links"])
+
+    with pytest.raises(SystemExit) as exited:
+        main([str(run), "--sample", "7", "--out", str(tmp_path / "other.json")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --sample: unknown sample '7'; valid: 0, 1"
+    assert not (tmp_path / "other.json").exists()
