@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from graph_oracle import CT_PYTHON, UNSET, circuit_tracer_graph, graph_run, model_folder, tables_of, transcoder_folder
-from runner.analysis.graph_json import graph_json, main, select_prompt
+from runner.analysis.graph_json import add_to_index, graph_json, main, select_prompt
 
 NODE_COLUMNS = ["node", "kind", "layer", "position", "feature", "token_id", "token", "activation", "probability",
                 "influence", "kept"]
@@ -125,6 +125,8 @@ def test_our_json_of_circuit_tracer_s_graph_equals_the_json_its_create_graph_fil
     ours = graph_json(*tables_of(graph), slug="oracle", scan="oracle", node_threshold=0.8,
                       prompt=theirs["metadata"]["prompt"])  # the word-level tokenizer joins its words with spaces
     assert ours["metadata"] == theirs["metadata"] and ours["qParams"] == theirs["qParams"]
+    index = add_to_index(ours["metadata"], tmp_path)  # the viewer's list of graphs
+    assert json.loads(index.read_text()) == json.loads((tmp_path / "out" / "graph-metadata.json").read_text())
     assert len(theirs["links"]) > 20 and {n["feature_type"] for n in theirs["nodes"]} >= {"embedding", "logit",
                                                                                            "cross layer transcoder"}
     assert [n["node_id"] for n in ours["nodes"]] == [n["node_id"] for n in theirs["nodes"]]
@@ -147,23 +149,28 @@ def test_a_bad_path_is_one_line_status_2_and_nothing_written(tmp_path, capsys):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_the_command_writes_a_run_s_prompt_and_says_a_missing_sample_in_one_line(tmp_path, capsys):
+def test_the_command_writes_a_run_s_prompts_into_a_viewer_s_folder_and_says_a_missing_sample_in_one_line(tmp_path, capsys):
     pytest.importorskip("hooks.types.graph", reason="the graph hook type (branch graphs) is not merged in")
     from runner.analysis.load import load_table
 
     run = graph_run(model_folder(tmp_path / "model", "gpt2"), transcoder_folder(tmp_path / "tc"),
                     [[0, 5, 9, 3], [0, 7, 7, 30]], tmp_path / "run")
-    out = tmp_path / "graph.json"
-    main([str(run), "--sample", "1", "--out", str(out)])
-    assert capsys.readouterr().out.strip() == f"wrote {out}"
-    written = json.loads(out.read_text())
+    viewer = tmp_path / "viewer"
+    viewer.mkdir()
+    for sample, slug in ((1, "second"), (0, "first"), (1, "second")):
+        main([str(run), "--sample", str(sample), "--out", str(viewer / f"{slug}.json")])
+        assert capsys.readouterr().out.strip() == f"wrote {viewer / slug}.json"
+    written = json.loads((viewer / "second.json").read_text())
     chosen = select_prompt(load_table(run, "graph_nodes.parquet"), load_table(run, "graph_edges.parquet"), 1)
-    assert written == graph_json(*chosen, slug="run-1", scan="run-1")
+    assert written == graph_json(*chosen, slug="second", scan="second")  # no saved config: no node_threshold
+    listed = json.loads((viewer / "graph-metadata.json").read_text())["graphs"]
+    assert [graph["slug"] for graph in listed] == ["first", "second"]  # written again: listed once, last
+    assert listed[1] == written["metadata"]
     assert written["metadata"]["prompt_tokens"] == ["<|endoftext|>", "but", "but", "tree"]  # the tokenizer's words
     assert written["links"] and all(link["weight"] for link in written["links"])
 
     with pytest.raises(SystemExit) as exited:
-        main([str(run), "--sample", "7", "--out", str(tmp_path / "other.json")])
+        main([str(run), "--sample", "7", "--out", str(viewer / "other.json")])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --sample: unknown sample '7'; valid: 0, 1"
-    assert not (tmp_path / "other.json").exists()
+    assert sorted(p.name for p in viewer.iterdir()) == ["first.json", "graph-metadata.json", "second.json"]

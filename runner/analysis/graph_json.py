@@ -13,7 +13,8 @@ table's (circuit-tracer's cumulative influence; none for a logit), ``activation`
 the most probable logit is the target logit. A row's ``token`` (decoded by the entry's tokenizer) names the
 prompt's tokens and the logits' outputs; without a tokenizer, the id in brackets.
 
-``python -m runner.graph_json RUN_DIR --sample N --out FILE`` writes one prompt's file (``main``).
+``python -m runner.graph_json RUN_DIR --sample N --out DIR/SLUG.json`` writes one prompt's file and lists it in
+``DIR/graph-metadata.json``: ``DIR`` is then a folder circuit-tracer's viewer serves (``main``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from common.durable import replaced
 from common.errors import ConfigError, choice_error
 
 NODES, EDGES = "graph_nodes.parquet", "graph_edges.parquet"
+#: The list of graphs circuit-tracer's viewer shows, beside their files
+INDEX = "graph-metadata.json"
 #: circuit-tracer's ``feature_type`` of each kind of node (a per-layer transcoder's features too are "cross layer")
 FEATURE_TYPES = {"feature": "cross layer transcoder", "error": "mlp reconstruction error", "embedding": "embedding",
                  "logit": "logit"}
@@ -123,24 +126,39 @@ def select_prompt(nodes: pd.DataFrame, edges: pd.DataFrame, sample: int, step: i
     return chosen, edges.merge(prompt, on=PROMPT)
 
 
+def add_to_index(metadata: dict, folder: Path) -> Path:
+    """Record a graph's ``metadata`` in ``folder``'s ``graph-metadata.json``, the list circuit-tracer's viewer
+    shows (replacing a graph of the same slug), as circuit-tracer's ``add_graph_metadata`` does."""
+    index = Path(folder) / INDEX
+    graphs = json.loads(index.read_text())["graphs"] if index.exists() else []
+    graphs = [graph for graph in graphs if graph["slug"] != metadata["slug"]] + [metadata]
+    with replaced(index) as tmp:
+        tmp.write_text(json.dumps({"graphs": graphs}, indent=2))
+    return index
+
+
 def export(run_dir: str | Path, sample: int, out: str | Path, step: int | None = None, hook: str | None = None,
-           slug: str | None = None, scan: str | None = None) -> Path:
-    """Write the graph JSON of one prompt of the run at ``run_dir`` to ``out`` (whole or not at all) and return
-    it; ``slug`` defaults to the run directory's name and the sample, ``scan`` to the slug; the metadata's
-    ``node_threshold`` is the entry's, where the run saved its config."""
+           scan: str | None = None) -> Path:
+    """Write the graph JSON of one prompt of the run at ``run_dir`` to ``out`` (whole or not at all), record it in
+    ``graph-metadata.json`` beside it, and return ``out``. The graph's slug is ``out``'s name without ``.json``
+    (the viewer opens ``<slug>.json``); ``scan`` defaults to the slug; the metadata's ``node_threshold`` is the
+    entry's, where the run saved its config."""
     from runner.analysis.load import config_of, load_table, run_dirs
 
+    out = Path(out)
     runs = run_dirs(run_dir)
     if len(runs) != 1:
         raise ConfigError(f"{run_dir}: holds {len(runs)} runs; give one run's directory, e.g. {runs[0]}")
+    if out.suffix != ".json" or not out.parent.is_dir():
+        raise ConfigError(f"--out: '{out}' is not a .json file in an existing directory")
     nodes, edges = select_prompt(load_table(runs[0], NODES), load_table(runs[0], EDGES), sample, step, hook)
-    slug = slug or f"{Path(runs[0]).name}-{sample}"
     config = yaml.safe_load(config_of(runs[0]) or "{}")
     threshold = (config.get("hooks") or {}).get(nodes.hook.iloc[0], {}).get("node_threshold")
-    graph = graph_json(nodes, edges, slug, scan or slug, threshold)
-    with replaced(Path(out)) as tmp:
+    graph = graph_json(nodes, edges, out.stem, scan or out.stem, threshold)
+    with replaced(out) as tmp:
         tmp.write_text(json.dumps(graph, indent=2))
-    return Path(out)
+    add_to_index(graph["metadata"], out.parent)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,14 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m runner.graph_json", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory with graph_nodes.parquet and graph_edges.parquet")
     parser.add_argument("--sample", type=int, required=True, help="the prompt's sample id")
-    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--out", required=True, help="the JSON file to write: <slug>.json")
     parser.add_argument("--step", type=int, help="the step, where the sample has graphs at several")
     parser.add_argument("--hook", help="the graph entry's name, where the run has several")
-    parser.add_argument("--slug", help="the graph's name (default: the run directory's name and the sample)")
     parser.add_argument("--scan", help="the transcoders' id on Neuronpedia (default: the slug)")
     args = parser.parse_args(argv)
     try:
-        written = export(args.run_dir, args.sample, args.out, args.step, args.hook, args.slug, args.scan)
+        written = export(args.run_dir, args.sample, args.out, args.step, args.hook, args.scan)
     except (FileNotFoundError, ConfigError) as exc:
         parser.exit(2, f"error: {exc}\n")
     print(f"wrote {written}", file=sys.stdout)
