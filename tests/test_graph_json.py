@@ -7,14 +7,18 @@ prompt's file and says a bad path or prompt in one line, status 2, writing nothi
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from docs_text import blocks, section
 from graph_oracle import CT_PYTHON, UNSET, circuit_tracer_graph, graph_run, model_folder, tables_of, transcoder_folder
 from runner.analysis.graph_json import add_to_index, graph_json, main, select_prompt
 
+PAGE = "how-to/graph-json.md"
 NODE_COLUMNS = ["node", "kind", "layer", "position", "feature", "token_id", "token", "activation", "probability",
                 "influence", "kept"]
 #: A two-block graph over three tokens: three features, six error nodes, three embeddings, two logits
@@ -78,6 +82,12 @@ def test_rows_of_several_prompts_are_refused_and_select_prompt_names_the_valid_s
     assert graph_json(*chosen, slug="s", scan="s") == graph_json(*hand_made(3), slug="s", scan="s")
     with pytest.raises(ValueError, match=r"^--sample: unknown sample '2'; valid: 0, 3"):
         select_prompt(nodes, edges, 2)
+    later = [frame.assign(step=1) for frame in hand_made(3)]
+    nodes, edges = pd.concat([nodes, later[0]]), pd.concat([edges, later[1]])
+    with pytest.raises(ValueError, match=r"^--step: sample 3 has graphs at several; choose one of 0, 1$"):
+        select_prompt(nodes, edges, 3)
+    assert graph_json(*select_prompt(nodes, edges, 3, step=1), slug="s", scan="s") == \
+           graph_json(*later, slug="s", scan="s")
 
 
 READER = """
@@ -139,14 +149,14 @@ def test_our_json_of_circuit_tracer_s_graph_equals_the_json_its_create_graph_fil
     assert max(abs(a["weight"] - b["weight"]) for a, b in zip(ours["links"], theirs["links"])) < 1e-6
 
 
-def test_a_bad_path_is_one_line_status_2_and_nothing_written(tmp_path, capsys):
-    out = tmp_path / "graph.json"
+@pytest.mark.parametrize("out, said", [("graph.json", "no-run"), ("graph.txt", "is not a .json file")])
+def test_a_bad_path_or_out_is_one_line_status_2_and_nothing_written(tmp_path, capsys, out, said):
     with pytest.raises(SystemExit) as exited:
-        main([str(tmp_path / "no-run"), "--sample", "0", "--out", str(out)])
+        main([str(tmp_path / "no-run"), "--sample", "0", "--out", str(tmp_path / "graphs" / out)])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no-run" in err, err
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert len(err.splitlines()) == 1 and said in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_command_writes_a_run_s_prompts_into_a_viewer_s_folder_and_says_a_missing_sample_in_one_line(tmp_path, capsys):
@@ -162,7 +172,8 @@ def test_the_command_writes_a_run_s_prompts_into_a_viewer_s_folder_and_says_a_mi
         assert capsys.readouterr().out.strip() == f"wrote {viewer / slug}.json"
     written = json.loads((viewer / "second.json").read_text())
     chosen = select_prompt(load_table(run, "graph_nodes.parquet"), load_table(run, "graph_edges.parquet"), 1)
-    assert written == graph_json(*chosen, slug="second", scan="second")  # no saved config: no node_threshold
+    # the entry's tokenizer decodes the prompt; the entry gave no node_threshold
+    assert written == graph_json(*chosen, slug="second", scan="second", prompt="<|endoftext|> but but tree")
     listed = json.loads((viewer / "graph-metadata.json").read_text())["graphs"]
     assert [graph["slug"] for graph in listed] == ["first", "second"]  # written again: listed once, last
     assert listed[1] == written["metadata"]
@@ -174,3 +185,29 @@ def test_the_command_writes_a_run_s_prompts_into_a_viewer_s_folder_and_says_a_mi
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --sample: unknown sample '7'; valid: 0, 1"
     assert sorted(p.name for p in viewer.iterdir()) == ["first.json", "graph-metadata.json", "second.json"]
+
+
+def test_the_how_to_s_commands_run_as_written_and_give_what_it_says(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("hooks.types.graph", reason="the graph hook type (branch graphs) is not merged in")
+    from conftest import run_main
+    from runner.analysis.load import load_table
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "fixtures").symlink_to(Path(__file__).parent / "fixtures")
+    run_command, export_command = blocks(section(PAGE, "Write a prompt's graph"), "bash")[0].strip().splitlines()
+    ran = run_main(monkeypatch, capsys, *shlex.split(run_command)[3:])
+    assert ran.code == 0, ran.stderr
+    main(shlex.split(export_command)[3:])
+    assert capsys.readouterr().out.strip() == "wrote graphs/dog.json"
+    written = json.loads(Path("graphs/dog.json").read_text())
+    chosen = select_prompt(load_table("runs/graph", "graph_nodes.parquet"), load_table("runs/graph", "graph_edges.parquet"), 1)
+    assert written == graph_json(*chosen, slug="dog", scan="dog", node_threshold=0.8, prompt="a dog sees the king")
+    assert written["metadata"]["prompt_tokens"] == ["a", "dog", "sees", "the", "king"] and written["links"]
+    assert json.loads(Path("graphs/graph-metadata.json").read_text()) == {"graphs": [written["metadata"]]}
+
+    shown, = blocks(section(PAGE, "Mistakes are one line"), "text")
+    with pytest.raises(SystemExit) as exited:
+        main(["runs/graph", "--sample", "7", "--out", "graphs/other.json"])
+    assert (exited.value.code, capsys.readouterr().err.strip()) == (2, shown.strip())
+    assert sorted(p.name for p in Path("graphs").iterdir()) == ["dog.json", "graph-metadata.json"]

@@ -126,6 +126,17 @@ def select_prompt(nodes: pd.DataFrame, edges: pd.DataFrame, sample: int, step: i
     return chosen, edges.merge(prompt, on=PROMPT)
 
 
+def decoded(nodes: pd.DataFrame, tokenizer: str | None) -> str | None:
+    """The prompt's text as circuit-tracer's metadata holds it (its tokenizer's ``decode`` of the prompt's ids),
+    by the entry's tokenizer; ``None`` without one."""
+    if tokenizer is None:
+        return None
+    from transformers import AutoTokenizer
+
+    ids = nodes[nodes.kind == "embedding"].sort_values("position").token_id.tolist()
+    return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True).decode(ids)
+
+
 def add_to_index(metadata: dict, folder: Path) -> Path:
     """Record a graph's ``metadata`` in ``folder``'s ``graph-metadata.json``, the list circuit-tracer's viewer
     shows (replacing a graph of the same slug), as circuit-tracer's ``add_graph_metadata`` does."""
@@ -142,19 +153,20 @@ def export(run_dir: str | Path, sample: int, out: str | Path, step: int | None =
     """Write the graph JSON of one prompt of the run at ``run_dir`` to ``out`` (whole or not at all), record it in
     ``graph-metadata.json`` beside it, and return ``out``. The graph's slug is ``out``'s name without ``.json``
     (the viewer opens ``<slug>.json``); ``scan`` defaults to the slug; the metadata's ``node_threshold`` is the
-    entry's, where the run saved its config."""
+    entry's and the prompt's text its tokenizer's decoding, where the run saved its config."""
     from runner.analysis.load import config_of, load_table, run_dirs
 
     out = Path(out)
+    if out.suffix != ".json":
+        raise ConfigError(f"--out: '{out}' is not a .json file (the viewer opens <slug>.json)")
     runs = run_dirs(run_dir)
     if len(runs) != 1:
         raise ConfigError(f"{run_dir}: holds {len(runs)} runs; give one run's directory, e.g. {runs[0]}")
-    if out.suffix != ".json" or not out.parent.is_dir():
-        raise ConfigError(f"--out: '{out}' is not a .json file in an existing directory")
     nodes, edges = select_prompt(load_table(runs[0], NODES), load_table(runs[0], EDGES), sample, step, hook)
-    config = yaml.safe_load(config_of(runs[0]) or "{}")
-    threshold = (config.get("hooks") or {}).get(nodes.hook.iloc[0], {}).get("node_threshold")
-    graph = graph_json(nodes, edges, out.stem, scan or out.stem, threshold)
+    entry = (yaml.safe_load(config_of(runs[0]) or "{}").get("hooks") or {}).get(nodes.hook.iloc[0], {})
+    graph = graph_json(nodes, edges, out.stem, scan or out.stem, entry.get("node_threshold"),
+                       decoded(nodes, entry.get("tokenizer")))
+    out.parent.mkdir(parents=True, exist_ok=True)
     with replaced(out) as tmp:
         tmp.write_text(json.dumps(graph, indent=2))
     add_to_index(graph["metadata"], out.parent)
