@@ -19,6 +19,7 @@ prompt's tokens and the logits' outputs; without a tokenizer, the id in brackets
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ def cantor(x: int, y: int) -> int:
 
 
 def token_text(row) -> str:
+    """A row's decoded token; its id in brackets where the entry had no tokenizer."""
     return row.token if isinstance(row.token, str) else f"[{row.token_id}]"
 
 
@@ -104,7 +106,7 @@ def graph_json(nodes: pd.DataFrame, edges: pd.DataFrame, slug: str, scan: str, n
             if node in touched or kind in ("embedding", "logit")]
     links = [{"source": json_of[int(source)]["node_id"], "target": json_of[int(target)]["node_id"],
               "weight": float(weight)} for source, target, weight in zip(linked.source, linked.target, linked.weight)]
-    return {"metadata": metadata, "qParams": dict(Q_PARAMS), "nodes": used, "links": links}
+    return {"metadata": metadata, "qParams": copy.deepcopy(Q_PARAMS), "nodes": used, "links": links}
 
 
 def select_prompt(nodes: pd.DataFrame, edges: pd.DataFrame, sample: int, step: int | None = None,
