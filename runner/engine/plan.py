@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError, choice_error
 from common.records import GENERATE, GENERATIONS
-from common.schema_merge import known_keys, merged
+from common.schema_merge import known_keys, merged, schema_template
 from hooks import build_hooks
 from hooks.kernels import native
 from hooks.mechanism.base import HookType
@@ -196,7 +196,7 @@ def _typed(cfg: DictConfig) -> DictConfig:
         if isinstance(cfg.get(group), DictConfig):
             known_keys(schema, cfg[group], f"{group}.", f"key for {group}")
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+        typed = OmegaConf.merge(schema_template(RunConfig), cfg)
     except OmegaConfBaseException as exc:
         raise _one_line(exc) from None
     try:
