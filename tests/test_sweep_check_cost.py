@@ -1,18 +1,24 @@
 """What checking a sweep's jobs before the first one runs does once rather than per job, and that what it
 keeps is never served stale: the schemas' structured templates (``common.schema_merge.schema_template``),
-and the job directories of the default ``hydra.sweep.subdir`` (``runner.cli.job_files.job_dirs``)."""
+the job directories of the default ``hydra.sweep.subdir`` (``runner.cli.job_files.job_dirs``), the run
+settings without a masked copy (``runner.engine.plan.run_settings``), and a derived job's config merged
+into the schema as the first job's with its values replaced (``runner.engine.plan.Replaced``)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 import runner.cli.job_files as job_files
+from common.errors import ConfigError
 from common.schema_merge import merged, schema_template
+from runner.cli.commandline import check_command_line
 from runner.config.compose import compose_config, compose_with_hydra
 from runner.config.schema import RunConfig
-from runner.engine.plan import compile_settings
+from runner.engine import plan as plan_module
+from runner.engine.plan import compile_plan, compile_settings
 
 
 def _schema(default: float):
@@ -59,3 +65,53 @@ def test_the_default_subdir_names_each_job_by_its_number_without_naming_its_node
     by_name = compose_with_hydra(["model=mlp", f"hydra.sweep.dir={tmp_path}",
                                   "hydra.sweep.subdir=${hydra.job.override_dirname}"])
     assert job_files.job_dirs(by_name, jobs) == [Path(tmp_path) / f"model=mlp,seed={num}" for num in range(4)]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=mlp", "hooks=[clip,stats]", "logger=[tensorboard]", "sample.batch=2", "memory.budget=1GiB", "plots=[]"],
+    ["model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "metric.diff=[3,4]", "hooks=patch", "resume=failed"],
+    ["model=mlp", "epochs=2", "output.row_group_mb=3", "seed=7", "stop_after=fc1"],
+])
+def test_the_run_settings_are_those_of_a_masked_copy_of_the_config(overrides):
+    """``run_settings`` converts each setting on its own: the same ``RunConfig``, field for field and type for type."""
+    typed = plan_module._typed(compose_config(overrides))
+    mine = plan_module.run_settings(typed)
+    theirs = RunConfig(**OmegaConf.to_object(OmegaConf.masked_copy(typed, plan_module.SETTINGS)))
+    assert mine == theirs
+    assert [type(getattr(mine, name)) for name in plan_module.SETTINGS] == \
+        [type(getattr(theirs, name)) for name in plan_module.SETTINGS]
+
+
+#: A sweep whose jobs differ from the first in replaced values of every scalar kind, one an interpolation's target.
+SWEEP = ["model=mlp", "hooks=ablate", "hooks.ablate.layers=fc1", "hooks.ablate.index=0,2", "seed=0,7",
+         "optimizer=sgd", "optimizer.lr=1e-3,0.5", "sample.batch=null,1", "progress=true,false", "data.seed=${seed}"]
+
+
+def test_a_derived_jobs_plan_is_the_plan_compiled_alone():
+    """Each job's config merged into the schema is the first job's with its values replaced: its plan's
+    settings and config.yaml are those the job compiled alone (``data.seed=${seed}`` resolves to its own seed)."""
+    checked = check_command_line(["-m", *SWEEP])
+    assert checked.problems == [] and len(checked.plans) == 32
+    for job, plan in checked.plans:
+        alone = compile_plan(compose_config(job), job)
+        assert plan.config_yaml == alone.config_yaml, job
+        assert plan.settings == alone.settings and plan.optimizer == alone.optimizer, job
+        assert [hook.spec for hook in plan.hooks] == [hook.spec for hook in alone.hooks], job
+
+
+def test_a_sweep_merges_its_first_jobs_config_into_the_schema_and_no_other(monkeypatch):
+    merges = []
+    merge = OmegaConf.merge
+    monkeypatch.setattr(OmegaConf, "merge", lambda *configs: merges.append(configs[0] is schema_template(RunConfig))
+                        or merge(*configs))
+    assert check_command_line(["-m", "model=mlp", "hooks=ablate", "hooks.ablate.layers=fc1",
+                               "hooks.ablate.index=0,1,2,3"]).problems == []
+    assert merges.count(True) == 2  # the first job's compile, and its config kept for the others (was one a job)
+
+
+def test_a_value_a_derived_job_is_refused_for_is_the_line_the_job_alone_gives():
+    job = ["model=mlp", "hooks=ablate", "hooks.ablate.layers=fc1", "sample.every=0"]
+    with pytest.raises(ConfigError) as alone:
+        compile_plan(compose_config(job), job)
+    problems = check_command_line(["-m", *job[:-1], "sample.every=1,0"]).problems
+    assert problems[1:] == [f"job 1 ({' '.join(job)}): {alone.value}"]
