@@ -11,6 +11,7 @@ hooks, edits and captures then act on each layer's outputs where that layer ran.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -74,7 +75,23 @@ def load_hf(cfg: DictConfig) -> nn.Module:
     try:
         if torch.get_default_device().type == "meta":  # the rehearsal: shapes only, no weights read
             return auto.from_config(transformers.AutoConfig.from_pretrained(cfg.path, local_files_only=True))
-        return auto.from_pretrained(cfg.path, local_files_only=True, **placement(cfg))
+        with _no_progress_bar(transformers):
+            return auto.from_pretrained(cfg.path, local_files_only=True, **placement(cfg))
     except (OSError, ValueError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path: cannot load '{cfg.path}' with {AUTO_CLASSES[cfg.auto]}: {detail}") from None
+
+
+@contextmanager
+def _no_progress_bar(transformers):
+    """``transformers``' progress bar off while a local folder loads (a bar per job of a sweep on the terminal,
+    ``quiet=true`` included, for a read of milliseconds), back as it was afterwards: the caller's process
+    keeps its setting."""
+    bars = transformers.utils.logging
+    was_on = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            bars.enable_progress_bar()
