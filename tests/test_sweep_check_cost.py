@@ -2,15 +2,19 @@
 keeps is never served stale: the schemas' structured templates (``common.schema_merge.schema_template``),
 the job directories of the default ``hydra.sweep.subdir`` (``runner.cli.job_files.job_dirs``), the run
 settings without a masked copy (``runner.engine.plan.run_settings``), and a derived job's config merged
-into the schema as the first job's with its values replaced (``runner.engine.plan.Replaced``)."""
+into the schema as the first job's with its values replaced (``runner.engine.plan.Replaced``), a stored
+run's reads shared by the jobs (``common.rundir.shared_reads``)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+import common.rundir as rundir
 import runner.cli.job_files as job_files
 from common.errors import ConfigError
 from common.schema_merge import merged, schema_template
@@ -115,3 +119,44 @@ def test_a_value_a_derived_job_is_refused_for_is_the_line_the_job_alone_gives():
         compile_plan(compose_config(job), job)
     problems = check_command_line(["-m", *job[:-1], "sample.every=1,0"]).problems
     assert problems[1:] == [f"job 1 ({' '.join(job)}): {alone.value}"]
+
+
+GPT = ["model=gpt2_tiny", "data=tokens", "loss=none", "mode=eval", "metric.diff=[3,4]"]
+
+
+@pytest.fixture
+def clean_run(run_with):
+    """A stored run of gpt2_tiny keeping both blocks' outputs: what a patching sweep's jobs read."""
+    return run_with(*GPT, "hooks=extract", r"hooks.extract.layers=re:transformer\.h\.\d+")
+
+
+def _table_reads(monkeypatch) -> list:
+    reads = []
+    read_table = rundir.pq.read_table
+    monkeypatch.setattr(rundir.pq, "read_table", lambda path, **kwargs: reads.append(path) or read_table(path, **kwargs))
+    return reads
+
+
+def test_a_sweep_check_reads_its_stored_run_once_for_each_thing_it_asks(clean_run, monkeypatch):
+    reads = _table_reads(monkeypatch)
+    argv = ["-m", *GPT, "hooks=patch", f"hooks.patch.source={clean_run}", "hooks.patch.layers=transformer.h.0,transformer.h.1",
+            "hooks.patch.index=range(0,4)"]
+    assert check_command_line(argv).problems == []
+    assert len(reads) == 4  # its steps, its layers, and the tensors of each of the two layers (three a job before)
+
+
+def test_a_shared_read_is_the_files_and_a_file_written_again_is_read_again(clean_run, monkeypatch):
+    fresh = rundir.stored_tensors(str(clean_run), ["transformer.h.0"], "output", "hooks.patch.source")
+    reads = _table_reads(monkeypatch)
+    with rundir.shared_reads():
+        first = rundir.stored_tensors(str(clean_run), ["transformer.h.0"], "output", "hooks.patch.source")
+        again = rundir.stored_tensors(str(clean_run), ["transformer.h.0"], "output", "hooks.patch.source")
+        assert len(reads) == 2 and again is not first and again.keys() == fresh.keys()
+        assert all(torch.equal(again[key], fresh[key]) for key in fresh)
+        tensors = clean_run / "tensors.parquet"
+        table = pq.read_table(tensors)
+        pq.write_table(table.slice(0, 1), tensors)  # another run's file under the same name
+        changed = rundir.stored_tensors(str(clean_run), ["transformer.h.0"], "output", "hooks.patch.source")
+        assert len(reads) == 5 and len(changed) == 1  # read again: its layers, its tensors
+    rundir.stored_tensors(str(clean_run), ["transformer.h.0"], "output", "hooks.patch.source")
+    assert len(reads) == 7  # outside a check, every read is made

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
+from common.rundir import shared_reads
 from runner.cli.checked_jobs import UncheckedJob, settings_of
 from runner.cli.early import ComposedCommand, ComposedJob, compose_command_line
 from runner.cli.taken_dirs import held_run_dir
@@ -67,7 +68,7 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
         return CommandCheck(held)
     checked = CommandCheck(command=command)
     merged: dict[int, DictConfig | None] = {}  # the first job's config merged into the schema, once
-    with shared_meta_models():  # a sweep's model is not built again on the meta device for each job
+    with shared_meta_models(), shared_reads():  # a sweep's model is built, and its stored runs read, once
         for num, job in enumerate(command.composed):
             if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once
                 return CommandCheck([problem])
