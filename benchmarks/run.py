@@ -394,16 +394,22 @@ def sweep_first_step(report: Report, s: Settings) -> None:
     alone = timings[-1]
     rows = []
     for t in timings:
-        report.add("sweep start", f"{t.jobs} jobs", "to job 0's first step", t.cpu_s, "CPU s", t.cpu_s / alone.cpu_s)
-        rows.append([f"{t.jobs} jobs", f"{t.cpu_s:.2f}", f"{t.wall_s:.2f}", f"{t.cpu_s / alone.cpu_s:.2f}"])
+        extra = t.cpu_s - alone.cpu_s
+        verdict = s.judged(f"≤ {sweep_start.TARGET_EXTRA_S:.0f} s", extra <= sweep_start.TARGET_EXTRA_S) \
+            if t is not alone else ""
+        report.add("sweep start", f"{t.jobs} jobs", "to job 0's first step", t.cpu_s, "CPU s", t.cpu_s / alone.cpu_s,
+                   verdict)
+        rows.append([f"{t.jobs} jobs", f"{t.cpu_s:.2f}", f"{t.wall_s:.2f}", f"{t.cpu_s / alone.cpu_s:.2f}",
+                     f"{extra:.2f}", verdict])
     report.table("The README's patching sweep, launch to job 0's first step (the child's CPU from its start)",
-                 ["sweep", "CPU s", "wall s", "CPU against one job"], rows)
+                 ["sweep", "CPU s", "wall s", "CPU against one job", "CPU s beyond one job", "target"], rows)
 
 
 def issue_targets(report: Report, s: Settings) -> None:
     """Issue 50's targets as ratios, from this run's rows: the attach block's CPU against its 20 ms (beside
     a bare step's and the durable write's), the 4-column load against pyarrow's, a 64-job sweep's first
-    job against a sweep of one job (no target of its own: the branch making it faster owns that)."""
+    job's CPU beyond a sweep of one job's (checking the other 63 jobs: within 3 s; importing torch and
+    transformers, which a sweep of one job pays too, is not the sweep's)."""
     found: dict[tuple[str, str], dict] = {}
     for row in report.rows:  # the first of each: the 1,000-job sweep's load where --long adds 10,000
         found.setdefault((row["section"], row["name"]), row)
@@ -415,8 +421,10 @@ def issue_targets(report: Report, s: Settings) -> None:
              f"{block:.1f} ms; bare step {bare:.2f} ms, durable write of its files {durable:.2f} ms"],
             [f"load_stats, 4 columns of {load['config']}", f"{load['ratio']:.2f}", f"≤ {LOAD_TARGET}", load["target"],
              "against a pyarrow dataset's read of the same columns"],
-            [f"first job of a {first['config']} sweep, CPU to its first step", f"{first['ratio']:.2f}", "", "",
-             f"{first['value']:.2f} s against {alone['value']:.2f} s for a sweep of one job"]]
+            [f"first job of a {first['config']} sweep, CPU to its first step beyond a sweep of one job",
+             f"{(first['value'] - alone['value']) / sweep_start.TARGET_EXTRA_S:.2f}", "≤ 1", first["target"],
+             f"{first['value']:.2f} s against {alone['value']:.2f} s for a sweep of one job "
+             f"(≤ {sweep_start.TARGET_EXTRA_S:.0f} s beyond it)"]]
     report.table("Issue 50's targets, as ratios (CPU time; the soak group's time is pytest's: python -m pytest -m soak)",
                  ["what", "ratio", "largest", "verdict", "measured"], rows)
 

@@ -292,9 +292,54 @@ GENERATIONS_SCHEMA = pa.schema([
     pa.field("generated_text", pa.string()),
 ])
 
+#: ``graph_nodes.parquet``: one row per node of each prompt's attribution graph (``hooks.types.graph``), in
+#: circuit-tracer's order: the active transcoder features (by layer, position, feature), one error node per layer
+#: and position (``layer * n_positions + position`` after the features), one embedding per position, the logit
+#: targets (most probable first). Position 0 has no active feature and its error nodes are zero, as circuit-tracer's.
+GRAPH_NODES = "graph_nodes.parquet"
+#: - ``hook``: the ``graph`` entry's name
+#: - ``step``: step number, from 0
+#: - ``sample``: the prompt's sample id: its index in the data, else its place among the run's samples
+#: - ``node``: the node's index in the prompt's full (unpruned) graph, the ids ``graph_edges`` names
+#: - ``kind``: ``feature``, ``error``, ``embedding`` or ``logit``
+#: - ``layer``: the block whose transcoder the node is of (-1 for an embedding; the number of blocks for a logit)
+#: - ``position``: the token position (a logit's: the last)
+#: - ``feature``: the transcoder feature's index for a feature node, else -1
+#: - ``token_id``: the input token at ``position`` (a logit's: the token it is the logit of)
+#: - ``token``: ``token_id`` decoded by the entry's ``tokenizer`` (null without one)
+#: - ``activation``: a feature's activation, a logit's value, 0 for errors and embeddings
+#: - ``probability``: a logit's probability at the last position (null for other nodes)
+#: - ``influence``: the node's cumulative influence on the logits, circuit-tracer's ``prune_graph`` score: the
+#:   fraction of the graph's total influence held by the nodes at least as influential as this one
+#: - ``kept``: whether pruning (``node_threshold``, ``edge_threshold``) keeps the node
+GRAPH_NODES_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("node", _I64),
+    pa.field("kind", pa.string()), pa.field("layer", _I64), pa.field("position", _I64), pa.field("feature", _I64),
+    pa.field("token_id", _I64), pa.field("token", pa.string()), pa.field("activation", _F64),
+    pa.field("probability", _F64), pa.field("influence", _F64), pa.field("kept", pa.bool_()),
+])
+
+#: ``graph_edges.parquet``: one row per non-zero direct effect of a prompt's attribution graph that pruning keeps
+#: (every non-zero one with the entry's ``keep_all``): ``weight`` = the source's activation (a feature's; an error
+#: node's and an embedding's vector) times the gradient of the target's pre-activation (a feature's encoder input
+#: times its encoder row; a logit's value minus the mean logit), attention patterns and norm scales frozen.
+GRAPH_EDGES = "graph_edges.parquet"
+#: - ``hook``: the ``graph`` entry's name
+#: - ``step``: step number, from 0
+#: - ``sample``: the prompt's sample id, as in ``graph_nodes``
+#: - ``source``: the node whose effect it is (``graph_nodes.node``)
+#: - ``target``: the node it acts on (``graph_nodes.node``)
+#: - ``weight``: the direct effect of ``source`` on ``target``'s pre-activation
+#: - ``kept``: whether pruning keeps the edge (false only in a ``keep_all`` entry's rows)
+GRAPH_EDGES_SCHEMA = pa.schema([
+    pa.field("hook", pa.string()), pa.field("step", _I64), pa.field("sample", _I64), pa.field("source", _I64),
+    pa.field("target", _I64), pa.field("weight", _F64), pa.field("kept", pa.bool_()),
+])
+
 #: Files written once, at the end of the run, from hook entries' rows (``HookType.tables``), by name.
 RUN_TOTAL_SCHEMAS = {UNITS: UNITS_SCHEMA, UNIT_EXAMPLES: UNIT_EXAMPLES_SCHEMA, UNIT_INPUTS: UNIT_INPUTS_SCHEMA,
-                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA, GENERATIONS: GENERATIONS_SCHEMA}
+                     STEER: STEER_SCHEMA, LENS: LENS_SCHEMA, DLA: DLA_SCHEMA, GENERATIONS: GENERATIONS_SCHEMA,
+                     GRAPH_NODES: GRAPH_NODES_SCHEMA, GRAPH_EDGES: GRAPH_EDGES_SCHEMA}
 
 #: What a row holds. Activations and module gradients come per call; ``param_grad`` per
 #: parameter; ``saved`` is what autograd saved (as packed); ``patched`` is the stored value a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,7 +25,15 @@ def merged(schema: type, node: Mapping | DictConfig | object | None, key: str, w
     """
     known_keys(schema, node, f"{key}.", what)
     with _one_line(key):
-        return OmegaConf.merge(OmegaConf.structured(schema), node or {})
+        return OmegaConf.merge(schema_template(schema), node or {})
+
+
+@functools.cache
+def schema_template(schema: type) -> DictConfig:
+    """``OmegaConf.structured(schema)``, built once per class: building it is most of a small merge's cost
+    (9 of 17 ms for ``RunConfig``), and ``OmegaConf.merge`` copies its first config before merging into it,
+    so the one kept here is never changed. Only ever pass it to ``OmegaConf.merge`` as the first config."""
+    return OmegaConf.structured(schema)
 
 
 def merged_object(schema: type, node: Mapping | DictConfig | object | None, key: str, what: str = "key") -> object:

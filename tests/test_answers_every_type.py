@@ -154,7 +154,8 @@ RECORDING = {
 }
 #: Types answered elsewhere (the module's doc), by the test that checks them.
 ANSWERED_ELSEWHERE = {"clamp", "stats", "store", "patch", "attribution", "steer", "logit_lens", "units",
-                      "dla"}  # tests/test_dla.py: the printed parts and heads against dla.parquet
+                      "dla",  # tests/test_dla.py: the printed parts and heads against dla.parquet
+                      "graph"}  # tests/test_graph_cli.py: the printed paths against every path enumerated
 GRADIENTS = ("grad_output", "param_grad", "grad_input")
 
 

@@ -98,6 +98,10 @@ RUN_BY = {
         lambda: bash_lines("tutorials/sae.md", "A feature's top prompts, then the text it steers"),
     "test_transcoder_docs.py::test_the_page_s_commands_run_as_written_and_give_what_it_says":
         lambda: bash_lines("how-to/transcoders.md"),
+    "test_graph_docs.py::test_the_page_s_commands_run_as_written_and_give_what_it_says":
+        lambda: bash_lines("tutorials/attribution-graphs.md"),
+    "test_graph_json.py::test_the_how_to_s_commands_run_as_written_and_give_what_it_says":
+        lambda: bash_lines("how-to/graph-json.md"),
     "test_generation_answers.py::test_the_how_to_page_s_command_runs_as_written_and_prints_what_the_page_shows":
         lambda: bash_lines("how-to/generation.md"),
     "test_readme_whole_datasets.py::test_the_sharded_sweep_runs_as_written_on_slurm":

@@ -111,7 +111,7 @@ CONFIG_ERRORS = [
     (["hooks.clip.max=0.1"], "hooks.clip.max: there is no entry hooks.clip in this config; add the preset: hooks=clip"),
     (["hooks=[clip,stats"], "cannot parse 'hooks=[clip,stats'"),
     (["data.shape=8"], "data.shape: 8 must be a list"),
-    (["plots=[gradflow]"], "plots[0]: unknown plot 'gradflow'; valid: feature_maps, grad_cam, gradient_flow, logit_lens"),
+    (["plots=[gradflow]"], "plots[0]: unknown plot 'gradflow'; valid: attribution_graph, feature_maps, grad_cam, gradient_flow, logit_lens"),
     (["hooks=stats", "hooks.stats.layers=${model.nope}"], "hooks.stats.layers: Interpolation key 'model.nope' not found"),
     (["hooks=patch", "hooks.patch.layers=conv", "hooks.patch.source=clean", "hooks.patch.clean.seed=3"],
      "hooks.patch.clean.seed: hooks.patch.clean is null, so it has no 'seed' to set; give the mapping whole: "

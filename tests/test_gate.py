@@ -227,8 +227,8 @@ def _stray_check(settings) -> None:  # a check added without listing it in GATE
 def test_a_check_added_to_compile_plan_outside_gate_is_found(watch, monkeypatch):
     real = plan_module.compile_settings
 
-    def compile_settings_then_a_stray(cfg, overrides=()):
-        typed, settings = real(cfg, overrides)
+    def compile_settings_then_a_stray(cfg, overrides=(), replaced=None):
+        typed, settings = real(cfg, overrides, replaced)
         _stray_check(settings)
         return typed, settings
 

@@ -248,7 +248,8 @@ def test_grad_cam_without_a_stored_input_says_so_in_the_picture(run_with):
 
 @pytest.mark.parametrize("plot_overrides, message", [
     (["hooks=stats", "plots=[gradient_flw]"],
-     "plots[0]: unknown plot 'gradient_flw'; valid: feature_maps, grad_cam, gradient_flow, logit_lens; did you mean 'gradient_flow'?"),
+     "plots[0]: unknown plot 'gradient_flw'; valid: attribution_graph, feature_maps, grad_cam, gradient_flow, "
+     "logit_lens; did you mean 'gradient_flow'?"),
     (["hooks=stats", "plots=[feature_maps]"], "plots: 'feature_maps' needs a kept conv output"),
     (["hooks=extract", "loss=none", "plots=[grad_cam]"], "plots: 'grad_cam' needs a conv layer's kept output"),
 ])

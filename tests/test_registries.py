@@ -213,8 +213,8 @@ def test_own_picture_is_drawn_and_checked_from_its_module_alone(own_parts, tmp_p
     assert png.startswith(b"\x89PNG")
     with pytest.raises(ConfigError, match=r"^plots: 'loss_per_step' needs a loss; use e\.g\. loss=sum$"):
         compile_plan(compose_config(["model=mlp", "loss=none", "plots=[loss_per_step]"]))
-    with pytest.raises(ConfigError, match=r"^plots\[1\]: unknown plot 'loss_per_stp'; valid: feature_maps, grad_cam, "
-                                          r"gradient_flow, logit_lens, loss_per_step; did you mean 'loss_per_step'\?$"):
+    with pytest.raises(ConfigError, match=r"^plots\[1\]: unknown plot 'loss_per_stp'; valid: attribution_graph, feature_maps, "
+                                          r"grad_cam, gradient_flow, logit_lens, loss_per_step; did you mean 'loss_per_step'\?$"):
         compile_plan(compose_config(["model=mlp", "plots=[loss_per_step,loss_per_stp]"]))
 
 

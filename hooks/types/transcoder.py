@@ -135,6 +135,10 @@ class Transcoder(Sae):
             self._by_layer[layer] = loaded[path]
         self._sae, self._dims, self._d_in = next(iter(self._by_layer.values()))
 
+    def dictionaries(self) -> dict[str, Any]:
+        """The transcoder spliced at each selected module, once attached (``hooks.types.graph`` reads their weights)."""
+        return {layer: tc for layer, (tc, _, _) in self._by_layer.items()}
+
     def held_bytes(self) -> dict[str, int]:
         """The transcoders' weights, loaded on the host for the run (``memory.budget`` counts them)."""
         held = {id(tc): host_bytes(tc) for tc, _, _ in self._by_layer.values()}

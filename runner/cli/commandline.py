@@ -18,15 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
+from common.rundir import shared_reads
 from runner.cli.checked_jobs import UncheckedJob, settings_of
-from runner.cli.early import ComposedCommand, compose_command_line
+from runner.cli.early import ComposedCommand, ComposedJob, compose_command_line
 from runner.cli.taken_dirs import held_run_dir
 from runner.cli.resume import resume_mode
 from runner.engine.fsdp import sweep_problem
-from runner.engine.plan import Plan, compile_plan
+from runner.engine.plan import Plan, Replaced, compile_plan, schema_merged
 from runner.engine.plan_cache import shared_meta_models
 
 
@@ -66,18 +67,30 @@ def check_command_line(argv: Sequence[str], composed: ComposedCommand | None = N
     if held:  # the same command run again: said before any of its plans is compiled
         return CommandCheck(held)
     checked = CommandCheck(command=command)
-    with shared_meta_models():  # a sweep's model is not built again on the meta device for each job
+    merged: dict[int, DictConfig | None] = {}  # the first job's config merged into the schema, once
+    with shared_meta_models(), shared_reads():  # a sweep's model is built, and its stored runs read, once
         for num, job in enumerate(command.composed):
             if command.multirun and (problem := sweep_problem(job.config)):  # the same for every job: said once
                 return CommandCheck([problem])
             try:
-                checked.plans.append((job.overrides, compile_plan(job.config, job.overrides,
-                                                                  check_device=not job.remote)))
+                checked.plans.append((job.overrides, compile_plan(job.config, job.overrides, check_device=not job.remote,
+                                                                  replaced=_replaced(job, merged))))
             except ConfigError as exc:
                 command.reject(num, job.overrides, str(exc))
                 checked.plans.append((job.overrides, None))  # job numbers stay Hydra's
     checked.problems = command.headed()
     return checked
+
+
+def _replaced(job: ComposedJob, merged: dict[int, DictConfig | None]) -> Replaced | None:
+    """A derived job's ``Replaced``: the config it was derived from merged into the schema (once, kept in
+    ``merged`` by that config), and the values it replaced there; ``None`` for a job Hydra composed."""
+    if job.replaced is None:
+        return None
+    first, values = job.replaced
+    if id(first) not in merged:
+        merged[id(first)] = schema_merged(first)
+    return None if merged[id(first)] is None else Replaced(merged[id(first)], values)
 
 
 def _may_be_taken(command: ComposedCommand) -> bool:

@@ -45,6 +45,8 @@ class ComposedJob:
     config: DictConfig
     remote: bool
     with_hydra: DictConfig
+    #: derived from the first job's config by replacing values (``runner.cli.sweep_compile``): that config and them
+    replaced: tuple[DictConfig, tuple[tuple[str, object], ...]] | None = None
 
 
 @dataclass

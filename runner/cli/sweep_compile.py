@@ -15,6 +15,8 @@ the value Hydra's own override parser reads (``1e-3`` a float, ``'3'`` a string)
 and any job whose value the config refuses (a type, a bound), is composed by Hydra as before, so
 its error is Hydra's own line. ``check_command_line`` still compiles each job's plan in full
 (typed checks, hooks, the rehearsal with that job's entries): a job that would fail alone fails.
+A derived job says which values it replaced (``Composition.replaced``): its config merged into the
+schema is the first job's with the same values replaced (``runner.engine.plan.Replaced``).
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ class Composition(NamedTuple):
     config: DictConfig
     remote: bool
     with_hydra: DictConfig
+    #: a derived job's values replaced in the first job's config: ``(that config, ((key, value), ...))``
+    replaced: tuple[DictConfig, tuple[tuple[str, object], ...]] | None = None
 
 
 class JobComposer:
@@ -60,7 +64,7 @@ class JobComposer:
         derived = self._derived(job) if self._first is not None else None
         if derived is not None:
             self.derived += 1
-            return Composition(derived, self._first[2], self.first_with_hydra)
+            return Composition(derived[0], self._first[2], self.first_with_hydra, (self._first[1], derived[1]))
         with_hydra = compose_with_hydra(job)
         cfg, remote = job_config(copy.deepcopy(with_hydra))
         if self._first is None:
@@ -68,7 +72,7 @@ class JobComposer:
             self._first = (job, copy.deepcopy(cfg), remote)
         return Composition(cfg, remote, with_hydra)
 
-    def _derived(self, job: list[str]) -> DictConfig | None:
+    def _derived(self, job: list[str]) -> tuple[DictConfig, tuple[tuple[str, object], ...]] | None:
         first_job, first_cfg, _ = self._first
         if len(job) != len(first_job) or any(o.lstrip("+~").startswith("hydra.searchpath") for o in job):
             return None
@@ -81,12 +85,13 @@ class JobComposer:
         if not all(_replaces_a_value(o, first_cfg, keys, i) for o, i in zip(overrides, changed)):
             return None
         cfg = copy.deepcopy(first_cfg)
+        values = tuple((override.key_or_group, override.value()) for override in overrides)
         try:
-            for override in overrides:
-                OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+            for key, value in values:
+                OmegaConf.update(cfg, key, value, merge=True)
         except (OmegaConfBaseException, ValueError, TypeError):  # Hydra composes it, and says why in its own line
             return None
-        return cfg
+        return cfg, values
 
 
 def _key(override: str) -> str:

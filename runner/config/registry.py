@@ -74,3 +74,4 @@ for _name in ("logit", "logit_diff"):
 for _name in ("gradient_flow", "feature_maps", "grad_cam"):
     PLOTS.declare(_name, "runner.analysis.plots")
 PLOTS.declare("logit_lens", "runner.analysis.lens")
+PLOTS.declare("attribution_graph", "runner.analysis.graph")

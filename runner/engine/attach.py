@@ -36,7 +36,7 @@ from runner.engine.metrics import step_measures
 from runner.engine.attach_plan import attach_plan
 from runner.engine.plan import check_attached_model
 from runner.engine.python_errors import python_remedies
-from runner.engine.rehearsal import Rehearsal, rehearse_first_call
+from runner.engine.rehearsal import Rehearsal, model_state, rehearse_first_call
 from runner.engine.steps import StepWriter
 from runner.live import LiveLoggers, RunContext
 from runner.live.channel import Sink
@@ -248,8 +248,9 @@ def attach(model: nn.Module, hooks: Hooks = (), overrides: Sequence[str] = (), o
     plan = attach_plan(hooks, overrides, settings, logger)  # compiled once while its arguments and presets hold
     check_attached_model(model, plan.hooks)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    rehearsed_as = (plan.hooks, model_state(model)) if plan.kept else None  # before the run's hooks are on it
     with open_run(model, plan.hooks, plan.settings, plan.config_yaml, plan.overrides, Path(out_dir), device,
-                  rehearse=True, sinks=sinks) as run:
+                  rehearse=True, sinks=sinks, rehearsed_as=rehearsed_as) as run:
         if names is not None:
             run.session.recorder.sample_names = SampleNames(names)
         yield run
@@ -260,7 +261,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
              overrides: Sequence[str], out_dir: Path, device: torch.device, *, rehearse: bool = False,
              claim: RunClaim | None = None, extra: dict | None = None, first: int = 0,
              hooks_state: dict | None = None, group: str | None = None,
-             sinks: Mapping[str, Sink] | None = None) -> Iterator[AttachedRun]:
+             sinks: Mapping[str, Sink] | None = None, rehearsed_as: tuple | None = None) -> Iterator[AttachedRun]:
     """The one run object every loop drives: ``hooks`` attached to ``model`` (fresh state, built from
     their specs), recorded into ``out_dir`` (this rank's part under ``torch.distributed``).
 
@@ -268,7 +269,9 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
     rehearsed them already). ``claim``, ``extra``: the CLI's claim of ``out_dir`` and manifest
     fields; ``first``, ``hooks_state``: where a resumed run goes on from; ``group``: the sweep's
     directory, by which live loggers group its jobs; ``sinks``: live loggers already open (a
-    trainer's own, ``runner.integrations``) for some of ``settings.logger``'s. On exit the hooks leave
+    trainer's own, ``runner.integrations``) for some of ``settings.logger``'s; ``rehearsed_as``: a kept
+    plan's entries and the model's state before they were attached (``rehearse_first_call``'s ``kept``
+    and ``state``: a call rehearsed with both before is not rehearsed again). On exit the hooks leave
     the model and the run is committed (on an exception: nothing final is written), then the
     live loggers send their last lines.
     """
@@ -278,7 +281,7 @@ def open_run(model: nn.Module, hooks: Sequence[HookType], settings: RunConfig, c
             HookSession(model, [hook.fresh() for hook in hooks], recorder) as session:
         if hooks_state is not None:
             session.restore_run_state(hooks_state)
-        found = rehearse_first_call(model, session, s.memory.budget) if rehearse else None
+        found = rehearse_first_call(model, session, s.memory.budget, *(rehearsed_as or ())) if rehearse else None
         context = RunContext(part_dir, yaml.load(config_yaml, Loader=SAFE_LOADER) or {}, tuple(overrides), group)
         with LiveLoggers(s.logger, context, {hook.name: hook.spec.type for hook in hooks}, sinks) as live, \
                 RunOutputs(part_dir, config_yaml, overrides, max(1, int(s.output.row_group_mb * (1 << 20))),

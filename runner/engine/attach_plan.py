@@ -43,6 +43,9 @@ class AttachPlan:
     hooks: tuple[HookType, ...]
     config_yaml: str
     overrides: tuple[str, ...]
+    #: ``hooks`` are a kept plan's, the same objects for every block of the same arguments and composition
+    #: (``runner.engine.rehearsal`` keeps the first call's rehearsal by them)
+    kept: bool = False
 
 
 #: Compiled plans by their arguments, with the composition each was compiled from; the newest last.
@@ -60,7 +63,7 @@ def attach_plan(hooks, overrides: Sequence[str], settings: dict, logger) -> Atta
     held = _COMPILED.pop(key, None) if key is not None else None
     if held is not None and kept_composition(attach_lines(hooks, overrides, logger)) is held[0]:
         _COMPILED[key] = held
-        return _copied(held[1])
+        return _copied(held[1], kept=True)
     with resolved_paths() as code:
         cfg, lines = attach_config(hooks, overrides, settings, logger)
         typed, s = compile_settings(cfg, lines)
@@ -70,6 +73,7 @@ def attach_plan(hooks, overrides: Sequence[str], settings: dict, logger) -> Atta
         _COMPILED[key] = (composed, plan)
         while len(_COMPILED) > _COMPILED_KEPT:
             del _COMPILED[next(iter(_COMPILED))]
+        return _copied(plan, kept=True)
     return _copied(plan)
 
 
@@ -78,9 +82,9 @@ def _config_yaml(typed) -> str:
     return OmegaConf.to_yaml(OmegaConf.masked_copy(typed, [*ATTACH_SETTINGS, "hooks", "logger"]), resolve=True)
 
 
-def _copied(plan: AttachPlan) -> AttachPlan:
+def _copied(plan: AttachPlan, kept: bool = False) -> AttachPlan:
     """``plan`` with settings of its own: a run may change its copy, never the kept one."""
-    return AttachPlan(copy.deepcopy(plan.settings), plan.hooks, plan.config_yaml, plan.overrides)
+    return AttachPlan(copy.deepcopy(plan.settings), plan.hooks, plan.config_yaml, plan.overrides, kept)
 
 
 def _plain(value) -> tuple | None:

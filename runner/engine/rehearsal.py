@@ -16,14 +16,20 @@ the user's own model at its first call instead, before that call computes anythi
 are attached already; the pass runs through ``torch.func.functional_call`` with meta tensors in
 place of the parameters, buffers and inputs (nothing of the model is copied or changed), outside
 the run's records (``Recorder.aside``) and the random number generators, then the real call goes on.
+A block whose entries are a kept plan's (``runner.engine.attach_plan``), called on the same model as it
+was (``model_state``: its modules, their Python settings and hooks, its tensors' shapes) with inputs of
+the same shapes, is not rehearsed again: that pass is what was rehearsed before (about 7 of an attach
+block's 24 ms of CPU); anything else is rehearsed, and a refused rehearsal is never kept.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import re
 import traceback
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,7 +153,97 @@ def _explain(exc: BaseException, hooks: Sequence[HookType], shapes: _ModuleShape
                        f"'{name or '(model)'}' ({cls}) failed on it: {text[:240]}")
 
 
-def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | None = None) -> Rehearsal:
+#: First-call rehearsals that passed, by what decides their outcome (``_first_call_key``), newest last:
+#: each with its model (weakly: a model dropped is never matched again) and the kept entries it rehearsed.
+_REHEARSED: dict[tuple, tuple[weakref.ref, tuple[HookType, ...], Rehearsal]] = {}
+_REHEARSED_KEPT = 16
+
+
+def model_state(model: nn.Module) -> tuple | None:
+    """What a meta pass of ``model`` depends on besides its inputs: each module's class, its plain Python
+    settings (``inplace``, ``training``, a flag its forward reads), a ``forward`` of its own and the hooks
+    on it (by identity), the global module hooks, and every parameter's and buffer's shape, strides,
+    dtype, device and ``requires_grad``; ``None`` when a module holds a setting that is not plain data.
+    Taken before the run's own hooks are attached (``runner.attach``)."""
+    modules = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        settings = _plain_settings(module)
+        if settings is None:
+            return None
+        modules.append((name, type(module), settings))
+    tensors = tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+                    for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers()))
+    return tuple(modules), tensors, _hook_ids(vars(nn_module))
+
+
+def _plain_settings(module: nn.Module) -> tuple | None:
+    """``module``'s attributes other than its submodules, parameters and buffers: plain values as they are,
+    hook dictionaries and a ``forward`` of its own by identity; ``None`` for anything else."""
+    settings = []
+    for attr, value in vars(module).items():
+        if attr in ("_modules", "_parameters", "_buffers"):
+            continue
+        if "hook" in attr and isinstance(value, dict):
+            settings.append((attr, tuple(map(id, value.values()))))
+        elif attr == "forward":
+            settings.append((attr, id(value)))
+        else:
+            plain = _plain(value)
+            if plain is _NOT_PLAIN:
+                return None
+            settings.append((attr, plain))
+    return tuple(settings)
+
+
+def _hook_ids(namespace: dict) -> tuple:
+    return tuple((attr, tuple(map(id, value.values()))) for attr, value in namespace.items()
+                 if "hook" in attr and isinstance(value, dict))
+
+
+_NOT_PLAIN = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as a comparable key when it is plain data (``None``, numbers, text, a dtype, sets and
+    sequences of them), else ``_NOT_PLAIN``."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return type(value), value
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = tuple(map(_plain, sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value))
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else (type(value), items)
+    if isinstance(value, dict) and not value:
+        return dict, ()
+    return _NOT_PLAIN
+
+
+def _first_call_key(kept: tuple, name: str, args: tuple, kwargs: dict, budget: str | None) -> tuple | None:
+    """The key of a first call's rehearsal: the kept entries and model (``kept``), the module called, the
+    inputs' shapes, strides, dtypes and ``requires_grad`` (other arguments as plain data), gradient mode,
+    autocast and the default dtype; ``None`` when an argument is not plain data."""
+    inputs = []
+    for _, leaf in walk((args, kwargs)):
+        inputs.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
+    plain = _plain([v for v in _leaves((args, kwargs)) if not isinstance(v, torch.Tensor)])
+    if plain is _NOT_PLAIN:
+        return None
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    return id(kept[0]), id(kept[1]), kept[2], name, tuple(inputs), plain, tuple(kwargs), modes, budget
+
+
+def _leaves(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _leaves(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _leaves(item)
+    else:
+        yield obj
+
+
+def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | None = None,
+                        kept: tuple[HookType, ...] | None = None, state: tuple | None = None) -> Rehearsal:
     """Rehearse ``session``'s attached entries at the first call of any module of ``model`` (the
     outermost one called: the model, or the part a framework calls), before that call computes anything.
 
@@ -159,7 +255,9 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     what its entries hold), nor a model whose first call ``torch.compile`` traces (a meta pass cannot
     be traced; the hooks would break the graph), whose real first call reports its own errors; with
     a ``budget`` that call is rehearsed outside the graph, at the cost of one graph break there.
-    The one-shot hooks belong to ``session``, and leave at that call.
+    The one-shot hooks belong to ``session``, and leave at that call. ``kept``: the kept plan's entries
+    the session's are fresh copies of, and ``state`` the model's ``model_state`` before they were
+    attached: a call rehearsed before with both and inputs of the same shapes is not rehearsed again.
     """
     found = Rehearsal(type(model).__name__, sum(p.numel() for p in model.parameters()), [])
     if not session.hooks:
@@ -179,8 +277,20 @@ def rehearse_first_call(model: nn.Module, session: HookSession, budget: str | No
     def rehearse_now(module: nn.Module, args: tuple, kwargs: dict) -> None:
         for handle in handles:
             handle.remove()
-        ran = rehearse_call(module, names[id(module)], args, kwargs, session, found)
+        name = names[id(module)]
+        key = None if kept is None or state is None else _first_call_key((model, kept, state), name, args, kwargs, budget)
+        held = _REHEARSED.pop(key, None) if key is not None else None
+        if held is not None and held[0]() is model and held[1] is kept:
+            _REHEARSED[key] = held  # the newest again
+            vars(found).update(copy.deepcopy(vars(held[2])))
+            check_budget(budget, found)
+            return
+        ran = rehearse_call(module, name, args, kwargs, session, found)
         check_budget(budget, found if ran else None)
+        if key is not None and ran:
+            _REHEARSED[key] = (weakref.ref(model), kept, copy.deepcopy(found))
+            while len(_REHEARSED) > _REHEARSED_KEPT:
+                del _REHEARSED[next(iter(_REHEARSED))]
 
     for module in model.modules():
         handles.append(session.add(module.register_forward_pre_hook(first_call, prepend=True, with_kwargs=True)))
