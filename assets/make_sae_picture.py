@@ -21,7 +21,7 @@ from runner.analysis import load_tensors, top_units  # noqa: E402
 from runner.analysis.load import load_table  # noqa: E402
 from common.run_config import saved_config_path  # noqa: E402
 from runner.analysis.units import load_unit_inputs  # noqa: E402
-from runner.sources.text import load_tokenizer  # noqa: E402
+from common.tokenizers import load_tokenizer  # noqa: E402
 
 
 def feature_tokens(run: Path, feature: int) -> tuple[list[str], list[list[str]], np.ndarray]:

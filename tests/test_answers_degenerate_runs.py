@@ -97,6 +97,21 @@ def dla(values, entry, draw, where):
     return {"dla.parquet": rows, "steps.parquet": steps(values)}, {}
 
 
+def graph(values, entry, draw, where):
+    """A prompt per value: its token's embedding, one feature and its top logit, the edges between them of that
+    weight (a NaN weight for all NaN; no prompt for no rows)."""
+    node = {"hook": entry, "step": 0, "position": 0, "feature": -1, "token_id": 1, "token": "a", "activation": 0.0,
+            "probability": None, "kept": True}
+    nodes = [{**node, "sample": i, "node": n, "kind": kind, "layer": layer, "feature": feature, "activation": act,
+              "probability": probability, "influence": v}
+             for i, v in enumerate(values)
+             for n, kind, layer, feature, act, probability in ((0, "feature", 0, 3, v, None), (1, "embedding", -1, -1, 0.0, None),
+                                                              (2, "logit", 1, -1, v, 1.0))]
+    edges = [{"hook": entry, "step": 0, "sample": i, "source": source, "target": target, "weight": v, "kept": True}
+             for i, v in enumerate(values) for source, target in ((1, 0), (0, 2))]
+    return {"graph_nodes.parquet": nodes, "graph_edges.parquet": edges, "steps.parquet": steps(values)}, {}
+
+
 def units(values, entry, draw, where):
     rows = [{"hook": entry, "layer": "fc", "call": 0, "unit": i, "count": 1, "mean": v, "m2": 0.0, "min": v,
              "max": v, "threshold": 0.0, "above": int(v > 0), "top_k": 1, "relative_error": 0.01, "sketch_low": 1e-8,
@@ -119,7 +134,7 @@ def generate(values, entry, draw, where):
 
 
 OWN = {"clamp": clamp, "patch": patch, "attribution": attribution, "steer": steer, "logit_lens": logit_lens,
-       "dla": dla, "units": units, "store": store, GENERATE: generate}
+       "dla": dla, "graph": graph, "units": units, "store": store, GENERATE: generate}
 #: Per hook type (and ``mode=generate``'s own answer), the files a degenerate entry of it writes.
 CASES = {**{kind: recorded(kind) for kind in HOOK_TYPES if declared_answers(kind).run is None}, **OWN}
 #: The hook types and modes that declare an answer of their own.

@@ -42,8 +42,11 @@ def needed(preset: str, tmp_path: Path, width: int) -> list[str]:
             "dla": ["hooks.dla.diff=[1,2]"]}.get(preset, [])
 
 
-#: ``logit_lens`` and ``dla`` read causal language models only: a resnet is refused before the run.
-LANGUAGE_MODEL_PRESETS = ("logit_lens", "dla")
+#: ``logit_lens`` and ``dla`` read causal language models only, ``graph`` the transcoders of one: a resnet is
+#: refused before the run, with what it lacks (their hooks on gpt2_tiny: ``tests/test_isolation.py``).
+REFUSED_ON_A_RESNET = {"logit_lens": "valid: model=gpt2_tiny, model=hf model.auto=causal_lm",
+                       "dla": "valid: model=gpt2_tiny, model=hf model.auto=causal_lm",
+                       "graph": "no transcoder entry is listed before it"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -56,8 +59,8 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
     TrackedResNet18.instances.clear()
     cfg = make_config(f"hooks={preset}", "model=resnet18", "+model._target_=models_for_tests.TrackedResNet18",
                       "data.shape=[2,3,32,32]", *extra)
-    if preset in LANGUAGE_MODEL_PRESETS:
-        with pytest.raises(ConfigError, match="valid: model=gpt2_tiny, model=hf model.auto=causal_lm"):
+    if preset in REFUSED_ON_A_RESNET:
+        with pytest.raises(ConfigError, match=REFUSED_ON_A_RESNET[preset]):
             run(cfg, tmp_path / "out")
         return
     out = run(cfg, tmp_path / "out")
@@ -68,8 +71,8 @@ def test_preset_runs_and_removes_its_hooks(tmp_path, preset):
 
 #: ``patch`` needs a stored run of the model's outputs, which a model that fails in forward cannot make;
 #: its hooks are the Tap's forward hooks, removed as ``edit_output``'s are.
-#: ``logit_lens`` refuses these models before their forward (its hooks on a failing gpt2_tiny: ``tests/test_isolation.py``).
-@pytest.mark.parametrize("preset", [p for p in HOOK_PRESETS if p != "patch" and p not in LANGUAGE_MODEL_PRESETS])
+#: ``REFUSED_ON_A_RESNET`` refuse these models before their forward (their hooks on a failing gpt2_tiny: ``tests/test_isolation.py``).
+@pytest.mark.parametrize("preset", [p for p in HOOK_PRESETS if p != "patch" and p not in REFUSED_ON_A_RESNET])
 @pytest.mark.parametrize("model_cls", [Exploding, Interrupted], ids=["exception", "ctrl-c"])
 def test_preset_removes_its_hooks_when_forward_fails(tmp_path, preset, model_cls):
     model_cls.instances.clear()

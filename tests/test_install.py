@@ -28,7 +28,7 @@ FIRST_PARTY = ("common", "runner", "hooks", "examples", "hydra_plugins")
 #: Where each optional extra's packages may be imported: the integration's own modules.
 INTEGRATIONS = {
     "transformers": {"runner/integrations/huggingface.py", "runner/sources/hf.py", "runner/sources/models.py",
-                     "runner/sources/text.py"},
+                     "common/tokenizers.py"},
     "lightning": {"runner/integrations/lightning.py"},
     "tensorboard": {"runner/analysis/tensorboard.py"},
     "loggers": {"runner/live/to_wandb.py", "runner/live/to_mlflow.py", "runner/live/to_tensorboard.py"},

@@ -40,6 +40,9 @@ STORE_PRESET = ("hooks.store.layers=layer4",)
 STEER_PRESET = ("hooks.steer.layers=layer4",)
 #: ``logit_lens`` and ``dla`` read a causal language model; its last module, where the model fails, is ``lm_head``.
 GPT2 = ("model=gpt2_tiny", "data=tokens")
+#: ``graph`` reads the transcoders a ``transcoder`` entry splices at every block's MLP: the tutorial's random ones.
+GRAPH = ("hooks=[transcoder,graph]", "model=gpt2_tiny", "model.vocab_size=61", "data=tokens", "mode=eval", "loss=none",
+         f"hooks.transcoder.path={Path(__file__).resolve().parent / 'fixtures' / 'transcoders_gpt2_tiny'}")
 
 
 def _raise(error: type[BaseException]):
@@ -84,7 +87,8 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         extra += (*STEER_PRESET, f"hooks.steer.file={tmp_path / 'vector.npy'}")
     if preset == "dla":  # the two tokens, and no dropout to make the parts not add up
         extra += ("hooks.dla.diff=[1,2]", "mode=eval", "loss=none")
-    cfg = make_config(f"hooks={preset}", *(GPT2 if preset in ("logit_lens", "dla") else MINI_RESNET), *extra)
+    cfg = make_config(*GRAPH) if preset == "graph" else make_config(
+        f"hooks={preset}", *(GPT2 if preset in ("logit_lens", "dla") else MINI_RESNET), *extra)
     out = tmp_path / "out"
     if SCENARIOS[scenario] is None:
         run(cfg, out)
@@ -94,7 +98,7 @@ def test_every_preset_leaves_every_hook_dict_as_it_was(tmp_path, watch, monkeypa
         if prepare:
             watch.prepare = prepare
         if record:  # the hook's own work fails: ``units``, ``store`` and ``logit_lens`` keep their totals, not the recorder
-            own = preset in ("units", "store", "logit_lens", "dla")
+            own = preset in ("units", "store", "logit_lens", "dla", "graph")
             monkeypatch.setattr(HOOK_TYPES.get(preset).build if own else Recorder, "take" if own else "record", record)
         with pytest.raises(error, match="injected fault"):
             run(cfg, out)

@@ -34,7 +34,7 @@ CHOICE_MISTAKES = [
 #: The modules registering the built-in choices (each hook type's implementation among them).
 REGISTERING = sorted(f"hooks.{path.parent.name}.{path.stem}" for path in (ROOT / "hooks").glob("*/*.py")
                      if path.stem != "__init__" and path.parent.name != "specs") + [
-    "runner.sources", "runner.live", "runner.engine.metrics", "runner.analysis.plots", "runner.analysis.lens"]
+    "runner.sources", "runner.live", "runner.engine.metrics", "runner.analysis.plots", "runner.analysis.lens", "runner.analysis.graph"]
 _REGISTRIES = ("from hooks.specs import HOOK_TYPES\n"
                "from runner.config.registry import DATA_KINDS, LOGGERS, LOSSES, METRICS, MODELS, OPTIMIZERS, PLOTS\n"
                "REGISTRIES = dict(hook_types=HOOK_TYPES, models=MODELS, data_kinds=DATA_KINDS, losses=LOSSES,"

@@ -39,6 +39,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.records import GRAPH_EDGES, GRAPH_EDGES_SCHEMA, GRAPH_NODES, GRAPH_NODES_SCHEMA, UNITS
+from common.tokenizers import load_tokenizer
 from hooks.mechanism.families import vocabulary
 from hooks.mechanism.recorder import walk
 from hooks.mechanism.registry import register
@@ -304,8 +305,7 @@ class AttributionGraph(SampleOutputs):
     def _tokenizer(self) -> Any:
         if self.spec.tokenizer is None:
             return None
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(self.spec.tokenizer, local_files_only=True)
+        return load_tokenizer(self.spec.tokenizer, f"{self.key}.tokenizer")
 
     def _write(self, sample: int, ids: torch.Tensor, nodes: dict, adjacency: torch.Tensor, kept) -> None:
         features, (n_layers, n_pos) = nodes["features"].tolist(), nodes["errors"].shape[:2]

@@ -65,10 +65,11 @@ def label(node) -> str:
 
 
 def shares(edges: pd.DataFrame) -> pd.Series:
-    """Each kept edge's share of its target's kept input: ``|weight|`` over the target's sum of ``|weight|``."""
+    """Each kept edge's share of its target's kept input: ``|weight|`` over the target's sum of ``|weight|``;
+    0 where that sum is 0 or a weight is not a number (no share to draw or to follow)."""
     kept = edges[edges.kept]
     size = kept.weight.abs()
-    return size / size.groupby(kept.target.to_numpy()).transform("sum").to_numpy()
+    return (size / size.groupby(kept.target.to_numpy()).transform("sum").to_numpy()).fillna(0.0)
 
 
 def strongest_path(nodes: pd.DataFrame, edges: pd.DataFrame) -> tuple[list[int], float]:

@@ -29,8 +29,9 @@ import yaml
 
 from common.durable import replaced
 from common.errors import ConfigError, choice_error
+from common.records import GRAPH_EDGES, GRAPH_NODES
+from common.tokenizers import load_tokenizer
 
-NODES, EDGES = "graph_nodes.parquet", "graph_edges.parquet"
 #: The list of graphs circuit-tracer's viewer shows, beside their files
 INDEX = "graph-metadata.json"
 #: circuit-tracer's ``feature_type`` of each kind of node (a per-layer transcoder's features too are "cross layer")
@@ -133,10 +134,8 @@ def decoded(nodes: pd.DataFrame, tokenizer: str | None) -> str | None:
     by the entry's tokenizer; ``None`` without one."""
     if tokenizer is None:
         return None
-    from transformers import AutoTokenizer
-
     ids = nodes[nodes.kind == "embedding"].sort_values("position").token_id.tolist()
-    return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True).decode(ids)
+    return load_tokenizer(tokenizer, "the graph entry's tokenizer").decode(ids)
 
 
 def add_to_index(metadata: dict, folder: Path) -> Path:
@@ -164,7 +163,7 @@ def export(run_dir: str | Path, sample: int, out: str | Path, step: int | None =
     runs = run_dirs(run_dir)
     if len(runs) != 1:
         raise ConfigError(f"{run_dir}: holds {len(runs)} runs; give one run's directory, e.g. {runs[0]}")
-    nodes, edges = select_prompt(load_table(runs[0], NODES), load_table(runs[0], EDGES), sample, step, hook)
+    nodes, edges = select_prompt(load_table(runs[0], GRAPH_NODES), load_table(runs[0], GRAPH_EDGES), sample, step, hook)
     entry = (yaml.safe_load(config_of(runs[0]) or "{}").get("hooks") or {}).get(nodes.hook.iloc[0], {})
     graph = graph_json(nodes, edges, out.stem, scan or out.stem, entry.get("node_threshold"),
                        decoded(nodes, entry.get("tokenizer")))

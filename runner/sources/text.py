@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
+from common.tokenizers import load_tokenizer
 from runner.config.registry import DATA_KINDS
 from runner.config.schema import TextData
 from runner.sources.batches import ItemRange, Maker, numbered
@@ -157,17 +158,3 @@ def tokenizer_folder(data: DictConfig, model: DictConfig) -> str:
     if not Path(str(folder)).is_dir():
         raise ConfigError(f"data.tokenizer: no folder at '{folder}' (a tokenizer saved with save_pretrained)")
     return str(folder)
-
-
-@functools.lru_cache(maxsize=4)
-def load_tokenizer(folder: str):
-    """``AutoTokenizer.from_pretrained(folder)`` offline: nothing is ever downloaded."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise ConfigError("data=text needs the 'transformers' package: pip install -e '.[transformers]'") from None
-    try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise ConfigError(f"data.tokenizer: cannot load a tokenizer from '{folder}': {detail}") from None
