@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 import runner.analysis as analysis
+from common.records import LOCK
 from common.sweep_format import read_sweep
 
 #: Columns that differ between two runs of the same jobs: where and how they ran (the launcher's
@@ -27,8 +28,12 @@ def wait_for(sweep: Path, done, timeout: float = 600) -> list[dict]:
 
 
 def mid_run(sweep: Path, num: int) -> bool:
-    """Job ``num`` is writing its files (a temporary file of its run exists): past its start, before its commit."""
-    return any((sweep / str(num)).glob(".*.tmp-*"))
+    """Job ``num`` is past its start and before its commit's end: it holds its directory's claim (``LOCK``, taken
+    before its first step, released after its commit) or writes its files (a temporary file of its run exists).
+    A run's rows are buffered until a row group fills, so a short job's temporary files exist only while it commits:
+    waiting for them alone missed a job of 300 steps that committed between two polls."""
+    job = sweep / str(num)
+    return (job / LOCK).exists() or any(job.glob(".*.tmp-*"))
 
 
 def tables(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -201,13 +201,13 @@ def test_the_how_to_s_commands_run_as_written_and_give_what_it_says(tmp_path, mo
     main(shlex.split(export_command)[3:])
     assert capsys.readouterr().out.strip() == "wrote graphs/dog.json"
     written = json.loads(Path("graphs/dog.json").read_text())
-    chosen = select_prompt(load_table("runs/graph", "graph_nodes.parquet"), load_table("runs/graph", "graph_edges.parquet"), 1)
+    chosen = select_prompt(load_table("runs/two_graphs", "graph_nodes.parquet"), load_table("runs/two_graphs", "graph_edges.parquet"), 1)
     assert written == graph_json(*chosen, slug="dog", scan="dog", node_threshold=0.8, prompt="a dog sees the king")
     assert written["metadata"]["prompt_tokens"] == ["a", "dog", "sees", "the", "king"] and written["links"]
     assert json.loads(Path("graphs/graph-metadata.json").read_text()) == {"graphs": [written["metadata"]]}
 
     shown, = blocks(section(PAGE, "Mistakes are one line"), "text")
     with pytest.raises(SystemExit) as exited:
-        main(["runs/graph", "--sample", "7", "--out", "graphs/other.json"])
+        main(["runs/two_graphs", "--sample", "7", "--out", "graphs/other.json"])
     assert (exited.value.code, capsys.readouterr().err.strip()) == (2, shown.strip())
     assert sorted(p.name for p in Path("graphs").iterdir()) == ["dog.json", "graph-metadata.json"]
